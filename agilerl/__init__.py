@@ -1,0 +1,40 @@
+"""agilerl: the environment layer for training LLMs with reinforcement learning.
+
+Importing this package is cheap on purpose: torch, transformers and datasets load only when a
+name that needs them is first used.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+__version__ = "0.1.0"
+
+hookimpl = pluggy.HookimplMarker("agilerl")
+"""Decorator for plugin hook implementations: ``@hookimpl def register_envs(register): ...``."""
+
+_LAZY = {
+    "RolloutHarness": "agilerl.core.harness",
+    "InProcessEnvClient": "agilerl.core.client",
+    "TextEnv": "agilerl.core.protocol",
+    "check_env": "agilerl.core.checker",
+    "load_manifest": "agilerl.core.manifest",
+}
+
+__all__ = ["__version__", "hookimpl", *_LAZY]
+
+if TYPE_CHECKING:
+    from agilerl.core.checker import check_env
+    from agilerl.core.client import InProcessEnvClient
+    from agilerl.core.harness import RolloutHarness
+    from agilerl.core.manifest import load_manifest
+    from agilerl.core.protocol import TextEnv
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agilerl' has no attribute {name!r}")

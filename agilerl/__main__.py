@@ -1,0 +1,3 @@
+from agilerl.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Our own envs, rubrics, processors and algorithms, registered through the public hooks."""

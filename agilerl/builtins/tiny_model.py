@@ -1,0 +1,132 @@
+"""The built-in ``tiny`` model and tokenizer, built offline in seconds.
+
+Tests, examples and the README's main job use them: a byte-level BPE wrapped in
+``PreTrainedTokenizerFast`` with a ChatML (or Llama-3-style) chat template, and a few-layer
+Qwen2 model sized to it. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+CHATML_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- '# Tools\n' }}"
+    "{%- for tool in tools %}{{- tool | tojson }}{{- '\n' }}{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (tools and loop.first and message['role'] == 'system') %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+"""ChatML, as Qwen and SmolLM use it, with tools rendered into the system turn."""
+
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
+    "{{- message['content'] | trim }}{{- '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{%- endif %}"
+)
+"""The Llama-3 layout: header tokens, trimmed content, ``<|eot_id|>`` ends each turn."""
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+
+_WORDS = (
+    "the a an is are was to of and in on for with you your my it that this guess number "
+    "higher lower correct wrong too high low answer question think step user assistant system "
+    "tool call result reward game turn try again between pick please reply only digits equation "
+    "countdown target use numbers each once make what which how many plus minus times divided "
+    "hello world yes no true false done right left up down start end value sum product"
+).split()
+
+
+def _corpus() -> list[str]:
+    lines = [" ".join(_WORDS[i : i + 7]) for i in range(0, len(_WORDS), 3)]
+    lines += [f"{i} + {i * 7 % 100} = {i + i * 7 % 100}, {i * 3}." for i in range(200)]
+    lines += ["Guess a number between 1 and 10. Too high! Too low! Correct!"] * 20
+    lines += ["\n\n".join(_WORDS[:20]), "{\"name\": \"guess\", \"type\": \"function\"}"]
+    return lines
+
+
+def build_tiny_tokenizer(
+    template: Literal["chatml", "llama3"] = "chatml", vocab_size: int = 512
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE (digits split one by one) with a real chat template; deterministic."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    if template == "chatml":
+        eos, chat_template = "<|im_end|>", CHATML_TEMPLATE
+    elif template == "llama3":
+        eos, chat_template = "<|eot_id|>", LLAMA3_TEMPLATE
+    else:
+        raise ValueError(f"template must be 'chatml' or 'llama3', got {template!r}")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|begin_of_text|>",
+        eos_token=eos,
+        pad_token="<|endoftext|>",
+        chat_template=chat_template,
+        padding_side="left",
+    )
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """A randomly initialised few-layer Qwen2 causal LM matching ``tokenizer``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 4,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)

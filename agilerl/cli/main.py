@@ -1,0 +1,55 @@
+"""Entry point of the ``agilerl`` command.
+
+Each command group lives in its own module exposing ``add_parser(subparsers)``; modules import
+their heavy dependencies inside the handlers, so ``agilerl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+
+import agilerl
+from agilerl.errors import AgileRLError
+
+COMMAND_MODULES = (
+    "agilerl.cli.manifest_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agilerl",
+        description="The environment layer for training LLMs with reinforcement learning.",
+    )
+    parser.add_argument("--version", action="version", version=f"agilerl {agilerl.__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        import_module(name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; user errors print one clear message and exit 2, never a traceback."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(handler(args) or 0)
+    except AgileRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug or an env's own failure: still no bare traceback
+        if os.environ.get("AGILERL_DEBUG"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc}\n(set AGILERL_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1

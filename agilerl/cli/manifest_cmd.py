@@ -1,0 +1,41 @@
+"""``agilerl manifest validate|schema``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("manifest", help="Validate a manifest or print its JSON Schema.")
+    sub = parser.add_subparsers(dest="manifest_command", metavar="ACTION", required=True)
+    validate = sub.add_parser("validate", help="Print the normalised manifest, or every error.")
+    validate.add_argument("file")
+    validate.set_defaults(handler=_validate)
+    schema = sub.add_parser("schema", help="Print the manifest's JSON Schema (for editors).")
+    schema.set_defaults(handler=_schema)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from agilerl.core.manifest import load_manifest
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        manifest = load_manifest(args.file)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    data = manifest.model_dump(mode="json", exclude_none=True)
+    print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from agilerl.core.manifest import Manifest
+
+    print(json.dumps(Manifest.model_json_schema(by_alias=False), indent=2))
+    return 0
