@@ -1,0 +1,38 @@
+"""What one rollout yields: the token stream training consumes, and how it was scored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Trajectory:
+    """One episode as tokens.
+
+    ``token_ids`` is the whole conversation; ``action_mask`` is true on tokens the policy
+    generated; ``turn_ids`` is the turn index of every token of that turn (the completion and the
+    observation that answers it), -1 on the initial prompt; ``rewards`` has one entry per turn.
+    ``logprobs`` (when the policy reports them) is aligned with ``token_ids``, 0.0 off the mask.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    action_mask: list[bool] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    group: int = 0
+    seed: int | None = None
+    row_index: int | None = None
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.rewards))
