@@ -1,0 +1,89 @@
+"""Incremental chat templating: render only what is new each turn, yet token for token the same
+as rendering the whole conversation once.
+
+Rendering the full chat every turn is quadratic in turns. Instead we learn, once per tokenizer, how
+the template wraps one appended message (the text before and after its content), and check that
+the shortcut reproduces the template on a probe. Templates that transform content (Llama 3 trims
+it) fail the probe and fall back to rendering just the new message against a fixed two-message
+context: still constant work per turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_BASE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+_SENTINEL = "\x00AGILERL_CONTENT\x00"
+_PROBE = "  probe\n text  "
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer's chat template cannot be rendered incrementally."""
+
+
+class ChatRenderer:
+    """Turns messages into token ids with a tokenizer's chat template, one increment at a time."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.template_kwargs = dict(chat_template_kwargs or {})
+        self._base_text = self.render_text(_BASE)
+        self._wrappers: dict[str, tuple[str, str] | None] = {}
+        self.generation_prompt = self._delta(self.render_text(_BASE, add_generation_prompt=True))
+        opened = self.generation_prompt + "x"
+        asst_delta = self._delta(self.render_text([*_BASE, {"role": "assistant", "content": "x"}]))
+        if not asst_delta.startswith(opened):
+            raise ChatTemplateError(
+                "the chat template's generation prompt does not open an assistant message the way "
+                "a rendered assistant message does; it cannot be used for multi-turn rollouts"
+            )
+        self.assistant_close = asst_delta[len(opened) :]
+        close_ids = self.encode(self.assistant_close)
+        self.end_of_turn_id: int | None = close_ids[0] if close_ids else None
+
+    def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+        """The template's text for ``messages`` (one full render)."""
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=self.tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of rendered text; the template already holds any special tokens it wants."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def message_text(self, role: str, content: str) -> str:
+        """The text one appended message adds to any conversation."""
+        if role not in self._wrappers:
+            self._wrappers[role] = self._learn_wrapper(role)
+        wrapper = self._wrappers[role]
+        if wrapper is None:
+            return self._delta(self.render_text([*_BASE, {"role": role, "content": content}]))
+        return wrapper[0] + content + wrapper[1]
+
+    def _delta(self, text: str) -> str:
+        if not text.startswith(self._base_text):
+            raise ChatTemplateError(
+                "the chat template renders earlier messages differently once a message is appended; "
+                "it cannot be rendered incrementally"
+            )
+        return text[len(self._base_text) :]
+
+    def _learn_wrapper(self, role: str) -> tuple[str, str] | None:
+        """(prefix, suffix) around a message's content, or None when the template alters content."""
+        delta = self._delta(self.render_text([*_BASE, {"role": role, "content": _SENTINEL}]))
+        if delta.count(_SENTINEL) != 1:
+            return None
+        prefix, suffix = delta.split(_SENTINEL)
+        probe = self._delta(self.render_text([*_BASE, {"role": role, "content": _PROBE}]))
+        return (prefix, suffix) if probe == prefix + _PROBE + suffix else None
