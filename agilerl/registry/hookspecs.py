@@ -1,0 +1,33 @@
+"""The hooks a plugin implements. Each receives a ``register`` callback, so the host alone
+decides what a valid name is and what happens when two plugins claim the same one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("agilerl")
+
+Register = Callable[..., None]
+"""``register(name, target, *, description="")``; ``target`` is the object or ``"module:attr"``."""
+
+
+@hookspec
+def register_envs(register: Register) -> None:
+    """Register text environments (classes or factories called with ``env_config`` keywords)."""
+
+
+@hookspec
+def register_observation_processors(register: Register) -> None:
+    """Register processors that turn a remote env's observation dict into prompt text."""
+
+
+@hookspec
+def register_rubrics(register: Register) -> None:
+    """Register rubrics: callables that score a completion (keywords: completion, answer, ...)."""
+
+
+@hookspec
+def register_algorithms(register: Register) -> None:
+    """Register training algorithms, named by ``algorithm.name`` in a manifest."""

@@ -1,0 +1,228 @@
+"""The registry: for each kind (env, processor, rubric, algorithm) a name -> target map that
+remembers which plugin and distribution registered each name.
+
+Plugins' hooks run one plugin at a time, so a hook that raises drops only that plugin.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import pluggy
+
+from agilerl.errors import AgileRLError
+from agilerl.registry.loading import LoadError, is_reference, load_object
+from agilerl.registry.plugins import STRICT_ENV_VAR, PluginInfo, one_line, strict_plugins
+
+Kind = Literal["env", "processor", "rubric", "algorithm"]
+
+HOOK_OF_KIND: dict[Kind, str] = {
+    "env": "register_envs",
+    "processor": "register_observation_processors",
+    "rubric": "register_rubrics",
+    "algorithm": "register_algorithms",
+}
+KIND_OF_HOOK = {hook: kind for kind, hook in HOOK_OF_KIND.items()}
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._/-]*\Z")
+
+
+class RegistrationError(AgileRLError):
+    """A plugin called ``register`` with an invalid name or target."""
+
+
+class NameNotRegistered(LoadError):
+    """No plugin registered the name; the message lists close matches and the installed names."""
+
+
+class NameConflict(LoadError):
+    """Two plugins registered the same name; the message names both distributions."""
+
+
+class PluginError(AgileRLError):
+    """``AGILERL_STRICT_PLUGINS=1`` and a plugin is broken or conflicts with another."""
+
+
+@dataclass
+class Entry:
+    """One registered name; a ``"module:attr"`` target is imported on first :meth:`load`."""
+
+    kind: Kind
+    name: str
+    target: Any
+    description: str
+    plugin: PluginInfo
+    _loaded: Any = field(default=None, repr=False)
+
+    @property
+    def target_ref(self) -> str:
+        """The target as text: the ``module:attr`` string, or where the object was defined."""
+        if isinstance(self.target, str):
+            return self.target
+        module = getattr(self.target, "__module__", None) or "?"
+        qualname = getattr(self.target, "__qualname__", None) or type(self.target).__qualname__
+        return f"{module}:{qualname}"
+
+    def load(self) -> Any:
+        """The target object, importing a ``module:attr`` string the first time."""
+        if not isinstance(self.target, str):
+            return self.target
+        if self._loaded is None:
+            self._loaded = load_object(self.target)
+        return self._loaded
+
+
+class Registry:
+    """Every registered name of every kind, and every plugin's record (errors included)."""
+
+    def __init__(self, plugins: list[PluginInfo]) -> None:
+        self.plugins = plugins
+        self._entries: dict[Kind, dict[str, list[Entry]]] = {kind: {} for kind in HOOK_OF_KIND}
+
+    def add(self, entry: Entry) -> None:
+        self._entries[entry.kind].setdefault(entry.name, []).append(entry)
+
+    def entries(self, kind: Kind) -> list[Entry]:
+        """All entries of one kind sorted by name; a conflicting name appears once per plugin."""
+        return [e for name in sorted(self._entries[kind]) for e in self._entries[kind][name]]
+
+    def names(self, kind: Kind) -> list[str]:
+        return sorted(self._entries[kind])
+
+    def conflicts(self) -> dict[tuple[Kind, str], list[Entry]]:
+        """Names registered by more than one plugin."""
+        return {
+            (kind, name): entries
+            for kind, by_name in self._entries.items()
+            for name, entries in by_name.items()
+            if len(entries) > 1
+        }
+
+    def get(self, kind: Kind, name: str) -> Entry:
+        """The entry registered as ``name``, or an error that says what is installed instead."""
+        entries = self._entries[kind].get(name)
+        if not entries:
+            raise NameNotRegistered(self._not_registered_message(kind, name))
+        if len(entries) > 1:
+            owners = " and ".join(f"{e.plugin.source} as {e.target_ref!r}" for e in entries)
+            raise NameConflict(
+                f"{kind} {name!r} is registered by more than one plugin: {owners}. Uninstall one "
+                "of them, or name the target directly in the manifest as 'module:attr'."
+            )
+        return entries[0]
+
+    def load(self, kind: Kind, name: str) -> Any:
+        """The object registered as ``name`` (lazy targets are imported now)."""
+        return self.get(kind, name).load()
+
+    def _not_registered_message(self, kind: Kind, name: str) -> str:
+        installed = self.names(kind)
+        parts = [f"no {kind} named {name!r} is registered."]
+        close = difflib.get_close_matches(name, installed, n=3, cutoff=0.6)
+        if close:
+            parts.append("Did you mean " + " or ".join(repr(c) for c in close) + "?")
+        parts.append(f"Installed {kind}s: {', '.join(installed) if installed else 'none'}.")
+        other_kinds = [k for k in HOOK_OF_KIND if k != kind and name in self._entries[k]]
+        if other_kinds:
+            parts.append(f"{name!r} is registered as a {' and a '.join(other_kinds)}, not a {kind}.")
+        broken = [p for p in self.plugins if p.error]
+        if broken:
+            parts.append(
+                "Plugins that failed to load (see `agilerl plugins list`): "
+                + "; ".join(f"{p.name}: {p.error}" for p in broken)
+                + "."
+            )
+        parts.append(
+            "Install the plugin that provides it, or name the target directly as 'module:attr' "
+            "or 'path/to/file.py:attr'."
+        )
+        return " ".join(parts)
+
+
+def build_registry(pm: pluggy.PluginManager, loaded: list[PluginInfo]) -> Registry:
+    """Run each registered plugin's hooks; record hook errors and conflicts on its record."""
+    infos = [replace(info, hooks=[], provides={}, conflicts=[]) for info in loaded]
+    # Only plugins that loaded cleanly are in the manager (a duplicate entry-point name is not).
+    registered = {info.name: info for info in infos if info.error is None}
+    registry = Registry(infos)
+    for name, plugin in pm.list_name_plugin():
+        info = registered.get(name)
+        if info is None:  # registered in-process with pm.register (tests, notebooks)
+            info = PluginInfo(name=name, module=getattr(plugin, "__name__", None))
+            infos.append(info)
+        for entry in _run_hooks(pm, plugin, info):
+            registry.add(entry)
+    for (kind, name), entries in registry.conflicts().items():
+        for entry in entries:
+            others = ", ".join(e.plugin.source for e in entries if e is not entry)
+            entry.plugin.conflicts.append(f"{kind} {name!r} also registered by {others}")
+    return registry
+
+
+def check_strict(registry: Registry) -> None:
+    """Under ``AGILERL_STRICT_PLUGINS=1`` a broken or conflicting plugin is an error."""
+    if not strict_plugins():
+        return
+    problems = [f"{p.name}: {p.error}" for p in registry.plugins if p.error]
+    problems += [f"{p.name}: {c}" for p in registry.plugins for c in p.conflicts]
+    if problems:
+        raise PluginError(
+            f"{STRICT_ENV_VAR} is set and plugins failed: " + "; ".join(problems) + "."
+        )
+
+
+def _run_hooks(pm: pluggy.PluginManager, plugin: object, info: PluginInfo) -> list[Entry]:
+    callers = pm.get_hookcallers(plugin) or []
+    info.hooks = sorted(caller.name for caller in callers)
+    unknown = [c.name for c in callers if not c.has_spec() and not _all_optional(c, plugin)]
+    if unknown:
+        # What pluggy's check_pending reports, scoped to one plugin so a typo fails only it.
+        info.error = "; ".join(_unknown_hook_message(name) for name in sorted(unknown))
+        return []
+    staged: list[Entry] = []
+    for caller in callers:
+        kind = KIND_OF_HOOK.get(caller.name)
+        if kind is None:
+            continue
+        register = _register_callback(kind, info, staged)
+        for impl in caller.get_hookimpls():
+            if impl.plugin is not plugin:
+                continue
+            try:
+                impl.function(*[{"register": register}[arg] for arg in impl.argnames])
+            except Exception as exc:  # a plugin's bug must not break the other plugins
+                info.error = f"{caller.name} raised {one_line(exc)}"
+                return []
+    for entry in staged:
+        info.provides.setdefault(entry.kind, []).append(entry.name)
+    return staged
+
+
+def _all_optional(caller: pluggy.HookCaller, plugin: object) -> bool:
+    return all(impl.optionalhook for impl in caller.get_hookimpls() if impl.plugin is plugin)
+
+
+def _unknown_hook_message(hook: str) -> str:
+    close = difflib.get_close_matches(hook, list(KIND_OF_HOOK), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown hook {hook!r} ({hint}agilerl's hooks are: {', '.join(KIND_OF_HOOK)})"
+
+
+def _register_callback(kind: Kind, info: PluginInfo, staged: list[Entry]) -> Any:
+    def register(name: str, target: Any, *, description: str = "") -> None:
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise RegistrationError(
+                f"{kind} name {name!r} is invalid: names are lower case, start with a letter or "
+                "digit and use only a-z 0-9 . _ / - (a ':' would read as 'module:attr')."
+            )
+        if isinstance(target, str) and not is_reference(target):
+            raise RegistrationError(
+                f"{kind} {name!r}: target {target!r} must be an object or a 'module:attr' string."
+            )
+        if any(e.kind == kind and e.name == name for e in staged):
+            raise RegistrationError(f"{kind} {name!r} is registered twice by the same plugin.")
+        staged.append(Entry(kind, name, target, description, info))
+
+    return register
