@@ -139,6 +139,19 @@ class RolloutHarness:
         """Start an episode; return the prompt as token ids ready for generation, and the env info."""
         self._check_open()
         prompt, info = self.client.reset(seed, row_index=row_index, evaluation=evaluation)
+        return self._start_episode(prompt, info, seed, row_index)
+
+    async def areset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[TokenView, dict[str, Any]]:
+        """``reset`` awaiting an async client (``RemoteEnvClient.areset``) on its event loop."""
+        self._check_open()
+        prompt, info = await self.client.areset(seed, row_index=row_index, evaluation=evaluation)
+        return self._start_episode(prompt, info, seed, row_index)
+
+    def _start_episode(
+        self, prompt: str, info: dict[str, Any], seed: int | None, row_index: int | None
+    ) -> tuple[TokenView, dict[str, Any]]:
         messages = info.get("messages") or self._first_messages(prompt)
         ids = self.renderer.encode(self.renderer.render_text(messages, add_generation_prompt=True))
         self._trajectory = Trajectory(
@@ -157,17 +170,33 @@ class RolloutHarness:
         self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None
     ) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
         """Send one completion (generated token ids, or text) to the env; return the next prompt."""
-        traj = self.trajectory
+        action_text, action_ids = self._action(completion)
+        return self._apply_step(action_ids, logprobs, self.client.step(action_text))
+
+    async def astep(
+        self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None
+    ) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
+        """``step`` awaiting an async client (``RemoteEnvClient.astep``) on its event loop."""
+        action_text, action_ids = self._action(completion)
+        return self._apply_step(action_ids, logprobs, await self.client.astep(action_text))
+
+    def _action(self, completion: Sequence[int] | str) -> tuple[str, list[int]]:
+        """The env's action text and the completion's token ids; checks the episode is live."""
+        self.trajectory  # noqa: B018 - raises before the first reset
         if self._done:
             raise HarnessStateError("the episode has ended: call reset() before step()")
-        eot = self.renderer.end_of_turn_id
         if isinstance(completion, str):
-            action_text, action_ids = completion, self.renderer.encode(completion)
-        else:
-            action_ids = list(completion)
-            ended = bool(action_ids) and action_ids[-1] == eot
-            action_text = self.tokenizer.decode(action_ids[:-1] if ended else action_ids, skip_special_tokens=True)
-        observation, reward, terminated, truncated, info = self.client.step(action_text)
+            return completion, self.renderer.encode(completion)
+        action_ids = list(completion)
+        ended = bool(action_ids) and action_ids[-1] == self.renderer.end_of_turn_id
+        text = self.tokenizer.decode(action_ids[:-1] if ended else action_ids, skip_special_tokens=True)
+        return text, action_ids
+
+    def _apply_step(
+        self, action_ids: list[int], logprobs: Sequence[float] | None, result: tuple[Any, ...]
+    ) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
+        traj = self.trajectory
+        observation, reward, terminated, truncated, info = result
         self._turn += 1
         truncated = truncated or (not terminated and self._turn >= self.max_turns)
         self._done = terminated or truncated
