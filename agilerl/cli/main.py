@@ -17,6 +17,7 @@ from agilerl.errors import AgileRLError
 
 COMMAND_MODULES = (
     "agilerl.cli.manifest_cmd",
+    "agilerl.cli.env_cmd",
 )
 
 

@@ -1,0 +1,203 @@
+"""RolloutHarness against real chat templates: incremental ids equal one full render."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agilerl.core.harness import HarnessStateError, RolloutHarness
+
+
+class GuessEnv:
+    """The docs' example: guess a number between 1 and 10."""
+
+    max_turns = 5
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def reset(self, seed=None):
+        self.target = random.Random(seed).randint(1, 10)
+        return "Guess a number between 1 and 10.", {"target": self.target}
+
+    def step(self, action):
+        guess = int(action.strip()) if action.strip().isdigit() else -1
+        if guess == self.target:
+            return "Correct!", 1.0, True, False, {}
+        return ("Too high!" if guess > self.target else "Too low!"), 0.0, False, False, {}
+
+    def close(self):
+        self.closed += 1
+
+
+class ToolEnv(GuessEnv):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "guess",
+                "description": "Guess a number",
+                "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
+            },
+        }
+    ]
+
+
+def _full_render(tokenizer, messages, **kwargs):
+    text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("template", ["chatml", "llama3"])
+@pytest.mark.parametrize("system_prompt", [None, "Answer with one number."])
+def test_incremental_ids_equal_one_full_render(template, system_prompt, request):
+    tokenizer = request.getfixturevalue(f"{template}_tokenizer")
+    env = GuessEnv()
+    harness = RolloutHarness.local(env, tokenizer, max_turns=5, system_prompt=system_prompt)
+    prompt, info = harness.reset(seed=3)
+    target = info["target"]
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+        {"role": "user", "content": "Guess a number between 1 and 10."}
+    ]
+    assert list(prompt) == _full_render(tokenizer, messages, add_generation_prompt=True)
+    guesses = [g for g in ["10", "1", "7", "3", str(target)] if g != str(target)][:3] + [str(target)]
+    for guess in guesses:
+        completion = tokenizer.encode(guess, add_special_tokens=False) + [harness.renderer.end_of_turn_id]
+        prompt, reward, terminated, truncated, _ = harness.step(completion)
+        obs = "Correct!" if guess == str(target) else ("Too high!" if int(guess) > target else "Too low!")
+        messages += [{"role": "assistant", "content": guess}, {"role": "user", "content": obs}]
+        if not terminated:
+            assert list(prompt) == _full_render(tokenizer, messages, add_generation_prompt=True)
+    assert terminated and reward == 1.0
+    assert harness.trajectory.token_ids == _full_render(tokenizer, messages)
+
+
+def test_tools_and_template_kwargs_reach_the_template(chatml_tokenizer):
+    harness = RolloutHarness.local(ToolEnv(), chatml_tokenizer, chat_template_kwargs={"unused_flag": True})
+    prompt, _ = harness.reset(seed=0)
+    text = chatml_tokenizer.decode(list(prompt))
+    assert "# Tools" in text and '"name": "guess"' in text
+    harness.step("5")
+    messages = [{"role": "user", "content": "Guess a number between 1 and 10."}]
+    expected = chatml_tokenizer.apply_chat_template(messages, tools=ToolEnv.tools, tokenize=False)
+    assert chatml_tokenizer.decode(harness.trajectory.token_ids).startswith(expected)
+
+
+def test_chat_template_kwargs_are_passed(chatml_tokenizer):
+    template = chatml_tokenizer.chat_template.replace(
+        "{%- for message in messages %}", "{%- if greeting %}{{- greeting }}{%- endif %}{%- for message in messages %}", 1
+    )
+    tokenizer = chatml_tokenizer.__class__(
+        tokenizer_object=chatml_tokenizer.backend_tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=template,
+    )
+    harness = RolloutHarness.local(GuessEnv(), tokenizer, chat_template_kwargs={"greeting": "HELLO"})
+    prompt, _ = harness.reset(seed=0)
+    assert tokenizer.decode(list(prompt)).startswith("HELLO<|im_start|>user")
+
+
+def test_masks_turn_ids_and_rewards(chatml_tokenizer):
+    harness = RolloutHarness.local(GuessEnv(), chatml_tokenizer, max_turns=5)
+    prompt, info = harness.reset(seed=1)
+    prompt_len = len(prompt)
+    wrong = "1" if info["target"] != 1 else "2"
+    completions = []
+    for guess in (wrong, str(info["target"])):
+        ids = chatml_tokenizer.encode(guess, add_special_tokens=False) + [harness.renderer.end_of_turn_id]
+        completions.append(ids)
+        harness.step(ids)
+    traj = harness.trajectory
+    assert traj.rewards == [0.0, 1.0] and traj.terminated and not traj.truncated
+    assert len(traj.token_ids) == len(traj.action_mask) == len(traj.turn_ids)
+    assert traj.turn_ids[:prompt_len] == [-1] * prompt_len
+    generated = [t for t, m in zip(traj.token_ids, traj.action_mask) if m]
+    assert generated == completions[0] + completions[1]
+    # each turn's generated tokens carry that turn's index, and start right after a generation prompt
+    first_action = traj.action_mask.index(True)
+    assert first_action == prompt_len
+    assert {traj.turn_ids[i] for i, m in enumerate(traj.action_mask) if m} == {0, 1}
+
+
+def test_turn_budget_truncates_and_env_may_end_earlier(chatml_tokenizer):
+    harness = RolloutHarness.local(GuessEnv(), chatml_tokenizer, max_turns=2)
+    _, info = harness.reset(seed=5)
+    wrong = "1" if info["target"] != 1 else "2"
+    *_, terminated, truncated, _ = harness.step(wrong)
+    assert (terminated, truncated) == (False, False)
+    *_, terminated, truncated, _ = harness.step(wrong)
+    assert (terminated, truncated) == (False, True)
+    assert harness.done and harness.trajectory.truncated
+    with pytest.raises(HarnessStateError, match="call reset"):
+        harness.step(wrong)
+    harness.reset(seed=5)
+    *_, terminated, truncated, _ = harness.step(str(info["target"]))
+    assert (terminated, truncated) == (True, False)
+
+
+def test_text_completion_equals_token_completion(chatml_tokenizer):
+    a = RolloutHarness.local(GuessEnv(), chatml_tokenizer, max_turns=3)
+    b = RolloutHarness.local(GuessEnv(), chatml_tokenizer, max_turns=3)
+    a.reset(seed=2)
+    b.reset(seed=2)
+    a.step("4")
+    b.step(chatml_tokenizer.encode("4", add_special_tokens=False))
+    assert a.trajectory.token_ids == b.trajectory.token_ids
+
+
+def test_logprobs_align_with_tokens(chatml_tokenizer):
+    harness = RolloutHarness.local(GuessEnv(), chatml_tokenizer, max_turns=2)
+    harness.reset(seed=0)
+    ids = chatml_tokenizer.encode("4", add_special_tokens=False) + [harness.renderer.end_of_turn_id]
+    harness.step(ids, logprobs=[-0.5] * len(ids))
+    traj = harness.trajectory
+    assert len(traj.logprobs) == len(traj.token_ids)
+    assert [lp for lp, m in zip(traj.logprobs, traj.action_mask) if m] == [-0.5] * len(ids)
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.action_mask) if not m)
+
+
+def test_close_closes_the_env_exactly_once(chatml_tokenizer):
+    env = GuessEnv()
+    with RolloutHarness.local(env, chatml_tokenizer) as harness:
+        harness.reset(seed=0)
+        harness.close()
+    assert env.closed == 1
+    with pytest.raises(HarnessStateError, match="closed"):
+        harness.reset(seed=0)
+
+
+def test_step_before_reset_is_a_clear_error(chatml_tokenizer):
+    harness = RolloutHarness.local(GuessEnv(), chatml_tokenizer)
+    with pytest.raises(HarnessStateError, match="reset"):
+        harness.step("5")
+
+
+def test_env_messages_replace_the_default_prompt(chatml_tokenizer):
+    class TemplatedEnv(GuessEnv):
+        def reset(self, seed=None):
+            prompt, info = super().reset(seed)
+            info["messages"] = [
+                {"role": "system", "content": "You are a guesser."},
+                {"role": "user", "content": prompt},
+            ]
+            return prompt, info
+
+    harness = RolloutHarness.local(TemplatedEnv(), chatml_tokenizer)
+    prompt, _ = harness.reset(seed=0)
+    assert chatml_tokenizer.decode(list(prompt)).startswith("<|im_start|>system\nYou are a guesser.")
+
+
+def test_max_turns_defaults_to_the_envs_own(chatml_tokenizer):
+    assert RolloutHarness.local(GuessEnv(), chatml_tokenizer).max_turns == 5
+
+    class NoBudget:
+        def reset(self, seed=None):
+            return "", {}
+
+        def step(self, action):
+            return "", 0.0, True, False, {}
+
+    with pytest.raises(ValueError, match="max_turns is required"):
+        RolloutHarness.local(NoBudget(), chatml_tokenizer)

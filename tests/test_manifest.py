@@ -1,0 +1,195 @@
+"""Every manifest rule, with the exact error a user sees."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from agilerl.core.manifest import ManifestError, ManifestWarning, load_manifest, parse_env_spec
+
+ROLLOUT = {"env_type": "rollout", "entrypoint": "guess_env.py:GuessEnv"}
+
+
+def _error(data) -> str:
+    with pytest.raises(ManifestError) as info:
+        parse_env_spec(data)
+    return "\n".join(info.value.errors)
+
+
+def test_defaults_and_aliases():
+    spec = parse_env_spec(
+        {"env_type": "rollout", "name": "data.parquet", "reward_file_path": "r.py", "reward_fn_name": "score"}
+    )
+    assert spec.dataset == "data.parquet"
+    assert spec.rubric_file_path == "r.py" and spec.rubric_name == "score"
+    assert spec.train_test_split == 0.9 and spec.request_timeout_s == 300
+    assert spec.action_field == "message" and spec.response_column == "response"
+    assert spec.chat_template_kwargs == {} and spec.env_config == {} and spec.max_turns is None
+
+
+def test_env_type_is_required():
+    assert "environment.env_type: Field required" in _error({"entrypoint": "a:b"})
+
+
+@pytest.mark.parametrize(
+    ("old", "replacement"),
+    [
+        ("multiturn", "use 'env_type: rollout'"),
+        ("reasoning", "use 'env_type: rollout' with 'max_turns: 1'"),
+        ("sft", "use 'env_type: dataset' with 'objective: sft'"),
+        ("preference", "use 'env_type: dataset' with 'objective: preference'"),
+    ],
+)
+def test_retired_env_types_name_their_replacement(old, replacement):
+    assert f"environment.env_type: env_type '{old}' is retired: {replacement}." in _error(
+        {**ROLLOUT, "env_type": old}
+    )
+
+
+def test_dataset_requires_objective():
+    assert "env_type 'dataset' requires 'objective: sft' or 'objective: preference'" in _error(
+        {"env_type": "dataset", "dataset": "x.jsonl"}
+    )
+    spec = parse_env_spec({"env_type": "dataset", "dataset": "x.jsonl", "objective": "sft"})
+    assert spec.objective == "sft"
+
+
+def test_objective_only_for_dataset():
+    assert "'objective' applies to env_type 'dataset' only" in _error({**ROLLOUT, "objective": "sft"})
+
+
+@pytest.mark.parametrize(
+    ("sources", "got"),
+    [
+        ({}, "none"),
+        ({"entrypoint": "a:b", "env_url": "http://127.0.0.1:1", "max_turns": 2}, "entrypoint, env_url"),
+        ({"entrypoint": "a:b", "dataset": "d.parquet", "rubric_name": "r"}, "dataset, entrypoint"),
+    ],
+)
+def test_rollout_names_exactly_one_source(sources, got):
+    assert f"a rollout names exactly one source: 'dataset' (with a rubric), 'entrypoint' or 'env_url' (got: {got})" in _error(
+        {"env_type": "rollout", **sources}
+    )
+
+
+def test_dataset_rollout_needs_a_rubric():
+    assert "a dataset rollout needs 'rubric_name'" in _error({"env_type": "rollout", "dataset": "d.parquet"})
+
+
+def test_env_url_requires_max_turns():
+    assert "'env_url' requires 'max_turns'" in _error({"env_type": "rollout", "env_url": "http://h:1"})
+    spec = parse_env_spec({"env_type": "rollout", "env_url": ["http://a:1", "http://b:1"], "max_turns": 3})
+    assert spec.env_urls == ["http://a:1", "http://b:1"]
+
+
+def test_mcp_tool_only_with_env_url():
+    assert "'mcp_tool' applies only with 'env_url'" in _error({**ROLLOUT, "mcp_tool": "play"})
+
+
+def test_observation_field_and_processor_exclude_each_other():
+    assert "'observation_field' and 'observation_processor' exclude each other" in _error(
+        {**ROLLOUT, "observation_field": "a.b", "observation_processor": "m:f"}
+    )
+
+
+def test_max_turns_at_least_one():
+    assert "environment.max_turns: Input should be greater than or equal to 1 (got 0)" in _error(
+        {**ROLLOUT, "max_turns": 0}
+    )
+
+
+@pytest.mark.parametrize("split", [0, 1, 1.5, -0.1])
+def test_train_test_split_in_open_interval(split):
+    assert "environment.train_test_split: Input should be" in _error({**ROLLOUT, "train_test_split": split})
+
+
+def test_request_timeout_non_negative_and_zero_disables():
+    assert "environment.request_timeout_s: Input should be greater than or equal to 0 (got -1)" in _error(
+        {**ROLLOUT, "request_timeout_s": -1}
+    )
+    assert parse_env_spec({**ROLLOUT, "request_timeout_s": 0}).request_timeout_s == 0
+
+
+@pytest.mark.parametrize("bad", ["-e", "--index-url", " -r"])
+def test_env_packages_rejects_options_at_parse_time(bad):
+    assert f"env_packages: {bad!r} is not a package name" in _error(
+        {**ROLLOUT, "env_packages": {"uv": ["good", bad]}}
+    )
+
+
+def test_env_packages_takes_uv_or_pip():
+    assert parse_env_spec({**ROLLOUT, "env_packages": {"pip": ["a>=1"]}}).env_packages.packages == ["a>=1"]
+    assert "exactly one of 'uv: [...]' or 'pip: [...]'" in _error(
+        {**ROLLOUT, "env_packages": {"uv": ["a"], "pip": ["b"]}}
+    )
+    assert "environment.env_packages.conda: Extra inputs are not permitted" in _error(
+        {**ROLLOUT, "env_packages": {"conda": ["a"]}}
+    )
+
+
+def test_unknown_keys_are_ignored_with_one_warning():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = parse_env_spec({**ROLLOUT, "colour": "red", "flavour": 1})
+    messages = [str(w.message) for w in caught if issubclass(w.category, ManifestWarning)]
+    assert messages == ["environment: ignoring unknown key(s): colour, flavour"]
+    assert not hasattr(spec, "colour")
+
+
+def test_errors_are_all_reported_with_field_paths(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("environment:\n  env_type: rollout\n  entrypoint: a:b\n  max_turns: 0\n  train_test_split: 2\n")
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert len(info.value.errors) == 2
+    assert str(path) in str(info.value)
+
+
+def test_manifest_folder_is_the_base_dir(tmp_path):
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "m.yaml"
+    path.write_text("environment: {env_type: rollout, entrypoint: 'env.py:Env'}\n")
+    assert load_manifest(path).base_dir == (tmp_path / "sub").resolve()
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "agilerl", *args], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
+
+
+def test_cli_validate_stale_manifest_prints_replacement_and_exits_2(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("environment:\n  env_type: reasoning\n  entrypoint: a:b\n")
+    result = _cli("manifest", "validate", str(path))
+    assert result.returncode == 2
+    assert "environment.env_type: env_type 'reasoning' is retired: use 'env_type: rollout' with 'max_turns: 1'." in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_validate_prints_the_normalised_spec(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("environment:\n  env_type: rollout\n  entrypoint: a:b\n  reward_fn_name: r\n")
+    result = _cli("manifest", "validate", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "rubric_name: r" in result.stdout and "train_test_split: 0.9" in result.stdout
+
+
+def test_cli_validate_missing_file_exits_2(tmp_path):
+    result = _cli("manifest", "validate", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2 and "cannot read" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_schema_matches_the_model():
+    import json
+
+    from agilerl.core.manifest import EnvironmentSpec
+
+    result = _cli("manifest", "schema")
+    schema = json.loads(result.stdout)
+    env_props = schema["$defs"]["EnvironmentSpec"]["properties"]
+    assert set(env_props) == set(EnvironmentSpec.model_fields)
+    assert env_props["train_test_split"]["default"] == 0.9
