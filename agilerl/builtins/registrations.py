@@ -14,7 +14,33 @@ Register = Callable[..., None]
 # (name, target, description); one list per kind.
 ENVS: list[tuple[str, str, str]] = []
 OBSERVATION_PROCESSORS: list[tuple[str, str, str]] = []
-RUBRICS: list[tuple[str, str, str]] = []
+RUBRICS: list[tuple[str, str, str]] = [
+    (
+        "exact_match",
+        "agilerl.builtins.rubrics:exact_match",
+        "Final answer equals the row's answer (normalised case and spacing).",
+    ),
+    (
+        "numeric_match",
+        "agilerl.builtins.rubrics:numeric_match",
+        "Final answer is the row's number (1,000 == 1000.0).",
+    ),
+    (
+        "boxed_match",
+        "agilerl.builtins.rubrics:boxed_match",
+        "The last \\boxed{} holds the row's answer.",
+    ),
+    (
+        "think_answer_format",
+        "agilerl.builtins.rubrics:think_answer_format",
+        "The completion is <think>...</think><answer>...</answer>.",
+    ),
+    (
+        "countdown",
+        "agilerl.builtins.rubrics:countdown",
+        "Countdown: each number used once with + - * /, equal to the target.",
+    ),
+]
 ALGORITHMS: list[tuple[str, str, str]] = []
 
 

@@ -1,0 +1,1 @@
+"""Dataset-backed envs: tables, prompt templates, rubrics, QADatasetEnv and DatasetEnv."""
