@@ -18,6 +18,7 @@ from agilerl.errors import AgileRLError
 COMMAND_MODULES = (
     "agilerl.cli.manifest_cmd",
     "agilerl.cli.env_cmd",
+    "agilerl.cli.plugins_cmd",
 )
 
 

@@ -1,0 +1,128 @@
+"""``agilerl plugins list|new`` and ``agilerl envs|processors|rubrics|algorithms list``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+# command -> the registry kind it lists
+_LISTED_KINDS = {"envs": "env", "processors": "processor", "rubrics": "rubric", "algorithms": "algorithm"}
+
+
+def add_parser(subparsers: Any) -> None:
+    plugins = subparsers.add_parser("plugins", help="List installed plugins or start a new one.")
+    sub = plugins.add_subparsers(dest="plugins_command", metavar="ACTION", required=True)
+    listing = sub.add_parser("list", help="Installed plugins: what each provides and its status.")
+    listing.add_argument("--all", action="store_true", help="Include agilerl's built-ins.")
+    listing.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+    listing.set_defaults(handler=_list_plugins)
+    new = sub.add_parser("new", help="Create a publishable plugin package agilerl-env-NAME.")
+    new.add_argument("name", help="Plugin name, e.g. 'wordle' (creates agilerl-env-wordle).")
+    new.add_argument("--dir", default=".", help="Folder to create the package in (default: here).")
+    new.set_defaults(handler=_new_plugin)
+    for command, kind in _LISTED_KINDS.items():
+        parser = subparsers.add_parser(command, help=f"List registered {kind}s.")
+        kind_sub = parser.add_subparsers(dest=f"{command}_command", metavar="ACTION", required=True)
+        kind_list = kind_sub.add_parser("list", help=f"Registered {kind}s and their plugins.")
+        kind_list.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+        kind_list.set_defaults(handler=_list_entries, kind=kind)
+
+
+def _list_plugins(args: argparse.Namespace) -> int:
+    from agilerl.registry import get_registry
+
+    plugins = [p for p in get_registry().plugins if args.all or not p.builtin]
+    plugins.sort(key=lambda p: (not p.builtin, p.name))
+    if args.json:
+        rows = [
+            {
+                "name": p.name,
+                "version": p.version,
+                "distribution": p.distribution,
+                "module": p.module,
+                "builtin": p.builtin,
+                "hooks": p.hooks,
+                "provides": p.provides,
+                "status": p.status,
+                "error": p.error,
+                "conflicts": p.conflicts,
+            }
+            for p in plugins
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not plugins:
+        print("No plugins installed (`agilerl plugins list --all` shows the built-ins).")
+        return 0
+    table = _table("Name", "Version", "Distribution", "Hooks", "Provides", "Status")
+    for p in plugins:
+        provides = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in p.provides.items())
+        status = {"ok": "ok", "error": f"error: {p.error}", "conflict": "conflict: " + "; ".join(p.conflicts)}
+        table.add_row(
+            p.name,
+            p.version or "",
+            p.distribution or "",
+            "\n".join(p.hooks),
+            provides,
+            status[p.status],
+        )
+    _print(table)
+    return 0
+
+
+def _list_entries(args: argparse.Namespace) -> int:
+    from agilerl.registry import get_registry
+
+    registry = get_registry()
+    entries = registry.entries(args.kind)
+    conflicted = {name for kind, name in registry.conflicts() if kind == args.kind}
+    if args.json:
+        rows = [
+            {
+                "name": e.name,
+                "kind": e.kind,
+                "target": e.target_ref,
+                "description": e.description,
+                "plugin": e.plugin.name,
+                "distribution": e.plugin.distribution,
+                "version": e.plugin.version,
+                "conflict": e.name in conflicted,
+            }
+            for e in entries
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not entries:
+        print(f"No {args.kind}s registered.")
+        return 0
+    table = _table("Name", "Description", "Plugin", "Status")
+    for e in entries:
+        source = f"{e.plugin.name} ({e.plugin.distribution})" if e.plugin.distribution else e.plugin.name
+        table.add_row(e.name, e.description, source, "conflict" if e.name in conflicted else "ok")
+    _print(table)
+    return 0
+
+
+def _new_plugin(args: argparse.Namespace) -> int:
+    from agilerl.registry.scaffold import scaffold_plugin
+
+    created = scaffold_plugin(args.name, args.dir)
+    print(f"Created {created}")
+    print(f"Next: pip install -e {created} && pytest {created / 'tests'}")
+    return 0
+
+
+def _table(*columns: str) -> Any:
+    from rich.table import Table
+
+    table = Table(show_lines=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def _print(table: Any) -> None:
+    from rich.console import Console
+
+    Console().print(table)
