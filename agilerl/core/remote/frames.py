@@ -1,0 +1,144 @@
+"""The OpenEnv WebSocket frames, as pydantic models: one place for the wire format.
+
+Client frames are validated straight from the raw text (pydantic parses the JSON), so one call
+tells a malformed frame (INVALID_JSON), an unknown ``type`` (UNKNOWN_TYPE) and bad fields
+(VALIDATION_ERROR) apart. Replies are built as plain dicts and encoded with ``pydantic_core``:
+values JSON cannot hold (objects in ``info``, NaN) become strings or null instead of failing.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+
+class ErrorCode(str, Enum):
+    """The ``code`` of an error frame (OpenEnv's ``WSErrorCode``)."""
+
+    INVALID_JSON = "INVALID_JSON"
+    UNKNOWN_TYPE = "UNKNOWN_TYPE"
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    EXECUTION_ERROR = "EXECUTION_ERROR"
+    CAPACITY_REACHED = "CAPACITY_REACHED"
+    FACTORY_ERROR = "FACTORY_ERROR"
+    SESSION_ERROR = "SESSION_ERROR"
+
+
+class _Lenient(BaseModel):
+    # OpenEnv clients add fields of their own (episode_id, metadata): ignore them.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ResetData(_Lenient):
+    seed: int | None = None
+    row_index: int | None = Field(None, ge=0, description="Dataset envs: the row to play.")
+    evaluation: bool | None = Field(None, description="Dataset envs: draw from the test split.")
+
+
+class StepData(_Lenient):
+    message: str = Field(description="The model's text.")
+
+
+class ResetFrame(_Lenient):
+    type: Literal["reset"]
+    data: ResetData = Field(default_factory=ResetData)
+
+
+class StepFrame(_Lenient):
+    type: Literal["step"]
+    data: StepData
+
+
+class StateFrame(_Lenient):
+    type: Literal["state"]
+
+
+class CloseFrame(_Lenient):
+    type: Literal["close"]
+
+
+ClientFrame = Annotated[
+    ResetFrame | StepFrame | StateFrame | CloseFrame, Field(discriminator="type")
+]
+CLIENT_FRAME: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
+
+
+class TextObservation(BaseModel):
+    """The observation our server sends: the env's text, ``truncated``, and the info dict."""
+
+    text: str
+    truncated: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class FrameError(Exception):
+    """A client frame that cannot be served; becomes an error frame, the session goes on."""
+
+    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.extra = extra
+
+
+def parse_client_frame(raw: str | bytes) -> ResetFrame | StepFrame | StateFrame | CloseFrame:
+    """Validate one client frame, or raise ``FrameError`` with the matching code."""
+    try:
+        return CLIENT_FRAME.validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        kinds = {e["type"] for e in errors}
+        if "json_invalid" in kinds:
+            raise FrameError(ErrorCode.INVALID_JSON, f"invalid JSON: {errors[0]['msg']}") from None
+        if kinds & {"union_tag_invalid", "union_tag_not_found"}:
+            raise FrameError(
+                ErrorCode.UNKNOWN_TYPE,
+                "unknown message type: 'type' must be one of reset, step, state, close.",
+            ) from None
+        details = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'][1:]) or '(frame)'}: {e['msg']}" for e in errors
+        )
+        raise FrameError(ErrorCode.VALIDATION_ERROR, f"invalid message: {details}", errors=errors) from None
+
+
+def encode(frame: dict[str, Any]) -> bytes:
+    """Encode a frame as JSON; unknown objects become strings, NaN/inf become null."""
+    return pydantic_core.to_json(frame, serialize_unknown=True, inf_nan_mode="null")
+
+
+def decode(raw: str | bytes) -> Any:
+    """Decode one JSON frame."""
+    return pydantic_core.from_json(raw)
+
+
+def observation_frame(text: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> bytes:
+    """A step or reset reply; ``done`` is either end, ``truncated`` rides in the observation."""
+    return encode(
+        {
+            "type": "observation",
+            "data": {
+                "observation": {"text": text, "truncated": truncated, "metadata": info},
+                "reward": reward,
+                "done": terminated or truncated,
+            },
+        }
+    )
+
+
+def state_frame(state: dict[str, Any]) -> bytes:
+    return encode({"type": "state", "data": state})
+
+
+def error_frame(code: ErrorCode, message: str, **extra: Any) -> bytes:
+    return encode({"type": "error", "data": {"message": message, "code": code.value, **extra}})
+
+
+def schema() -> dict[str, Any]:
+    """What ``GET /schema`` returns: action, observation and state JSON Schemas."""
+    return {
+        "action": StepData.model_json_schema(),
+        "observation": TextObservation.model_json_schema(),
+        "state": {"type": "object", "additionalProperties": True},
+    }

@@ -1,0 +1,510 @@
+"""Serve any text env over OpenEnv's WebSocket protocol (aiohttp), one fresh env per session.
+
+Speed comes from not handing every frame to a thread: a synchronous env call runs inline on the
+event loop while it is fast, and a method moves to the thread pool (for every session of this
+server) as soon as one call takes longer than ``inline_budget_s``, so a slow env never stalls
+the other sessions for more than that one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import ipaddress
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from agilerl.core.remote.frames import (
+    ErrorCode,
+    FrameError,
+    ResetFrame,
+    StateFrame,
+    StepFrame,
+    error_frame,
+    observation_frame,
+    parse_client_frame,
+    schema,
+    state_frame,
+)
+from agilerl.core.remote.loop import LoopThread
+from agilerl.errors import AgileRLError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONCURRENT_ENVS = 64
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
+
+
+class EnvCaller:
+    """Runs env calls: inline while fast, in the thread pool once slow, awaited when async.
+
+    Decisions are per method name and shared by all sessions (they run one factory's envs).
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor, inline_budget_s: float) -> None:
+        self._pool = pool
+        self._budget = inline_budget_s
+        self._offloaded: set[str] = set() if inline_budget_s > 0 else {"reset", "step", "state"}
+
+    async def call(self, key: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if key in self._offloaded:
+            result = await self.in_pool(fn, *args, **kwargs)
+        else:
+            start = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                if time.perf_counter() - start > self._budget:
+                    self._offloaded.add(key)
+        if inspect.isawaitable(result):  # async def env methods run on the loop
+            result = await result
+        return result
+
+    async def in_pool(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    @property
+    def offloaded(self) -> frozenset[str]:
+        """Method names now running in the thread pool."""
+        return frozenset(self._offloaded)
+
+
+class _Session:
+    __slots__ = ("ws", "env", "busy", "last_active", "steps", "episode_id")
+
+    def __init__(self, ws: web.WebSocketResponse, env: Any) -> None:
+        self.ws = ws
+        self.env = env
+        self.busy = False
+        self.last_active = time.monotonic()
+        self.steps = 0
+        self.episode_id: str | None = None
+
+
+class EnvServer:
+    """The aiohttp application: ``/ws`` sessions, ``/health``, ``/metadata``, ``/schema``."""
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_concurrent_envs: int = DEFAULT_MAX_CONCURRENT_ENVS,
+        session_timeout_s: float | None = None,
+        token: str | None = None,
+        heartbeat_s: float | None = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        inline_budget_s: float = 0.001,
+    ) -> None:
+        if max_concurrent_envs < 1:
+            raise AgileRLError(f"max_concurrent_envs must be at least 1 (got {max_concurrent_envs}).")
+        self.name = name
+        self.host, self.port = host, port
+        self.max_concurrent_envs = max_concurrent_envs
+        self.session_timeout_s = session_timeout_s or None
+        self._factory = factory
+        self._token = token
+        self._heartbeat_s = heartbeat_s
+        self._max_message_bytes = max_message_bytes
+        self._pool = ThreadPoolExecutor(max_concurrent_envs, thread_name_prefix="agilerl-env")
+        self.caller = EnvCaller(self._pool, inline_budget_s)
+        self._active = 0
+        self._sessions: set[_Session] = set()
+        self._closing: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._env_info: dict[str, Any] | None = None
+        self._stopping = False
+        self._runner: web.AppRunner | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self.envs_created = 0
+        self.envs_closed = 0
+
+    @property
+    def active_sessions(self) -> int:
+        """Sessions holding a slot: from the handshake until their env is closed."""
+        return self._active
+
+    @property
+    def url(self) -> str:
+        return f"http://{_url_host(self.host)}:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth] if self._token else [])
+        app.router.add_get("/ws", self._ws)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metadata", self._metadata)
+        app.router.add_get("/schema", self._schema)
+        return app
+
+    async def start(self) -> str:
+        """Bind and start serving; returns the base URL (the real port when ``port`` was 0)."""
+        if not _is_loopback(self.host) and not self._token:
+            log.warning(
+                "serving on %s without a token: anyone who can reach it can run the env. "
+                "Set --token or %s.", self.host, TOKEN_ENV_VAR,
+            )
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        if self.session_timeout_s:
+            self._reaper = asyncio.create_task(self._reap_idle(self.session_timeout_s))
+        return self.url
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Close every session (each env exactly once), then the listener and the pool."""
+        self._stopping = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+        await asyncio.gather(
+            *(self._end(s, WSCloseCode.GOING_AWAY, "the server is stopping") for s in list(self._sessions))
+        )
+        pending = self._handlers | self._closing
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            if self._closing:
+                await asyncio.wait(self._closing, timeout=grace_s)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- HTTP routes ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self._token}".encode()):
+            return web.json_response(
+                {"error": "missing or wrong bearer token: send 'Authorization: Bearer <token>'."},
+                status=401,
+            )
+        return await handler(request)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "healthy"})
+
+    async def _schema(self, request: web.Request) -> web.Response:
+        return web.json_response(schema())
+
+    async def _metadata(self, request: web.Request) -> web.Response:
+        info = self._env_info
+        if info is None:
+            try:  # no session has built an env yet: build one to describe
+                env = await self.caller.in_pool(self._factory)
+                self.envs_created += 1
+                info = self._describe(env)
+                await self._close_env(env)
+            except Exception as exc:
+                info = {"description": "", "dataset_size": None, "factory_error": f"{type(exc).__name__}: {exc}"}
+        return web.json_response(
+            {
+                "name": self.name,
+                **info,
+                "active_sessions": self._active,
+                "max_concurrent_envs": self.max_concurrent_envs,
+                "session_timeout_s": self.session_timeout_s,
+                "protocol": "openenv-websocket",
+            }
+        )
+
+    def _describe(self, env: Any) -> dict[str, Any]:
+        doc = inspect.getdoc(type(env)) or ""
+        self._env_info = {
+            "description": doc.splitlines()[0] if doc else "",
+            "dataset_size": getattr(env, "dataset_size", None),
+        }
+        return self._env_info
+
+    # -- WebSocket sessions --------------------------------------------------------------------
+
+    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(
+            heartbeat=self._heartbeat_s, max_msg_size=self._max_message_bytes, compress=False
+        )
+        if self._stopping or self._active >= self.max_concurrent_envs:
+            await ws.prepare(request)
+            await _send_quietly(ws, error_frame(
+                ErrorCode.CAPACITY_REACHED,
+                f"server at capacity: {self._active} of {self.max_concurrent_envs} sessions in use; "
+                "retry later or start the server with a larger --max-concurrent-envs.",
+                active_sessions=self._active,
+                max_sessions=self.max_concurrent_envs,
+            ))
+            await ws.close(code=WSCloseCode.OK)
+            return ws
+        self._active += 1  # the slot is held from here until the env is closed
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        session: _Session | None = None
+        try:
+            await ws.prepare(request)
+            try:
+                env = await self.caller.in_pool(self._factory)
+            except Exception as exc:
+                log.exception("env factory failed")
+                await _send_quietly(ws, error_frame(
+                    ErrorCode.FACTORY_ERROR, f"the env factory failed: {type(exc).__name__}: {exc}",
+                    factory_name=self.name,
+                ))
+                await ws.close(code=WSCloseCode.INTERNAL_ERROR)
+                return ws
+            self.envs_created += 1
+            if self._env_info is None:
+                self._describe(env)
+            session = _Session(ws, env)
+            self._sessions.add(session)
+            await self._serve(session)
+        finally:
+            self._handlers.discard(task)
+            if session is None:
+                self._active -= 1
+            else:
+                self._sessions.discard(session)
+                closing = asyncio.ensure_future(self._close_env(session.env, release=True))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+                try:
+                    await asyncio.shield(closing)
+                except asyncio.CancelledError:
+                    pass  # the close task carries on and releases the slot
+                if not ws.closed:
+                    await ws.close()
+        return ws
+
+    async def _serve(self, session: _Session) -> None:
+        ws = session.ws
+        while True:
+            msg = await ws.receive()
+            if msg.type is not WSMsgType.TEXT and msg.type is not WSMsgType.BINARY:
+                return  # close, error, or the socket went away
+            session.busy = True
+            try:
+                reply = await self._reply(session, msg.data)
+            finally:
+                session.busy = False
+                session.last_active = time.monotonic()
+            if reply is None:
+                await ws.close(code=WSCloseCode.OK)
+                return
+            if not await _send_quietly(ws, reply):
+                return
+
+    async def _reply(self, session: _Session, raw: str | bytes) -> bytes | None:
+        try:
+            frame = parse_client_frame(raw)
+            env = session.env
+            if type(frame) is StepFrame:
+                result = await self.caller.call("step", env.step, frame.data.message)
+                session.steps += 1
+                return observation_frame(*_step_result(result))
+            if type(frame) is ResetFrame:
+                data = frame.data
+                kwargs: dict[str, Any] = {"seed": data.seed}
+                if data.row_index is not None:
+                    kwargs["row_index"] = data.row_index
+                if data.evaluation is not None:
+                    kwargs["evaluation"] = data.evaluation
+                result = await self.caller.call("reset", env.reset, **kwargs)
+                session.steps = 0
+                session.episode_id = uuid.uuid4().hex
+                text, info = _reset_result(result)
+                return observation_frame(text, 0.0, False, False, info)
+            if type(frame) is StateFrame:
+                state = await self.caller.call("state", _env_state, env)
+                return state_frame({"episode_id": session.episode_id, "step_count": session.steps, **state})
+            return None  # close
+        except FrameError as exc:
+            return error_frame(exc.code, str(exc), **exc.extra)
+        except Exception as exc:
+            return error_frame(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}")
+
+    async def _close_env(self, env: Any, *, release: bool = False) -> None:
+        try:
+            close = getattr(env, "close", None)
+            if callable(close):
+                await self.caller.in_pool(close)
+        except Exception:
+            log.exception("env.close() failed")
+        finally:
+            self.envs_closed += 1
+            if release:
+                self._active -= 1
+
+    async def _end(self, session: _Session, code: int, why: str) -> None:
+        """End a session from the server side: tell the client why, then close the socket."""
+        await _send_quietly(session.ws, error_frame(ErrorCode.SESSION_ERROR, f"session ended: {why}"))
+        await session.ws.close(code=code, message=why[:120].encode())
+
+    async def _reap_idle(self, timeout_s: float) -> None:
+        while True:
+            await asyncio.sleep(min(timeout_s / 4, 1.0))
+            now = time.monotonic()
+            for s in list(self._sessions):
+                if not s.busy and not s.ws.closed and now - s.last_active > timeout_s:
+                    asyncio.ensure_future(self._end(s, WSCloseCode.OK, f"idle for more than {timeout_s:g} s"))
+
+
+def _step_result(result: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    try:
+        text, reward, terminated, truncated, info = result
+    except (TypeError, ValueError):
+        raise FrameError(
+            ErrorCode.EXECUTION_ERROR,
+            f"env.step returned {type(result).__name__}; it must return "
+            "(observation, reward, terminated, truncated, info).",
+        ) from None
+    return _text(text, "step"), float(reward), bool(terminated), bool(truncated), dict(info or {})
+
+
+def _reset_result(result: Any) -> tuple[str, dict[str, Any]]:
+    try:
+        text, info = result
+    except (TypeError, ValueError):
+        raise FrameError(
+            ErrorCode.EXECUTION_ERROR,
+            f"env.reset returned {type(result).__name__}; it must return (observation, info).",
+        ) from None
+    return _text(text, "reset"), dict(info or {})
+
+
+def _text(value: Any, method: str) -> str:
+    if not isinstance(value, str):
+        raise FrameError(
+            ErrorCode.EXECUTION_ERROR,
+            f"env.{method} returned a {type(value).__name__} observation; a text env returns str.",
+        )
+    return value
+
+
+def _env_state(env: Any) -> dict[str, Any]:
+    state = getattr(env, "state", None)
+    if callable(state):
+        state = state()
+    if hasattr(state, "model_dump"):
+        state = state.model_dump()
+    return dict(state) if isinstance(state, dict) else {}
+
+
+async def _send_quietly(ws: web.WebSocketResponse, frame: bytes) -> bool:
+    """Send one text frame; False when the peer is gone (that ends the session, not the server)."""
+    if ws.closed:
+        return False
+    try:
+        await ws.send_frame(frame, WSMsgType.TEXT)
+        return True
+    except (ConnectionError, RuntimeError):
+        return False
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+class RunningServer:
+    """An ``EnvServer`` on its own event-loop thread, for plain synchronous code."""
+
+    def __init__(self, server: EnvServer) -> None:
+        self.server = server
+        self._thread = LoopThread(f"agilerl-env-server-{server.name}")
+        try:
+            self.url = self._thread.run(server.start())
+        except BaseException:
+            self._thread.stop()
+            raise
+        self._stopped = False
+
+    @property
+    def active_sessions(self) -> int:
+        return self.server.active_sessions
+
+    def stop(self) -> None:
+        """Close every session and env, free the port, end the thread (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._thread.run(self.server.stop())
+        self._thread.stop()
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def resolve_env(
+    entrypoint: str | Callable[..., Any],
+    env_config: dict[str, Any] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_concurrent_envs: int = DEFAULT_MAX_CONCURRENT_ENVS,
+    session_timeout_s: float | None = None,
+    token: str | None = None,
+    base_dir: str | Path | None = None,
+    env_packages: list[str] | None = None,
+    **server_options: Any,
+) -> tuple[str, RunningServer]:
+    """Serve an env (resolved like a manifest's ``entrypoint``) in the background.
+
+    Returns ``(url, server)``; ``server.stop()`` (or ``with server:``) shuts it down.
+    ``server_options`` go to ``EnvServer`` (``heartbeat_s``, ``max_message_bytes``,
+    ``inline_budget_s``).
+    """
+    server = build_server(
+        entrypoint, env_config, host=host, port=port, max_concurrent_envs=max_concurrent_envs,
+        session_timeout_s=session_timeout_s, token=token, base_dir=base_dir,
+        env_packages=env_packages, **server_options,
+    )
+    running = RunningServer(server)
+    return running.url, running
+
+
+def build_server(
+    entrypoint: str | Callable[..., Any],
+    env_config: dict[str, Any] | None = None,
+    *,
+    base_dir: str | Path | None = None,
+    env_packages: list[str] | None = None,
+    token: str | None = None,
+    **options: Any,
+) -> EnvServer:
+    """An ``EnvServer`` for ``entrypoint``; the token defaults to ``$AGILERL_ENV_TOKEN``."""
+    from agilerl.core.factory import entrypoint_factory
+
+    factory = entrypoint_factory(entrypoint, env_config, base_dir=base_dir, install=env_packages)
+    name = entrypoint if isinstance(entrypoint, str) else getattr(entrypoint, "__qualname__", repr(entrypoint))
+    return EnvServer(factory, name=name, token=token or os.environ.get(TOKEN_ENV_VAR) or None, **options)
