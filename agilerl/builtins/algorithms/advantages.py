@@ -1,0 +1,132 @@
+"""Advantage estimation over collated rollouts: group-relative, GAE and returns.
+
+Every function is a pure tensor function, so each one is checked against hand-computed values.
+Shapes: ``[B]`` per rollout, ``[B, K]`` per turn, ``[B, T]`` per token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from agilerl.core.train.logprobs import masked_mean
+
+if TYPE_CHECKING:
+    from agilerl.core.train.batch import RolloutTensors
+
+
+def group_normalize(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    group: torch.Tensor,
+    *,
+    epsilon: float = 1e-4,
+    scale: bool = True,
+) -> torch.Tensor:
+    """``(v - mean) / (std + epsilon)`` per (group, column) over the masked members.
+
+    ``values``/``mask`` are ``[B, K]``; ``group`` is ``[B]``. The std is the population std, so a
+    group of one is defined; a group whose members all scored the same gets exactly zero (it
+    carries no signal). Masked-out entries come back as 0.
+    """
+    _, member_of = torch.unique(group, return_inverse=True)
+    num_groups = int(member_of.max()) + 1
+    weights = mask.to(values.dtype)
+
+    def per_group(x: torch.Tensor, reduce: str = "sum", fill: float = 0.0) -> torch.Tensor:
+        out = torch.full((num_groups, values.shape[1]), fill, dtype=values.dtype)
+        return out.scatter_reduce(0, member_of[:, None].expand_as(x), x, reduce)
+
+    count = per_group(weights).clamp(min=1.0)
+    mean = (per_group(values * weights) / count)[member_of]
+    centered = (values - mean) * weights
+    if scale:
+        std = (per_group(centered**2) / count).sqrt()[member_of]
+        centered = centered / (std + epsilon)
+    high = per_group(values.masked_fill(~mask, float("-inf")), "amax", float("-inf"))
+    low = per_group(values.masked_fill(~mask, float("inf")), "amin", float("inf"))
+    return torch.where((high > low)[member_of], centered, torch.zeros_like(centered))
+
+
+def has_per_turn_rewards(batch: RolloutTensors) -> bool:
+    """True when some rollout is rewarded before its last turn (rewards are not only final)."""
+    early = batch.turn_mask[:, :-1] & batch.turn_mask[:, 1:]
+    return bool((batch.turn_rewards[:, :-1][early] != 0).any())
+
+
+def is_multi_turn(batch: RolloutTensors) -> bool:
+    """True when some rollout in the batch played more than one turn."""
+    return bool((batch.turn_mask.sum(dim=1) > 1).any())
+
+
+def per_turn_to_tokens(per_turn: torch.Tensor, turn_ids: torch.Tensor) -> torch.Tensor:
+    """Give every token its turn's value (``[B, K]`` -> ``[B, T]``); 0 outside turns."""
+    values = per_turn.gather(1, turn_ids.clamp(min=0))
+    return torch.where(turn_ids >= 0, values, torch.zeros_like(values))
+
+
+def turn_action_bounds(
+    turn_ids: torch.Tensor, action_mask: torch.Tensor, num_turns: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last action-token position of each turn, ``[B, K]`` each; -1 for turns without any."""
+    length = turn_ids.shape[1]
+    positions = torch.arange(length).expand_as(turn_ids)
+    acting = action_mask & (turn_ids >= 0)
+    index = turn_ids.clamp(min=0)
+    first = torch.full((turn_ids.shape[0], num_turns), length, dtype=torch.long).scatter_reduce(
+        1, index, torch.where(acting, positions, length), "amin"
+    )
+    last = torch.full_like(first, -1).scatter_reduce(
+        1, index, torch.where(acting, positions, -1), "amax"
+    )
+    return torch.where(first == length, -1, first), last
+
+
+def rewards_at_turn_ends(batch: RolloutTensors) -> torch.Tensor:
+    """Per-token rewards ``[B, T]``: each turn's reward on its last action token, 0 elsewhere."""
+    _, last = turn_action_bounds(batch.turn_ids, batch.action_mask, batch.max_turns)
+    placed = batch.turn_mask & (last >= 0)
+    out = torch.zeros(batch.input_ids.shape, dtype=batch.turn_rewards.dtype)
+    return out.scatter_add(1, last.clamp(min=0), batch.turn_rewards * placed)
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> torch.Tensor:
+    """Generalised advantage estimation along dim 1, skipping unmasked steps; 0 where unmasked.
+
+    The value after a row's last masked step is 0 (episodes end there).
+    """
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_advantage = torch.zeros_like(next_value)
+    for step in range(rewards.shape[1] - 1, -1, -1):
+        active = mask[:, step]
+        delta = rewards[:, step] + gamma * next_value - values[:, step]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, step] = torch.where(active, advantage, 0.0)
+        next_value = torch.where(active, values[:, step], next_value)
+        next_advantage = torch.where(active, advantage, next_advantage)
+    return advantages
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Reward-to-go along dim 1 over masked steps (GAE with zero values and lambda 1)."""
+    return gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)
+
+
+def leave_one_out_mean(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """Each rollout's baseline: the mean of the *other* members of its group (0 if alone)."""
+    _, member_of = torch.unique(group, return_inverse=True)
+    sums = torch.zeros(int(member_of.max()) + 1, dtype=values.dtype).index_add(0, member_of, values)
+    counts = torch.bincount(member_of).to(values.dtype)[member_of]
+    others = (sums[member_of] - values) / (counts - 1).clamp(min=1.0)
+    return torch.where(counts > 1, others, torch.zeros_like(values))
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, epsilon: float = 1e-8) -> torch.Tensor:
+    """Shift and scale the masked entries to mean 0, std 1 (PPO's advantage normalisation)."""
+    mean = masked_mean(values, mask)
+    std = masked_mean((values - mean) ** 2, mask).sqrt()
+    return (values - mean) / (std + epsilon) * mask

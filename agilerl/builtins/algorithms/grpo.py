@@ -1,0 +1,132 @@
+"""GRPO: group-relative advantages and a clipped importance ratio (DeepSeekMath).
+
+``GroupRelative`` is the family's base: it computes advantages (per completion or per turn,
+normalised within each group) and aggregates the objective; the variants (GRPO, CISPO, GSPO)
+differ only in :meth:`GroupRelative.surrogate`, their treatment of the importance ratio.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, Literal, TypeVar
+
+import torch
+from pydantic import Field, field_validator
+
+from agilerl.builtins.algorithms.advantages import (
+    group_normalize,
+    has_per_turn_rewards,
+    per_turn_to_tokens,
+)
+from agilerl.builtins.algorithms.policy_gradient import (
+    GRANULARITY_KEYS,
+    ClippedConfig,
+    PolicyGradient,
+    clipped_surrogate,
+    old_logprobs,
+)
+from agilerl.core.train.batch import RolloutTensors
+from agilerl.core.train.logprobs import masked_mean
+
+
+class GroupRelativeConfig(ClippedConfig):
+    """Options of GRPO, CISPO and GSPO."""
+
+    advantage_granularity: Literal["auto", "trajectory", "turn"] = Field(
+        "auto",
+        validation_alias=GRANULARITY_KEYS,
+        description=(
+            "'trajectory': one advantage per completion (sum of its turn rewards); 'turn': each "
+            "turn's reward against the group members that played that turn; 'auto': 'turn' when "
+            "rewards arrive before the last turn, else 'trajectory'."
+        ),
+    )
+    std_epsilon: float = Field(1e-4, gt=0, description="Added to the group std before dividing.")
+    scale_rewards: bool = Field(
+        True, description="Divide by the group std (false: mean-centred only, as in Dr. GRPO)."
+    )
+
+    @field_validator("advantage_granularity", mode="before")
+    @classmethod
+    def _no_token_level(cls, value: Any) -> Any:
+        if value == "token":
+            raise ValueError(
+                "'token' is not available to group-relative algorithms (GRPO, CISPO, GSPO): they "
+                "compare whole completions or turns. Use 'auto', 'trajectory' or 'turn', or choose "
+                "llmppo or llmreinforce, which take 'token'."
+            )
+        return value
+
+
+ConfigT = TypeVar("ConfigT", bound=GroupRelativeConfig)
+
+
+class GroupRelative(PolicyGradient[ConfigT]):
+    """Group-relative advantages; subclasses define the per-token objective in ``surrogate``."""
+
+    config_class = GroupRelativeConfig
+
+    def policy_loss(
+        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        granularity = self.granularity(batch)
+        advantages = self.advantages(batch, granularity)
+        mask = batch.loss_mask
+        objective, metrics = self.surrogate(logprobs, old_logprobs(batch, logprobs), advantages, mask)
+        metrics["turn_level"] = float(granularity == "turn")
+        metrics["advantage_abs_mean"] = masked_mean(advantages.abs(), mask).item()
+        return -self.aggregate(objective, mask), metrics
+
+    def granularity(self, batch: RolloutTensors) -> Literal["trajectory", "turn"]:
+        """The configured granularity, with ``auto`` settled for this batch."""
+        requested = self.config.advantage_granularity
+        if requested != "auto":
+            return requested
+        return "turn" if has_per_turn_rewards(batch) else "trajectory"
+
+    def advantages(
+        self, batch: RolloutTensors, granularity: Literal["trajectory", "turn"]
+    ) -> torch.Tensor:
+        """Per-token advantages ``[B, T]`` (0 off the loss mask)."""
+        if granularity == "trajectory":
+            values = batch.turn_rewards.sum(dim=1, keepdim=True)
+            mask = torch.ones_like(values, dtype=torch.bool)
+        else:
+            values, mask = batch.turn_rewards, batch.turn_mask
+        per_turn = group_normalize(
+            values, mask, batch.group, epsilon=self.config.std_epsilon, scale=self.config.scale_rewards
+        )
+        if granularity == "trajectory":
+            return per_turn.expand(batch.input_ids.shape) * batch.loss_mask
+        return per_turn_to_tokens(per_turn, batch.turn_ids) * batch.loss_mask
+
+    def aggregate(self, objective: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Token-level mean over every action token in the batch (long answers weigh more)."""
+        return masked_mean(objective, mask)
+
+    @abstractmethod
+    def surrogate(
+        self,
+        logprobs: torch.Tensor,
+        old: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Per-token objective to maximise from the ratio's two sides, and its metrics."""
+
+
+class GRPO(GroupRelative[GroupRelativeConfig]):
+    """Group Relative Policy Optimization: the PPO-style clipped per-token ratio."""
+
+    def surrogate(
+        self,
+        logprobs: torch.Tensor,
+        old: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        ratio = torch.exp(logprobs - old)
+        objective, clipped = clipped_surrogate(
+            ratio, advantages, self.config.epsilon_low, self.config.epsilon_high
+        )
+        return objective, {"clip_fraction": masked_mean(clipped.float(), mask).item()}

@@ -1,0 +1,51 @@
+"""GSPO (Qwen): one length-normalised importance ratio per sequence, clipped per sequence.
+
+Implemented in the GSPO-token form: every token carries the sequence ratio's value with its own
+log-prob's gradient, which equals GSPO exactly when a sequence's advantages are constant and
+also admits per-turn advantages.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
+from agilerl.builtins.algorithms.policy_gradient import clipped_surrogate
+from agilerl.core.train.logprobs import masked_mean
+
+
+class GSPOConfig(GroupRelativeConfig):
+    """GRPO's options with the paper's (much narrower) sequence-level clip ranges."""
+
+    epsilon_low: float = Field(3e-4, ge=0, description="Lower clip range of the sequence ratio.")
+    epsilon_high: float = Field(4e-4, ge=0, description="Upper clip range of the sequence ratio.")
+
+
+class GSPO(GroupRelative[GSPOConfig]):
+    """Group Sequence Policy Optimization."""
+
+    config_class = GSPOConfig
+
+    def surrogate(
+        self,
+        logprobs: torch.Tensor,
+        old: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        weights = mask.float()
+        lengths = weights.sum(dim=1).clamp(min=1.0)
+        sequence_ratio = torch.exp(((logprobs - old) * weights).sum(dim=1) / lengths)
+        ratio = sequence_ratio.detach()[:, None] * torch.exp(logprobs - logprobs.detach())
+        objective, clipped = clipped_surrogate(
+            ratio, advantages, self.config.epsilon_low, self.config.epsilon_high
+        )
+        return objective, {"clip_fraction": masked_mean(clipped.float(), mask).item()}
+
+    def aggregate(self, objective: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean over sequences of each sequence's token mean (every completion weighs the same)."""
+        weights = mask.float()
+        tokens = weights.sum(dim=1)
+        per_sequence = (objective * weights).sum(dim=1) / tokens.clamp(min=1.0)
+        return masked_mean(per_sequence, tokens > 0)

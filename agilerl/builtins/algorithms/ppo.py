@@ -1,0 +1,98 @@
+"""LLMPPO: PPO for language models, with a value head and GAE over tokens or turns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from agilerl.builtins.algorithms.advantages import (
+    gae,
+    per_turn_to_tokens,
+    rewards_at_turn_ends,
+    turn_action_bounds,
+    whiten,
+)
+from agilerl.builtins.algorithms.policy_gradient import (
+    ClippedConfig,
+    PolicyGradient,
+    TurnOrTokenConfig,
+    clipped_surrogate,
+    old_logprobs,
+)
+from agilerl.core.train.batch import RolloutTensors
+from agilerl.core.train.logprobs import masked_mean
+
+
+@dataclass
+class ValueHeadOutput:
+    logits: torch.Tensor
+    values: torch.Tensor
+    """``values[b, t]``: the value of the state before token ``t`` (aligned like log-probs)."""
+
+
+class ValueHeadModel(torch.nn.Module):
+    """A causal LM plus a linear value head on its last hidden state; ``.model`` is the LM."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        parameter = next(model.parameters())
+        self.value_head = torch.nn.Linear(
+            model.config.hidden_size, 1, device=parameter.device, dtype=parameter.dtype
+        )
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ValueHeadOutput:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        values = self.value_head(out.hidden_states[-1]).squeeze(-1).float()
+        return ValueHeadOutput(logits=out.logits, values=torch.nn.functional.pad(values[:, :-1], (1, 0)))
+
+
+class LLMPPOConfig(TurnOrTokenConfig, ClippedConfig):
+    """PPO's options."""
+
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE's bias/variance trade-off.")
+    value_coef: float = Field(0.1, ge=0, description="Weight of the value loss.")
+    whiten_advantages: bool = Field(True, description="Normalise advantages over the batch.")
+
+
+class LLMPPO(PolicyGradient[LLMPPOConfig]):
+    """Proximal Policy Optimization with a learned value baseline."""
+
+    config_class = LLMPPOConfig
+
+    def prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
+        return ValueHeadModel(model)
+
+    def policy_loss(
+        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        config, mask = self.config, batch.loss_mask
+        granularity = config.granularity_for(batch)
+        if granularity == "token":
+            predicted, value_mask = outputs.values, mask
+            rewards = rewards_at_turn_ends(batch)
+        else:
+            first, _ = turn_action_bounds(batch.turn_ids, batch.action_mask, batch.max_turns)
+            predicted = outputs.values.gather(1, first.clamp(min=0))
+            value_mask = batch.turn_mask & (first >= 0) & batch.valid[:, None]
+            rewards = batch.turn_rewards
+        advantages = gae(rewards, predicted.detach(), value_mask, config.gamma, config.gae_lambda)
+        returns = advantages + predicted.detach()
+        if granularity == "turn":
+            advantages = per_turn_to_tokens(advantages, batch.turn_ids) * mask
+        if config.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        ratio = torch.exp(logprobs - old_logprobs(batch, logprobs))
+        objective, clipped = clipped_surrogate(ratio, advantages, config.epsilon_low, config.epsilon_high)
+        value_loss = 0.5 * masked_mean((predicted - returns) ** 2, value_mask)
+        loss = -masked_mean(objective, mask) + config.value_coef * value_loss
+        return loss, {
+            "value_loss": value_loss.item(),
+            "clip_fraction": masked_mean(clipped.float(), mask).item(),
+            "turn_level": float(granularity == "turn"),
+        }

@@ -1,0 +1,30 @@
+"""SFT: cross-entropy on the response tokens of ``DatasetEnv`` batches (objective ``sft``)."""
+
+from __future__ import annotations
+
+import torch
+
+from agilerl.core.train.algorithm import Algorithm, AlgorithmConfig
+from agilerl.core.train.logprobs import masked_mean, policy_logprobs
+
+
+class SFTConfig(AlgorithmConfig):
+    """SFT takes no options: the data decides what is learned."""
+
+
+class SFT(Algorithm[SFTConfig]):
+    """Supervised fine-tuning: the mean negative log-likelihood of every response token."""
+
+    config_class = SFTConfig
+    kind = "dataset"
+    dataset_objective = "sft"
+
+    def loss(
+        self,
+        policy: torch.nn.Module,
+        batch: dict[str, torch.Tensor],
+        reference: torch.nn.Module | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        logprobs = policy_logprobs(policy, batch["input_ids"], batch["attention_mask"])
+        loss = -masked_mean(logprobs, batch["loss_mask"])
+        return loss, {"loss": loss.item(), "perplexity": loss.detach().exp().item()}
