@@ -41,7 +41,19 @@ RUBRICS: list[tuple[str, str, str]] = [
         "Countdown: each number used once with + - * /, equal to the target.",
     ),
 ]
-ALGORITHMS: list[tuple[str, str, str]] = []
+ALGORITHMS: list[tuple[str, str, str]] = [
+    ("grpo", "agilerl.builtins.algorithms.grpo:GRPO", "Group-relative advantages, clipped ratio."),
+    ("cispo", "agilerl.builtins.algorithms.cispo:CISPO", "GRPO with a clipped, stop-gradient IS weight."),
+    ("gspo", "agilerl.builtins.algorithms.gspo:GSPO", "GRPO with a sequence-level ratio and clip."),
+    ("llmppo", "agilerl.builtins.algorithms.ppo:LLMPPO", "PPO with a value head and GAE."),
+    (
+        "llmreinforce",
+        "agilerl.builtins.algorithms.reinforce:LLMREINFORCE",
+        "REINFORCE with a leave-one-out group baseline.",
+    ),
+    ("sft", "agilerl.builtins.algorithms.sft:SFT", "Cross-entropy on response tokens."),
+    ("dpo", "agilerl.builtins.algorithms.dpo:DPO", "Direct Preference Optimization (sigmoid loss)."),
+]
 
 
 def _register_all(register: Register, entries: list[tuple[str, str, str]]) -> None:
