@@ -13,7 +13,14 @@ Register = Callable[..., None]
 
 # (name, target, description); one list per kind.
 ENVS: list[tuple[str, str, str]] = []
-OBSERVATION_PROCESSORS: list[tuple[str, str, str]] = []
+OBSERVATION_PROCESSORS: list[tuple[str, str, str]] = [
+    ("json", "agilerl.builtins.processors:json_text", "The whole observation as compact JSON."),
+    (
+        "code_output",
+        "agilerl.builtins.processors:code_output",
+        "stdout, stderr and exit code of a code-execution observation.",
+    ),
+]
 RUBRICS: list[tuple[str, str, str]] = [
     (
         "exact_match",

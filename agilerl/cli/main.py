@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "agilerl.cli.manifest_cmd",
     "agilerl.cli.env_cmd",
     "agilerl.cli.plugins_cmd",
+    "agilerl.cli.serve_cmd",
 )
 
 

@@ -48,13 +48,20 @@ TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 class EnvCaller:
     """Runs env calls: inline while fast, in the thread pool once slow, awaited when async.
 
-    Decisions are per method name and shared by all sessions (they run one factory's envs).
+    A method moves to the pool after ``SLOW_STRIKES`` calls over the budget (a thread switch
+    can stretch one fast call), or at once after a call over ``10 x`` the budget. Decisions are
+    per method name and shared by all sessions: they all run one factory's envs.
     """
+
+    SLOW_STRIKES = 3
+    STRIKES_FORGOTTEN_AFTER = 1000  # fast calls
 
     def __init__(self, pool: ThreadPoolExecutor, inline_budget_s: float) -> None:
         self._pool = pool
         self._budget = inline_budget_s
         self._offloaded: set[str] = set() if inline_budget_s > 0 else {"reset", "step", "state"}
+        self._strikes: dict[str, int] = {}
+        self._fast_calls: dict[str, int] = {}
 
     async def call(self, key: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if key in self._offloaded:
@@ -64,11 +71,23 @@ class EnvCaller:
             try:
                 result = fn(*args, **kwargs)
             finally:
-                if time.perf_counter() - start > self._budget:
-                    self._offloaded.add(key)
+                self._record(key, time.perf_counter() - start)
         if inspect.isawaitable(result):  # async def env methods run on the loop
             result = await result
         return result
+
+    def _record(self, key: str, duration: float) -> None:
+        if duration <= self._budget:
+            fast = self._fast_calls.get(key, 0) + 1
+            if fast >= self.STRIKES_FORGOTTEN_AFTER:
+                self._strikes[key] = fast = 0
+            self._fast_calls[key] = fast
+            return
+        strikes = self._strikes.get(key, 0) + 1
+        self._strikes[key] = strikes
+        if strikes >= self.SLOW_STRIKES or duration > 10 * self._budget:
+            self._offloaded.add(key)
+            log.info("env.%s took %.1f ms: running it in the thread pool from now on", key, duration * 1e3)
 
     async def in_pool(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
