@@ -126,7 +126,7 @@ class Registry:
         parts.append(f"Installed {kind}s: {', '.join(installed) if installed else 'none'}.")
         other_kinds = [k for k in HOOK_OF_KIND if k != kind and name in self._entries[k]]
         if other_kinds:
-            parts.append(f"{name!r} is registered as a {' and a '.join(other_kinds)}, not a {kind}.")
+            parts.append(f"{name!r} is registered, but as another kind: {', '.join(other_kinds)}.")
         broken = [p for p in self.plugins if p.error]
         if broken:
             parts.append(
