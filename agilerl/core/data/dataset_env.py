@@ -171,7 +171,7 @@ class DatasetEnv:
     def batches(
         self, epoch: int = 0, *, evaluation: bool = False
     ) -> Iterator[dict[str, torch.Tensor]]:
-        """One epoch of batches: train rows shuffled by ``(seed, epoch)``, held-out rows in order."""
+        """One epoch: train rows shuffled by ``(seed, epoch)``, held-out rows in order."""
         import numpy as np
 
         examples = self._test if evaluation else self._train

@@ -104,7 +104,9 @@ def _as_reward(result: Any, name: str, where: str) -> tuple[float, dict[str, flo
     if isinstance(result, Mapping):
         if not result:
             raise RubricError(f"rubric {name!r} returned an empty dict on {where}.")
-        components = {str(k): _as_number(v, name, where, f"component {k!r}") for k, v in result.items()}
+        components = {
+            str(k): _as_number(v, name, where, f"component {k!r}") for k, v in result.items()
+        }
         return math.fsum(components.values()), components
     return _as_number(result, name, where, "result"), {}
 

@@ -1,4 +1,4 @@
-"""Load a table once (HuggingFace id, Parquet, JSONL, CSV or a ``save_to_disk`` folder) and split it.
+"""Load a table once (HuggingFace id, Parquet, JSONL, CSV, ``save_to_disk`` folder); split it.
 
 Tables stay Arrow-backed ``datasets.Dataset`` objects (memory-mapped where ``datasets`` caches
 them), so every env built on one shares the same rows instead of holding Python copies.
@@ -135,7 +135,7 @@ def _pick_split(loaded: Any, source: str, split: str) -> Dataset:
 
 
 def rename_columns(table: Dataset, columns: dict[str, str], source: str) -> Dataset:
-    """Rename ``{src: dst}``; a missing ``src`` or a clashing ``dst`` names the columns that exist."""
+    """Rename ``{src: dst}``; a missing ``src`` or clashing ``dst`` names the existing columns."""
     if not columns:
         return table
     existing = list(table.column_names)

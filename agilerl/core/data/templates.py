@@ -28,6 +28,7 @@ class PromptTemplate:
     """Ordered ``(role, text)`` pieces; ``render(row)`` fills each ``{column}``."""
 
     pieces: tuple[tuple[str, str], ...]
+    label: str = "prompt_template"  # how errors name this template
 
     @classmethod
     def parse(cls, template: Mapping[str, str]) -> PromptTemplate:
@@ -64,7 +65,7 @@ class PromptTemplate:
     @classmethod
     def single_user(cls, column: str) -> PromptTemplate:
         """The default: the row's ``column`` as the one user message."""
-        return cls((("user", "{" + column + "}"),))
+        return cls((("user", "{" + column + "}"),), label="the default prompt (no prompt_template)")
 
     def placeholders(self) -> list[str]:
         """The column names the pieces use, in order of first use."""
@@ -74,13 +75,13 @@ class PromptTemplate:
                 fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
             except ValueError as exc:
                 raise TemplateError(
-                    f"prompt_template {role} piece {text!r}: {exc}; write literal braces as "
+                    f"{self.label} {role} piece {text!r}: {exc}; write literal braces as "
                     "'{{' and '}}'."
                 ) from None
             for field in fields:
                 if not field.isidentifier():
                     raise TemplateError(
-                        f"prompt_template {role} piece: placeholder {{{field}}} must be a plain "
+                        f"{self.label} {role} piece: placeholder {{{field}}} must be a plain "
                         "column name (no indexing, attributes or empty braces)."
                     )
                 if field not in names:
@@ -93,7 +94,7 @@ class PromptTemplate:
         missing = [name for name in self.placeholders() if name not in existing]
         if missing:
             raise TemplateError(
-                f"prompt_template uses {', '.join('{' + m + '}' for m in missing)} but the "
+                f"{self.label} uses {', '.join('{' + m + '}' for m in missing)} but the "
                 f"dataset has no such column; its columns are: {', '.join(existing)}. Rename a "
                 "column with 'columns: {source: " + missing[0] + "}' or fix the template."
             )
