@@ -56,9 +56,9 @@ def install_packages(requirements: Sequence[str]) -> None:
     if result.returncode != 0:
         detail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
         raise EnvPackagesError(
-            f"env_packages {checked} cannot be installed alongside the trainer: uv found no "
-            "versions that fit the installed packages (each installed distribution is pinned to "
-            f"its current version so the trainer is never changed).\nuv said:\n{detail}\n"
+            f"env_packages {checked} cannot be installed alongside the trainer (every installed "
+            "distribution is pinned to its current version, so the trainer's own packages are "
+            f"never changed).\nuv said:\n{detail}\n"
             "Host the env in its own environment instead: serve it there with "
             "agilerl.llm_envs.openenv_server.resolve_env and set `env_url:` in the manifest."
         )
