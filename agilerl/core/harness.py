@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from agilerl.core.chat import ChatRenderer
 from agilerl.core.client import EnvClient, InProcessEnvClient
+from agilerl.core.protocol import StepResult
 from agilerl.core.trajectory import Trajectory
 from agilerl.errors import AgileRLError
 
@@ -101,6 +102,7 @@ class RolloutHarness:
         self._turn = 0
         self._done = True
         self._closed = False
+        self._pending: tuple[list[int], Sequence[float] | None] | None = None
 
     @classmethod
     def local(cls, env: Any, tokenizer: Any, max_turns: int | None = None, **kwargs: Any) -> RolloutHarness:
@@ -138,20 +140,16 @@ class RolloutHarness:
     ) -> tuple[TokenView, dict[str, Any]]:
         """Start an episode; return the prompt as token ids ready for generation, and the env info."""
         self._check_open()
-        prompt, info = self.client.reset(seed, row_index=row_index, evaluation=evaluation)
-        return self._start_episode(prompt, info, seed, row_index)
+        result = self.client.reset(seed, row_index=row_index, evaluation=evaluation)
+        return self.apply_reset(result, seed=seed, row_index=row_index)
 
-    async def areset(
-        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    def apply_reset(
+        self, result: tuple[str, dict[str, Any]], *, seed: int | None = None, row_index: int | None = None
     ) -> tuple[TokenView, dict[str, Any]]:
-        """``reset`` awaiting an async client (``RemoteEnvClient.areset``) on its event loop."""
+        """The second half of ``reset``, for a caller that ran ``client.reset`` (or ``areset``)
+        itself, e.g. for many envs at once."""
         self._check_open()
-        prompt, info = await self.client.areset(seed, row_index=row_index, evaluation=evaluation)
-        return self._start_episode(prompt, info, seed, row_index)
-
-    def _start_episode(
-        self, prompt: str, info: dict[str, Any], seed: int | None, row_index: int | None
-    ) -> tuple[TokenView, dict[str, Any]]:
+        prompt, info = result
         messages = info.get("messages") or self._first_messages(prompt)
         ids = self.renderer.encode(self.renderer.render_text(messages, add_generation_prompt=True))
         self._trajectory = Trajectory(
@@ -164,37 +162,39 @@ class RolloutHarness:
         )
         self._turn = 0
         self._done = False
+        self._pending = None
         return TokenView(ids, len(ids)), info
 
     def step(
         self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None
     ) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
         """Send one completion (generated token ids, or text) to the env; return the next prompt."""
-        action_text, action_ids = self._action(completion)
-        return self._apply_step(action_ids, logprobs, self.client.step(action_text))
+        return self.apply_step(self.client.step(self.prepare_step(completion, logprobs=logprobs)))
 
-    async def astep(
-        self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None
-    ) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
-        """``step`` awaiting an async client (``RemoteEnvClient.astep``) on its event loop."""
-        action_text, action_ids = self._action(completion)
-        return self._apply_step(action_ids, logprobs, await self.client.astep(action_text))
+    def prepare_step(self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None) -> str:
+        """The first half of ``step``: check the episode is live, return the env's action text.
 
-    def _action(self, completion: Sequence[int] | str) -> tuple[str, list[int]]:
-        """The env's action text and the completion's token ids; checks the episode is live."""
+        Send it with ``client.step`` (or ``await client.astep``), then pass the result to
+        ``apply_step``: many envs can then be stepped at once while this object stays single-threaded.
+        """
         self.trajectory  # noqa: B018 - raises before the first reset
         if self._done:
             raise HarnessStateError("the episode has ended: call reset() before step()")
         if isinstance(completion, str):
-            return completion, self.renderer.encode(completion)
-        action_ids = list(completion)
-        ended = bool(action_ids) and action_ids[-1] == self.renderer.end_of_turn_id
-        text = self.tokenizer.decode(action_ids[:-1] if ended else action_ids, skip_special_tokens=True)
-        return text, action_ids
+            action_text, action_ids = completion, self.renderer.encode(completion)
+        else:
+            action_ids = list(completion)
+            ended = bool(action_ids) and action_ids[-1] == self.renderer.end_of_turn_id
+            body = action_ids[:-1] if ended else action_ids
+            action_text = self.tokenizer.decode(body, skip_special_tokens=True)
+        self._pending = (action_ids, logprobs)
+        return action_text
 
-    def _apply_step(
-        self, action_ids: list[int], logprobs: Sequence[float] | None, result: tuple[Any, ...]
-    ) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
+    def apply_step(self, result: StepResult) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
+        """The second half of ``step``: record the env's answer to the prepared completion."""
+        if self._pending is None:
+            raise HarnessStateError("apply_step() needs a prepare_step() first")
+        (action_ids, logprobs), self._pending = self._pending, None
         traj = self.trajectory
         observation, reward, terminated, truncated, info = result
         self._turn += 1

@@ -1,0 +1,92 @@
+"""RolloutCollector against its ideal: 16 x 4 slots, 5 turns, an env that sleeps 20 ms a step.
+
+The ideal is the env latency alone (5 x 20 ms) plus the measured generation time: everything
+else (threads, tokenizing, bookkeeping) is overhead. A sequential loop over the same 64 slots,
+in the same run, is the baseline the concurrency must beat. Scripted policy: no model.
+
+    python bench/collector.py [--repeats 7] [--no-remote]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from agilerl.builtins.tiny_model import build_tiny_tokenizer
+from agilerl.core.collect.collector import RolloutCollector
+from agilerl.core.collect.policy import SamplingParams, ScriptedPolicy
+from agilerl.core.harness import RolloutHarness
+
+BATCH, GROUP, TURNS, LATENCY_S = 16, 4, 5, 0.020
+
+
+class SleepyEnv:
+    """Answers after ``LATENCY_S``; ends after ``TURNS`` steps."""
+
+    max_turns = TURNS
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.turn = 0
+        return f"Guess a number between 1 and 10 ({seed}).", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        time.sleep(LATENCY_S)
+        self.turn += 1
+        return "Too low!", 0.0, self.turn >= TURNS, False, {}
+
+
+def _report(name: str, wall_s: float, ideal_s: float, extra: str = "") -> None:
+    print(f"{name:<34} wall {wall_s * 1000:8.1f} ms   ideal {ideal_s * 1000:6.1f} ms   "
+          f"ratio to ideal: {wall_s / ideal_s:.2f}{extra}")
+
+
+def bench_collector(name: str, factory: Any, tokenizer: Any, repeats: int) -> float:
+    policy = ScriptedPolicy(tokenizer, "5")
+    with RolloutCollector(factory, tokenizer, batch_size=BATCH, group_size=GROUP, seed=0) as collector:
+        collector.collect(policy)  # warm-up: threads, template caches, connections
+        runs = [collector.collect(policy).stats for _ in range(repeats)]
+    best = sorted(runs, key=lambda s: s.wall_time_s)[len(runs) // 2]  # the median run
+    ideal = TURNS * LATENCY_S + best.generation_time_s
+    _report(name, best.wall_time_s, ideal, f"   (env phases {best.env_time_s * 1000:.1f} ms)")
+    return best.wall_time_s
+
+
+def bench_sequential(tokenizer: Any) -> float:
+    """The same 64 episodes played one after another, one harness per slot."""
+    policy = ScriptedPolicy(tokenizer, "5")
+    harnesses = [RolloutHarness.local(SleepyEnv(), tokenizer) for _ in range(BATCH * GROUP)]
+    params = SamplingParams(stop_token_ids=(harnesses[0].renderer.end_of_turn_id,))
+    start = time.perf_counter()
+    generation_s = 0.0
+    for seed, harness in enumerate(harnesses):
+        prompt, _ = harness.reset(seed)
+        while not harness.done:
+            t0 = time.perf_counter()
+            completion = policy.generate([prompt], params)[0]
+            generation_s += time.perf_counter() - t0
+            prompt, *_ = harness.step(completion.token_ids)
+    wall = time.perf_counter() - start
+    _report("sequential loop (64 slots)", wall, BATCH * GROUP * TURNS * LATENCY_S + generation_s)
+    return wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--no-remote", action="store_true", help="skip the remote-server setting")
+    args = parser.parse_args()
+    tokenizer = build_tiny_tokenizer("chatml")
+    print(f"{BATCH} x {GROUP} slots, {TURNS} turns, env latency {LATENCY_S * 1000:.0f} ms, "
+          f"median of {args.repeats}")
+    in_process = bench_collector("collector, in-process envs", SleepyEnv, tokenizer, args.repeats)
+    sequential = bench_sequential(tokenizer)
+    print(f"in-process collector vs sequential loop: {sequential / in_process:.1f}x faster")
+
+
+if __name__ == "__main__":
+    main()
