@@ -7,6 +7,7 @@ Plugins' hooks run one plugin at a time, so a hook that raises drops only that p
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -59,11 +60,7 @@ class Entry:
     @property
     def target_ref(self) -> str:
         """The target as text: the ``module:attr`` string, or where the object was defined."""
-        if isinstance(self.target, str):
-            return self.target
-        module = getattr(self.target, "__module__", None) or "?"
-        qualname = getattr(self.target, "__qualname__", None) or type(self.target).__qualname__
-        return f"{module}:{qualname}"
+        return self.target if isinstance(self.target, str) else _describe(self.target)
 
     def load(self) -> Any:
         """The target object, importing a ``module:attr`` string the first time."""
@@ -139,6 +136,15 @@ class Registry:
             "or 'path/to/file.py:attr'."
         )
         return " ".join(parts)
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, functools.partial):
+        args = [*map(repr, obj.args), *(f"{k}={v!r}" for k, v in obj.keywords.items())]
+        return f"{_describe(obj.func)}({', '.join(args)})"
+    module = getattr(obj, "__module__", None) or "?"
+    qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"{module}:{qualname}"
 
 
 def build_registry(pm: pluggy.PluginManager, loaded: list[PluginInfo]) -> Registry:
