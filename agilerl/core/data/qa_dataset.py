@@ -94,7 +94,7 @@ class QADatasetEnv:
             )
         self.data = dataset
         self.system_prompt = system_prompt
-        self._rng = random.Random()
+        self._rng: random.Random | None = None  # made on the first unseeded reset only
         self._row: dict[str, Any] | None = None
         self._info: dict[str, Any] = {}
 
@@ -133,8 +133,11 @@ class QADatasetEnv:
         if row_index is None:
             if size == 0:
                 raise EpisodeError(f"the {split_name} split has no rows.")
-            rng = random.Random(seed) if seed is not None else self._rng
-            row_index = rng.randrange(size)
+            if seed is not None:
+                row_index = random.Random(seed).randrange(size)
+            else:
+                self._rng = self._rng or random.Random()
+                row_index = self._rng.randrange(size)
         elif not 0 <= row_index < size:
             raise EpisodeError(
                 f"row_index {row_index} is out of range: the {split_name} split has {size} "
