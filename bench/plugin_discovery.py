@@ -1,0 +1,106 @@
+"""Cold start with 100 installed plugins: ``agilerl plugins list`` and ``agilerl --help``.
+
+A temp venv (``--system-site-packages``, so agilerl and its dependencies come from this
+environment) gets 100 generated plugin distributions, each registering three envs with lazy
+``module:attr`` targets. Every command runs in a fresh interpreter; baselines in the same run:
+``python -c pass`` and ``python -c "import pluggy"``.
+Targets: ``agilerl --help`` under 2x ``import pluggy``; ``plugins list`` under 1.5 s.
+
+    python bench/plugin_discovery.py [--plugins 100] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from agilerl.registry.testing import write_distribution
+
+PLUGIN_SOURCE = '''
+from agilerl import hookimpl
+
+@hookimpl
+def register_envs(register):
+    for level in ("easy", "medium", "hard"):
+        register(f"bench{index}/{{level}}", "bench_plugin_{index}.env:Env", description=level)
+'''
+
+
+def make_venv(root: Path, plugins: int) -> Path:
+    """A venv over this environment's packages, with ``plugins`` generated plugin dists."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root)], check=True
+    )
+    python = root / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    for index in range(plugins):
+        module = f"bench_plugin_{index}"
+        write_distribution(
+            purelib,
+            f"agilerl-env-bench{index}",
+            "1.0",
+            {
+                f"{module}/__init__.py": PLUGIN_SOURCE.format(index=index),
+                f"{module}/env.py": "import heavy_dependency_never_imported_by_listing\n",
+            },
+            plugins={f"bench{index}": module},
+        )
+    return python
+
+
+def cold_seconds(command: list[str], repeats: int, env: dict[str, str]) -> float:
+    """Median wall time of ``command`` in a fresh process (one warm-up run first)."""
+    times = []
+    for attempt in range(repeats + 1):
+        start = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True, env=env)
+        if attempt:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plugins", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGILERL_")}
+    with tempfile.TemporaryDirectory(prefix="agilerl-bench-") as tmp:
+        python = str(make_venv(Path(tmp) / "venv", args.plugins))
+        listing = subprocess.run(
+            [python, "-m", "agilerl", "plugins", "list", "--json"], capture_output=True, text=True, env=env, check=True
+        )
+        rows = json.loads(listing.stdout)
+        bench_rows = [r for r in rows if r["name"].startswith("bench")]
+        assert len(bench_rows) == args.plugins and all(r["status"] == "ok" for r in bench_rows)
+        runs = {
+            "python -c pass": [python, "-c", "pass"],
+            "python -c 'import pluggy'": [python, "-c", "import pluggy"],
+            "agilerl --help": [python, "-m", "agilerl", "--help"],
+            f"agilerl plugins list ({args.plugins} plugins)": [python, "-m", "agilerl", "plugins", "list"],
+            "agilerl plugins list --json": [python, "-m", "agilerl", "plugins", "list", "--json"],
+        }
+        seconds = {name: cold_seconds(cmd, args.repeats, env) for name, cmd in runs.items()}
+    base, pluggy_s = seconds["python -c pass"], seconds["python -c 'import pluggy'"]
+    print(f"{len(rows)} plugins listed ({args.plugins} generated), median of {args.repeats} cold runs")
+    print(f"{'command':<44} {'seconds':>8} {'x pass':>7} {'x pluggy':>9}")
+    for name, value in seconds.items():
+        print(f"{name:<44} {value:8.3f} {value / base:6.2f}x {value / pluggy_s:8.2f}x")
+    help_ratio = seconds["agilerl --help"] / pluggy_s
+    list_s = seconds[f"agilerl plugins list ({args.plugins} plugins)"]
+    print(f"agilerl --help / import pluggy: {help_ratio:.2f}x (target < 2x)")
+    print(f"plugins list with {args.plugins} plugins: {list_s:.3f} s (target < 1.5 s)")
+
+
+if __name__ == "__main__":
+    main()
