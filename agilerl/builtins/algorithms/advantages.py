@@ -35,7 +35,7 @@ def group_normalize(
     weights = mask.to(values.dtype)
 
     def per_group(x: torch.Tensor, reduce: str = "sum", fill: float = 0.0) -> torch.Tensor:
-        out = torch.full((num_groups, values.shape[1]), fill, dtype=values.dtype)
+        out = values.new_full((num_groups, values.shape[1]), fill)
         return out.scatter_reduce(0, member_of[:, None].expand_as(x), x, reduce)
 
     count = per_group(weights).clamp(min=1.0)
@@ -69,14 +69,14 @@ def per_turn_to_tokens(per_turn: torch.Tensor, turn_ids: torch.Tensor) -> torch.
 def turn_action_bounds(
     turn_ids: torch.Tensor, action_mask: torch.Tensor, num_turns: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """First and last action-token position of each turn, ``[B, K]`` each; -1 for turns without any."""
+    """First and last action-token position per turn, ``[B, K]`` each; -1 for a turn without any."""
     length = turn_ids.shape[1]
-    positions = torch.arange(length).expand_as(turn_ids)
+    positions = torch.arange(length, device=turn_ids.device).expand_as(turn_ids)
     acting = action_mask & (turn_ids >= 0)
     index = turn_ids.clamp(min=0)
-    first = torch.full((turn_ids.shape[0], num_turns), length, dtype=torch.long).scatter_reduce(
-        1, index, torch.where(acting, positions, length), "amin"
-    )
+    first = torch.full(
+        (turn_ids.shape[0], num_turns), length, dtype=torch.long, device=turn_ids.device
+    ).scatter_reduce(1, index, torch.where(acting, positions, length), "amin")
     last = torch.full_like(first, -1).scatter_reduce(
         1, index, torch.where(acting, positions, -1), "amax"
     )
@@ -87,7 +87,7 @@ def rewards_at_turn_ends(batch: RolloutTensors) -> torch.Tensor:
     """Per-token rewards ``[B, T]``: each turn's reward on its last action token, 0 elsewhere."""
     _, last = turn_action_bounds(batch.turn_ids, batch.action_mask, batch.max_turns)
     placed = batch.turn_mask & (last >= 0)
-    out = torch.zeros(batch.input_ids.shape, dtype=batch.turn_rewards.dtype)
+    out = torch.zeros_like(batch.input_ids, dtype=batch.turn_rewards.dtype)
     return out.scatter_add(1, last.clamp(min=0), batch.turn_rewards * placed)
 
 
@@ -119,7 +119,7 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) 
 def leave_one_out_mean(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """Each rollout's baseline: the mean of the *other* members of its group (0 if alone)."""
     _, member_of = torch.unique(group, return_inverse=True)
-    sums = torch.zeros(int(member_of.max()) + 1, dtype=values.dtype).index_add(0, member_of, values)
+    sums = values.new_zeros(int(member_of.max()) + 1).index_add(0, member_of, values)
     counts = torch.bincount(member_of).to(values.dtype)[member_of]
     others = (sums[member_of] - values) / (counts - 1).clamp(min=1.0)
     return torch.where(counts > 1, others, torch.zeros_like(values))

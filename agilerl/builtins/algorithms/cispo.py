@@ -16,7 +16,9 @@ from agilerl.core.train.logprobs import masked_mean
 class CISPOConfig(GroupRelativeConfig):
     """GRPO's options; by default only the upper side of the weight is bounded, as in the paper."""
 
-    epsilon_low: float = Field(1.0, ge=0, description="Lower clip range of the IS weight (1: none).")
+    epsilon_low: float = Field(
+        1.0, ge=0, description="Lower clip range of the IS weight (1: none)."
+    )
     epsilon_high: float = Field(0.28, ge=0, description="Upper clip range of the IS weight.")
 
 

@@ -37,7 +37,9 @@ class DPO(Algorithm[DPOConfig]):
         input_ids, attention_mask, loss_mask = stack_pairs(batch)
         policy_sums = (policy_logprobs(policy, input_ids, attention_mask) * loss_mask).sum(dim=1)
         with torch.no_grad():
-            reference_sums = (policy_logprobs(reference, input_ids, attention_mask) * loss_mask).sum(dim=1)
+            reference_sums = (
+                policy_logprobs(reference, input_ids, attention_mask) * loss_mask
+            ).sum(dim=1)
         return dpo_loss(policy_sums, reference_sums, self.config.beta)
 
 

@@ -72,7 +72,9 @@ class GroupRelative(PolicyGradient[ConfigT]):
         granularity = self.granularity(batch)
         advantages = self.advantages(batch, granularity)
         mask = batch.loss_mask
-        objective, metrics = self.surrogate(logprobs, old_logprobs(batch, logprobs), advantages, mask)
+        objective, metrics = self.surrogate(
+            logprobs, old_logprobs(batch, logprobs), advantages, mask
+        )
         metrics["turn_level"] = float(granularity == "turn")
         metrics["advantage_abs_mean"] = masked_mean(advantages.abs(), mask).item()
         return -self.aggregate(objective, mask), metrics
@@ -94,7 +96,11 @@ class GroupRelative(PolicyGradient[ConfigT]):
         else:
             values, mask = batch.turn_rewards, batch.turn_mask
         per_turn = group_normalize(
-            values, mask, batch.group, epsilon=self.config.std_epsilon, scale=self.config.scale_rewards
+            values,
+            mask,
+            batch.group,
+            epsilon=self.config.std_epsilon,
+            scale=self.config.scale_rewards,
         )
         if granularity == "trajectory":
             return per_turn.expand(batch.input_ids.shape) * batch.loss_mask

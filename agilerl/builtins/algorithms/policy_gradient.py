@@ -24,7 +24,9 @@ class PolicyGradientConfig(AlgorithmConfig):
     """Options every rollout algorithm takes."""
 
     beta: float = Field(
-        0.0, ge=0, description="Weight of the KL penalty to the frozen reference; 0 keeps no reference."
+        0.0,
+        ge=0,
+        description="Weight of the KL penalty to the frozen reference; 0 keeps no reference.",
     )
     temperature: float = Field(
         1.0, gt=0, description="The sampling temperature; log-probs are taken at the same one."
@@ -57,7 +59,9 @@ class PolicyGradient(Algorithm[ConfigT]):
         reference: torch.nn.Module | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         outputs = policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        logprobs = token_logprobs(outputs.logits, batch.input_ids, temperature=self.config.temperature)
+        logprobs = token_logprobs(
+            outputs.logits, batch.input_ids, temperature=self.config.temperature
+        )
         loss, metrics = self.policy_loss(logprobs, outputs, batch)
         if self.config.beta > 0:
             kl = masked_mean(self._kl(logprobs, batch, reference), batch.loss_mask)
@@ -78,7 +82,7 @@ class PolicyGradient(Algorithm[ConfigT]):
     def _kl(
         self, logprobs: torch.Tensor, batch: RolloutTensors, reference: torch.nn.Module | None
     ) -> torch.Tensor:
-        """k3 estimator of KL(policy || reference) per token: ``exp(d) - d - 1``, ``d = ref - pol``."""
+        """Per-token k3 estimate of KL(policy || reference): ``exp(d) - d - 1``, d = ref - pol."""
         if reference is None:
             raise ValueError(
                 f"{type(self).__name__} has beta={self.config.beta} and needs the reference model; "
@@ -86,7 +90,10 @@ class PolicyGradient(Algorithm[ConfigT]):
             )
         with torch.no_grad():
             ref = policy_logprobs(
-                reference, batch.input_ids, batch.attention_mask, temperature=self.config.temperature
+                reference,
+                batch.input_ids,
+                batch.attention_mask,
+                temperature=self.config.temperature,
             )
         diff = ref - logprobs
         return torch.exp(diff) - diff - 1
@@ -104,7 +111,6 @@ def clipped_surrogate(
     unclipped = ratio * advantages
     clipped = ratio.clamp(1 - epsilon_low, 1 + epsilon_high) * advantages
     return torch.minimum(unclipped, clipped), clipped < unclipped
-
 
 
 class TurnOrTokenConfig(PolicyGradientConfig):

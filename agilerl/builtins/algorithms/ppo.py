@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from pydantic import Field
@@ -25,6 +25,9 @@ from agilerl.builtins.algorithms.policy_gradient import (
 from agilerl.core.train.batch import RolloutTensors
 from agilerl.core.train.logprobs import masked_mean
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 @dataclass
 class ValueHeadOutput:
@@ -36,7 +39,7 @@ class ValueHeadOutput:
 class ValueHeadModel(torch.nn.Module):
     """A causal LM plus a linear value head on its last hidden state; ``.model`` is the LM."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
         parameter = next(model.parameters())
@@ -47,9 +50,13 @@ class ValueHeadModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ValueHeadOutput:
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+        )
         values = self.value_head(out.hidden_states[-1]).squeeze(-1).float()
-        return ValueHeadOutput(logits=out.logits, values=torch.nn.functional.pad(values[:, :-1], (1, 0)))
+        return ValueHeadOutput(
+            logits=out.logits, values=torch.nn.functional.pad(values[:, :-1], (1, 0))
+        )
 
 
 class LLMPPOConfig(TurnOrTokenConfig, ClippedConfig):
@@ -66,7 +73,7 @@ class LLMPPO(PolicyGradient[LLMPPOConfig]):
     config_class = LLMPPOConfig
 
     def prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
-        return ValueHeadModel(model)
+        return ValueHeadModel(cast("PreTrainedModel", model))
 
     def policy_loss(
         self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors
@@ -88,7 +95,9 @@ class LLMPPO(PolicyGradient[LLMPPOConfig]):
         if config.whiten_advantages:
             advantages = whiten(advantages, mask)
         ratio = torch.exp(logprobs - old_logprobs(batch, logprobs))
-        objective, clipped = clipped_surrogate(ratio, advantages, config.epsilon_low, config.epsilon_high)
+        objective, clipped = clipped_surrogate(
+            ratio, advantages, config.epsilon_low, config.epsilon_high
+        )
         value_loss = 0.5 * masked_mean((predicted - returns) ** 2, value_mask)
         loss = -masked_mean(objective, mask) + config.value_coef * value_loss
         return loss, {

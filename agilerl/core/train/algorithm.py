@@ -70,7 +70,7 @@ class Algorithm(ABC, Generic[ConfigT]):
     """For ``kind == "dataset"``: the ``environment.objective`` whose batches ``loss`` reads."""
 
     def __init__(self, config: ConfigT | None = None) -> None:
-        self.config: ConfigT = config if config is not None else self.config_class()  # type: ignore[assignment]
+        self.config: ConfigT = config or self.config_class()  # type: ignore[assignment]
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any], *, name: str | None = None) -> Algorithm[Any]:
@@ -100,13 +100,17 @@ class Algorithm(ABC, Generic[ConfigT]):
         """Raise a ManifestError when the environment cannot feed this algorithm's batches."""
         if spec.env_type != self.kind:
             raise ManifestError(
-                [f"algorithm {type(self).__name__} trains on env_type '{self.kind}' but "
-                 f"environment.env_type is '{spec.env_type}'; change one of them."]
+                [
+                    f"algorithm {type(self).__name__} trains on env_type '{self.kind}' but "
+                    f"environment.env_type is '{spec.env_type}'; change one of them."
+                ]
             )
         if self.dataset_objective and spec.objective != self.dataset_objective:
             raise ManifestError(
-                [f"algorithm {type(self).__name__} needs environment.objective "
-                 f"'{self.dataset_objective}' (got {spec.objective!r})."]
+                [
+                    f"algorithm {type(self).__name__} needs environment.objective "
+                    f"'{self.dataset_objective}' (got {spec.objective!r})."
+                ]
             )
 
     @abstractmethod
@@ -130,7 +134,9 @@ def build_algorithm(
     target = resolve("algorithm", name, base_dir=base_dir)
     if not (isinstance(target, type) and issubclass(target, Algorithm)):
         raise ManifestError(
-            [f"algorithm.name: {name!r} resolves to {target!r}, which is not a subclass of "
-             "agilerl.core.train.algorithm.Algorithm."]
+            [
+                f"algorithm.name: {name!r} resolves to {target!r}, which is not a subclass of "
+                "agilerl.core.train.algorithm.Algorithm."
+            ]
         )
     return target.from_mapping({k: v for k, v in section.items() if k != "name"}, name=name)

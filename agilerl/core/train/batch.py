@@ -105,7 +105,10 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Rol
 
 def _check_lengths(index: int, traj: Trajectory) -> None:
     n = len(traj.token_ids)
-    lists = {"action_mask": traj.action_mask, "turn_ids": traj.turn_ids}
+    lists: dict[str, Sequence[object]] = {
+        "action_mask": traj.action_mask,
+        "turn_ids": traj.turn_ids,
+    }
     if traj.logprobs is not None:
         lists["logprobs"] = traj.logprobs
     for name, values in lists.items():
