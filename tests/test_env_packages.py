@@ -14,7 +14,12 @@ import pytest
 
 from agilerl.core.manifest import ManifestError, parse_env_spec
 from agilerl.registry import reset_registry, resolve
-from agilerl.registry.install import EnvPackagesError, install_packages, pip_index_options, uv_binary
+from agilerl.registry.install import (
+    EnvPackagesError,
+    install_packages,
+    pip_index_options,
+    uv_binary,
+)
 from agilerl.registry.testing import build_wheel
 
 ENV_CODE = "class Env:\n    max_turns = 1\n"
@@ -93,7 +98,7 @@ def test_a_package_that_would_change_an_installed_distribution_fails_cleanly(loc
     # Without the constraints uv would happily upgrade dep to 2.0: the conflict is the pin.
     dry_run = subprocess.run(
         [uv_binary(), "pip", "install", "--dry-run", "--python", sys.executable, PREFIX + "needs-dep2"],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )
     assert dry_run.returncode == 0 and "dep==2.0" in dry_run.stderr
     with pytest.raises(EnvPackagesError) as err:

@@ -55,7 +55,7 @@ def agilerl(*args: str, env: dict[str, str] | None = None, check: bool = True) -
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("AGILERL_")}
     full_env.update(COLUMNS="400", **(env or {}))
     result = subprocess.run(
-        [sys.executable, "-m", "agilerl", *args], capture_output=True, text=True, env=full_env
+        [sys.executable, "-m", "agilerl", *args], capture_output=True, text=True, env=full_env, check=False
     )
     if check:
         assert result.returncode == 0, result.stderr
@@ -189,7 +189,7 @@ def test_plugins_new_scaffolds_a_package_that_passes_its_own_tests(tmp_path, cap
     try:
         tests = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "tests")],
-            capture_output=True, text=True, cwd=package,
+            capture_output=True, text=True, cwd=package, check=False,
         )
         assert tests.returncode == 0, tests.stdout + tests.stderr
         assert "2 passed" in tests.stdout

@@ -6,7 +6,12 @@ registry of envs, processors, rubrics and algorithms, and on-demand installs wit
 
 from __future__ import annotations
 
-from agilerl.registry.loading import LoadError, ModuleNotImportable, is_reference, load_object
+from agilerl.registry.loading import (
+    LoadError,
+    ModuleNotImportable,
+    is_reference,
+    load_object,
+)
 from agilerl.registry.plugins import ENTRY_POINT_GROUP, PluginInfo
 from agilerl.registry.registry import (
     Entry,
@@ -17,7 +22,12 @@ from agilerl.registry.registry import (
     RegistrationError,
     Registry,
 )
-from agilerl.registry.resolver import get_plugin_manager, get_registry, reset_registry, resolve
+from agilerl.registry.resolver import (
+    get_plugin_manager,
+    get_registry,
+    reset_registry,
+    resolve,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -131,14 +131,14 @@ def _load_entry_points(pm: pluggy.PluginManager, selected: set[str] | None) -> l
 def _register(pm: pluggy.PluginManager, ep: Any, info: PluginInfo) -> None:
     try:
         module = ep.load()
-    except BaseException as exc:  # noqa: BLE001 - a plugin's import may even call sys.exit
+    except BaseException as exc:  # a plugin's import may raise anything, even SystemExit
         if isinstance(exc, KeyboardInterrupt):
             raise
         info.error = f"import failed: {one_line(exc)}"
         return
     try:
         pm.register(module, name=ep.name)
-    except Exception as exc:  # pluggy validates hook signatures here
+    except (ValueError, pluggy.PluginValidationError) as exc:  # e.g. a hook's wrong arguments
         info.error = f"invalid hook implementation: {one_line(exc)}"
 
 

@@ -16,7 +16,12 @@ import pluggy
 
 from agilerl.errors import AgileRLError
 from agilerl.registry.loading import LoadError, is_reference, load_object
-from agilerl.registry.plugins import STRICT_ENV_VAR, PluginInfo, one_line, strict_plugins
+from agilerl.registry.plugins import (
+    STRICT_ENV_VAR,
+    PluginInfo,
+    one_line,
+    strict_plugins,
+)
 
 Kind = Literal["env", "processor", "rubric", "algorithm"]
 
@@ -198,7 +203,7 @@ def _run_hooks(pm: pluggy.PluginManager, plugin: object, info: PluginInfo) -> li
                 continue
             try:
                 impl.function(*[{"register": register}[arg] for arg in impl.argnames])
-            except Exception as exc:  # a plugin's bug must not break the other plugins
+            except Exception as exc:  # noqa: BLE001 - a plugin's bug must not break the others
                 info.error = f"{caller.name} raised {one_line(exc)}"
                 return []
     for entry in staged:

@@ -13,7 +13,13 @@ import pluggy
 
 from agilerl.registry.loading import ModuleNotImportable, is_reference, load_object
 from agilerl.registry.plugins import PluginInfo, new_plugin_manager
-from agilerl.registry.registry import Kind, NameNotRegistered, Registry, build_registry, check_strict
+from agilerl.registry.registry import (
+    Kind,
+    NameNotRegistered,
+    Registry,
+    build_registry,
+    check_strict,
+)
 
 _lock = threading.RLock()
 _manager: tuple[pluggy.PluginManager, list[PluginInfo]] | None = None

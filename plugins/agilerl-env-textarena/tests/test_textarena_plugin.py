@@ -6,12 +6,12 @@ import subprocess
 import sys
 
 import pytest
+from agilerl_env_textarena.env import TextArenaEnv
 
 from agilerl.builtins.tiny_model import build_tiny_tokenizer
 from agilerl.core.manifest import parse_env_spec
 from agilerl.llm_envs import RolloutHarness
 from agilerl.registry import get_registry, reset_registry
-from agilerl_env_textarena.env import TextArenaEnv
 
 
 @pytest.fixture(autouse=True)
