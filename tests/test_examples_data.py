@@ -72,3 +72,15 @@ def test_dataset_examples_batch(name, keys, chatml_tokenizer):
     assert len(batches) == 4 and keys in batches[0]
     mask = batches[0]["loss_mask" if name == "sft" else "chosen_loss_mask"]
     assert mask.any(dim=1).all()
+
+
+def test_docs_example_runs_and_every_built_in_rubric_is_documented(capsys):
+    import re
+
+    from agilerl.builtins.registrations import RUBRICS
+
+    text = (EXAMPLES.parent / "docs" / "datasets.md").read_text()
+    exec(compile(re.findall(r"```python\n(.*?)```", text, re.S)[-1], "docs/datasets.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines()[1:] == ["1.0", "Hello.<|im_end|>", ""]
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", text, re.M))
+    assert {name for name, _, _ in RUBRICS} <= documented
