@@ -16,6 +16,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agilerl.core.client import EnvClient
 from agilerl.core.protocol import StepResult
 from agilerl.core.remote.frames import ErrorCode, decode, encode
 from agilerl.core.remote.loop import client_session, shared_loop
@@ -45,7 +46,7 @@ class _ConnectionLost(Exception):
     """The socket failed or closed; retried at reset, fatal to an episode in progress."""
 
 
-class RemoteEnvClient:
+class RemoteEnvClient(EnvClient):
     """The text-env interface (``reset``/``step``/``state``/``close``) over a WebSocket.
 
     ``url`` may be a list of replica URLs: sessions start on different replicas and move on
