@@ -136,7 +136,8 @@ class RolloutCollector:
         self._closed = False
         first = env_factory()
         try:
-            check_capacity(first, self.num_slots)
+            metadata = _server_metadata(first)
+            check_capacity(metadata, self.num_slots)
             self.max_turns = max_turns or _env_max_turns(first)
             self._slots[0] = self._harness(first)
         except BaseException:
@@ -145,7 +146,8 @@ class RolloutCollector:
         self._pool = DaemonPool(self.num_slots)
         self._create_many(range(1, self.num_slots))
         self._async = _is_async(self._slots[0])
-        self.assigner = TaskAssigner(getattr(first, "dataset_size", None), seed=seed, rank=rank, world_size=world_size)
+        dataset_size = getattr(first, "dataset_size", None) or metadata.get("dataset_size")
+        self.assigner = TaskAssigner(dataset_size, seed=seed, rank=rank, world_size=world_size)
         self.max_reward = max_reward if max_reward is not None else getattr(first, "max_reward", None)
         renderer = self._slots[0].renderer  # type: ignore[union-attr]
         base = sampling or SamplingParams()
@@ -430,17 +432,12 @@ class _Run:
         return RolloutBatch(trajectories, self.group_size, stats)
 
 
-def check_capacity(env: Any, num_slots: int) -> None:
-    """Fail before the first batch when a remote server admits fewer sessions than we need.
-
-    We hold one session per slot plus one for evaluation.
-    """
-    metadata = getattr(type(env), "server_metadata", None)
-    if metadata is None:
-        return
-    limit = _session_limit(env.server_metadata())
+def check_capacity(metadata: dict[str, Any], num_slots: int) -> None:
+    """Fail before the first batch when a server admits fewer sessions than the run holds:
+    one per slot, plus one for evaluation."""
+    limit = metadata.get("max_concurrent_envs")
     needed = num_slots + 1
-    if limit is not None and limit < needed:
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit < needed:
         raise CollectionError(
             f"the env server admits {limit} concurrent sessions but this run needs {needed} "
             f"(batch_size x group_size = {num_slots}, + 1 for evaluation); start the server with "
@@ -448,14 +445,12 @@ def check_capacity(env: Any, num_slots: int) -> None:
         )
 
 
-def _session_limit(metadata: Any) -> int | None:
-    if not isinstance(metadata, dict):
-        return None
-    for key in ("max_concurrent_envs", "max_sessions"):
-        value = metadata.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
+def _server_metadata(env: Any) -> dict[str, Any]:
+    """A remote env's ``GET /metadata`` (session limit, dataset size); {} for in-process envs."""
+    if not hasattr(type(env), "server_metadata"):
+        return {}
+    metadata = env.server_metadata()
+    return metadata if isinstance(metadata, dict) else {}
 
 
 def _env_max_turns(env: Any) -> int:

@@ -1,0 +1,307 @@
+"""RolloutCollector with real envs in this process, the tiny model and a scripted policy."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from agilerl.core.collect.collector import CollectionError, RolloutCollector
+from agilerl.core.collect.policy import Generation, SamplingParams, ScriptedPolicy, TransformersPolicy
+from agilerl.core.manifest import parse_env_spec, parse_manifest
+from agilerl.core.train.batch import collate_trajectories
+
+
+class CountingEnv:
+    """Ends after ``seed % 3 + 1`` turns, reward 1 a turn; a ``fault`` env plays 3 turns and
+    breaks at turn 2."""
+
+    max_turns = 4
+    dataset_size = 50
+
+    def __init__(self, fault: str | None = None, release: threading.Event | None = None) -> None:
+        self.fault = fault
+        self.release = release
+        self.closed = 0
+        self.resets: list[tuple[int | None, int | None]] = []
+        self.turn = 0
+        self.length = 1
+
+    def reset(self, seed=None, *, row_index=None, evaluation=None):
+        self.resets.append((seed, row_index))
+        self.turn, self.length = 0, 3 if self.fault else seed % 3 + 1
+        return f"task {seed} row {row_index}", {}
+
+    def step(self, action):
+        self.turn += 1
+        if self.turn == 2 and self.fault == "raise":
+            raise RuntimeError("the env broke")
+        if self.turn == 2 and self.fault == "hang":
+            self.release.wait(10)
+        return f"you said {action}", 1.0, self.turn >= self.length, False, {}
+
+    def close(self):
+        self.closed += 1
+
+
+class Factory:
+    """Builds CountingEnvs, the ``faulty`` ones (by build order) with a fault; keeps them all."""
+
+    def __init__(self, faulty: dict[int, str] | None = None) -> None:
+        self.faulty = faulty or {}
+        self.envs: list[CountingEnv] = []
+        self.release = threading.Event()
+
+    def __call__(self) -> CountingEnv:
+        env = CountingEnv(self.faulty.get(len(self.envs)), self.release)
+        self.envs.append(env)
+        return env
+
+
+class RecordingPolicy:
+    """Wraps a policy; keeps every (prompt, generation) and the batch size of every call."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.seen: dict[tuple[int, ...], list[Generation]] = {}
+        self.batch_sizes: list[int] = []
+
+    def generate(self, prompts, params):
+        out = self.inner.generate(prompts, params)
+        self.batch_sizes.append(len(prompts))
+        for prompt, gen in zip(prompts, out):
+            self.seen.setdefault(tuple(prompt), []).append(gen)
+        return out
+
+
+def collector(factory, tokenizer, **kwargs):
+    kwargs = {"batch_size": 3, "group_size": 2, "seed": 0, **kwargs}
+    return RolloutCollector(factory, tokenizer, **kwargs)
+
+
+def test_groups_share_their_task_and_every_slot_is_in_its_group(chatml_tokenizer):
+    factory = Factory()
+    with collector(factory, chatml_tokenizer, batch_size=4, group_size=3) as c:
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer))
+    assert len(factory.envs) == 12 and len(batch.trajectories) == 12
+    assert [len(g) for g in batch.groups] == [3, 3, 3, 3]
+    for index, group in enumerate(batch.groups):
+        assert {(t.seed, t.row_index) for t in group} == {(group[0].seed, group[0].row_index)}
+        assert {t.group for t in group} == {index}
+    assert len({g[0].row_index for g in batch.groups}) == 4
+    # each slot's own env served its own task
+    assert [env.resets[-1] for env in factory.envs] == [(t.seed, t.row_index) for t in batch.trajectories]
+
+
+def test_masks_cover_exactly_the_generated_tokens_with_their_logprobs(tiny_model, chatml_tokenizer):
+    policy = RecordingPolicy(TransformersPolicy(tiny_model, chatml_tokenizer))
+    sampling = SamplingParams(max_new_tokens=6)
+    with collector(Factory(), chatml_tokenizer, sampling=sampling) as c:
+        batch = c.collect(policy)
+    tensors = collate_trajectories(batch.trajectories, pad_id=chatml_tokenizer.pad_token_id)
+    assert tensors.old_logprobs is not None
+    for traj in batch.trajectories:
+        assert traj.error is None
+        starts = [i for i, m in enumerate(traj.action_mask) if m and (i == 0 or not traj.action_mask[i - 1])]
+        assert len(starts) == traj.num_turns
+        for start in starts:
+            end = start
+            while end < len(traj.action_mask) and traj.action_mask[end]:
+                end += 1
+            gens = policy.seen[tuple(traj.token_ids[:start])]  # the policy saw exactly this prompt...
+            match = [g for g in gens if g.token_ids == traj.token_ids[start:end]]  # ...and made these
+            assert match, "masked tokens are not a completion the policy generated for this prompt"
+            assert traj.logprobs[start:end] == pytest.approx(match[0].logprobs)
+
+
+def test_episodes_of_different_lengths_share_one_generate_call_per_turn(chatml_tokenizer):
+    policy = RecordingPolicy(ScriptedPolicy(chatml_tokenizer))
+    with collector(Factory(), chatml_tokenizer, batch_size=6, group_size=2) as c:
+        batch = c.collect(policy)
+    turns = [t.num_turns for t in batch.trajectories]
+    assert turns == [t.seed % 3 + 1 for t in batch.trajectories]
+    assert len(set(turns)) > 1
+    # one call per turn; finished slots drop out of the next call
+    assert policy.batch_sizes == [sum(n > turn for n in turns) for turn in range(max(turns))]
+    assert batch.stats.generation_calls == max(turns)
+    assert batch.stats.turns_mean == pytest.approx(sum(turns) / len(turns))
+    assert batch.stats.group_reward_mean == [g[0].num_turns for g in batch.groups]
+
+
+def test_env_that_raises_is_reported_in_its_group_and_replaced(chatml_tokenizer):
+    factory = Factory(faulty={3: "raise"})
+    with collector(factory, chatml_tokenizer) as c:
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="x"))
+        broken = batch.trajectories[3]
+        assert len(batch.trajectories) == 6 and all(len(g) == 2 for g in batch.groups)
+        assert broken.error is not None and "the env broke" in broken.error
+        assert broken.group == 1 and broken.num_turns == 1
+        assert [(f.slot, f.group, f.phase) for f in batch.stats.failures] == [(3, 1, "step")]
+        assert not collate_trajectories(batch.trajectories, 0).valid[3]
+        assert factory.envs[3].closed == 1 or _eventually(lambda: factory.envs[3].closed == 1)
+        again = c.collect(ScriptedPolicy(chatml_tokenizer))
+        assert not again.stats.failures and len(factory.envs) == 7
+    assert all(env.closed == 1 for env in factory.envs)
+
+
+def test_env_that_hangs_past_the_timeout_is_reported_without_waiting_for_it(chatml_tokenizer):
+    factory = Factory(faulty={0: "hang"})
+    with collector(factory, chatml_tokenizer, env_timeout_s=0.3) as c:
+        start = time.perf_counter()
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer))
+        elapsed = time.perf_counter() - start
+        factory.release.set()
+    assert elapsed < 3
+    assert batch.trajectories[0].error is not None and "env_timeout_s=0.3" in batch.trajectories[0].error
+    assert batch.trajectories[0].num_turns == 1
+    assert [(f.slot, f.phase) for f in batch.stats.failures] == [(0, "step")]
+    assert sum(t.error is None for t in batch.trajectories) == 5
+
+
+def test_every_rollout_failing_is_a_clear_error(chatml_tokenizer):
+    class Broken(CountingEnv):
+        def reset(self, seed=None, **kwargs):
+            raise ConnectionError("server gone")
+
+    with collector(Broken, chatml_tokenizer) as c, pytest.raises(CollectionError, match=r"all 6 rollouts failed.*server gone"):
+        c.collect(ScriptedPolicy(chatml_tokenizer))
+
+
+def test_policy_returning_the_wrong_number_of_completions_is_named(chatml_tokenizer):
+    class Short:
+        def generate(self, prompts, params):
+            return []
+
+    with collector(Factory(), chatml_tokenizer) as c, pytest.raises(CollectionError, match="Short.generate returned 0"):
+        c.collect(Short())
+
+
+def test_context_overflow_ends_the_episode_truncated_within_the_limit(tiny_model, chatml_tokenizer):
+    policy = TransformersPolicy(tiny_model, chatml_tokenizer, max_model_len=40)
+    with collector(Factory(), chatml_tokenizer, sampling=SamplingParams(max_new_tokens=12)) as c:
+        batch = c.collect(policy)
+    overflowed = [t for t in batch.trajectories if t.info.get("truncated_by") == "max_model_len"]
+    assert overflowed
+    for traj in overflowed:
+        assert traj.truncated and len(traj.token_ids) <= 40
+        assert len(traj.action_mask) == len(traj.turn_ids) == len(traj.logprobs) == len(traj.token_ids)
+    collate_trajectories(batch.trajectories, 0)
+
+
+def test_close_closes_each_env_once(chatml_tokenizer):
+    factory = Factory()
+    c = collector(factory, chatml_tokenizer)
+    c.collect(ScriptedPolicy(chatml_tokenizer))
+    c.close()
+    c.close()
+    assert [env.closed for env in factory.envs] == [1] * 6
+    with pytest.raises(CollectionError, match="closed"):
+        c.collect(ScriptedPolicy(chatml_tokenizer))
+
+
+def test_max_turns_comes_from_the_env_or_must_be_given(chatml_tokenizer):
+    class NoBudget:
+        def reset(self, seed=None):
+            return "hi", {}
+
+        def step(self, action):
+            return "", 0.0, True, False, {}
+
+    with pytest.raises(Exception, match="pass max_turns="):
+        collector(NoBudget, chatml_tokenizer)
+    with collector(NoBudget, chatml_tokenizer, max_turns=2) as c:
+        assert c.max_turns == 2
+        assert c.assigner.dataset_size is None
+        assert all(t.row_index is None for t in c.collect(ScriptedPolicy(chatml_tokenizer)).trajectories)
+
+
+def test_a_server_with_too_few_sessions_stops_before_the_first_batch(chatml_tokenizer):
+    class SmallServer(CountingEnv):
+        def server_metadata(self):
+            return {"max_concurrent_envs": 6}
+
+    with pytest.raises(CollectionError, match=r"admits 6 concurrent sessions but this run needs 7"):
+        collector(SmallServer, chatml_tokenizer)
+
+
+REWARD_PY = textwrap.dedent(
+    """
+    def exact(completion, answer):
+        return 2.0 if completion.strip() == str(answer) else 0.0
+    """
+)
+
+
+def test_from_spec_and_greedy_evaluation_over_the_held_out_rows(tmp_path, chatml_tokenizer):
+    rows = [{"question": f"{i} + {i}", "answer": str(2 * i)} for i in range(20)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "qa.parquet")
+    (tmp_path / "reward.py").write_text(REWARD_PY)
+    spec = parse_env_spec(
+        {
+            "env_type": "rollout",
+            "dataset": "qa.parquet",
+            "rubric_file_path": "reward.py",
+            "rubric_name": "exact",
+            "train_test_split": 0.75,
+            "max_reward": 2.0,
+        }
+    )
+
+    def answer_even(prompt):  # right on questions about even numbers, wrong otherwise
+        text = chatml_tokenizer.decode(prompt)
+        n = int(text.split(" + ")[0].split()[-1])
+        return str(2 * n) if n % 2 == 0 else "?"
+
+    policy = RecordingPolicy(ScriptedPolicy(chatml_tokenizer, reply=answer_even))
+    with RolloutCollector.from_spec(spec, chatml_tokenizer, batch_size=2, group_size=2, base_dir=tmp_path, seed=0) as c:
+        assert c.max_turns == 1 and c.assigner.dataset_size == 15
+        assert c._slots[-1] is None  # the evaluation env waits for the first evaluation
+        batch = c.collect(policy)
+        assert {t.total_reward for t in batch.trajectories} <= {0.0, 2.0}
+        result = c.evaluate(policy)
+        held_out = c._slots[-1].client.env
+    questions = [held_out.data.splits.test[i]["question"] for i in range(5)]
+    expected = sum(int(q.split(" + ")[0]) % 2 == 0 for q in questions) / 5
+    assert result.episodes == 5 and result.failures == 0
+    assert result.accuracy == pytest.approx(expected)
+    assert result.mean_reward == pytest.approx(2 * expected)
+    assert policy.batch_sizes[-5:] == [1] * 5
+
+
+def test_from_spec_names_the_env_file_and_passes_template_kwargs(tmp_path, chatml_tokenizer):
+    (tmp_path / "env.py").write_text(
+        textwrap.dedent(
+            """
+            class Echo:
+                max_turns = 2
+                def reset(self, seed=None):
+                    return "say something", {}
+                def step(self, action):
+                    return "again", 0.5, False, False, {}
+            """
+        )
+    )
+    manifest = parse_manifest(
+        {"environment": {"env_type": "rollout", "entrypoint": "env.py:Echo", "chat_template_kwargs": {"flag": True}}},
+        base_dir=tmp_path,
+    )
+    with RolloutCollector.from_spec(
+        manifest.environment, chatml_tokenizer, batch_size=1, group_size=2, base_dir=manifest.base_dir
+    ) as c:
+        assert c._slots[0].renderer.template_kwargs == {"flag": True}
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer))
+    assert [t.num_turns for t in batch.trajectories] == [2, 2]
+    assert all(t.truncated and t.total_reward == 1.0 for t in batch.trajectories)
+
+
+def _eventually(check, timeout_s=2.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return False

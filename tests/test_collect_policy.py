@@ -1,0 +1,125 @@
+"""TransformersPolicy on the tiny offline model: stops, padding, context limit, log-probs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agilerl.core.collect.policy import Policy, SamplingParams, ScriptedPolicy, TransformersPolicy
+from agilerl.core.train.logprobs import token_logprobs
+
+
+@pytest.fixture(scope="module")
+def prompts(chatml_tokenizer):
+    texts = ["hello world, guess a number", "hi"]
+    rendered = [
+        chatml_tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+        for t in texts
+    ]
+    return [chatml_tokenizer.encode(text, add_special_tokens=False) for text in rendered]
+
+
+def greedy(policy, prompts, **kwargs):
+    return policy.generate(prompts, SamplingParams(temperature=0, **kwargs))
+
+
+def test_both_policies_satisfy_the_protocol(tiny_model, chatml_tokenizer):
+    assert isinstance(TransformersPolicy(tiny_model, chatml_tokenizer), Policy)
+    assert isinstance(ScriptedPolicy(chatml_tokenizer), Policy)
+
+
+def test_left_padded_batch_generates_what_each_prompt_does_alone(tiny_model, chatml_tokenizer, prompts):
+    policy = TransformersPolicy(tiny_model, chatml_tokenizer)
+    batch = greedy(policy, prompts, max_new_tokens=8)
+    alone = [greedy(policy, [p], max_new_tokens=8)[0] for p in prompts]
+    assert [g.token_ids for g in batch] == [g.token_ids for g in alone]
+    assert all(len(g.token_ids) == 8 and g.finish_reason == "length" for g in batch)
+
+
+def test_completion_ends_at_its_stop_token_with_no_padding_after(tiny_model, chatml_tokenizer, prompts):
+    policy = TransformersPolicy(tiny_model, chatml_tokenizer)
+    free = greedy(policy, prompts, max_new_tokens=12)
+    stop = free[0].token_ids[3]
+    first = free[0].token_ids.index(stop)
+    stopped = greedy(policy, prompts, max_new_tokens=12, stop_token_ids=(stop,))
+    assert stopped[0].token_ids == free[0].token_ids[: first + 1]
+    assert stopped[0].finish_reason == "stop"
+    assert len(stopped[0].logprobs) == len(stopped[0].token_ids)
+    # the other row is unaffected unless it produced the same token
+    if stop not in free[1].token_ids:
+        assert stopped[1].token_ids == free[1].token_ids
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, max_new_tokens=10),
+        SamplingParams(temperature=1.3, top_k=7, max_new_tokens=10),
+        SamplingParams(temperature=1.0, top_p=0.6, max_new_tokens=10),
+    ],
+    ids=["temperature", "top_k", "top_p"],
+)
+def test_logprobs_are_those_of_the_sampling_distribution(tiny_model, chatml_tokenizer, prompts, params):
+    torch.manual_seed(0)
+    generations = TransformersPolicy(tiny_model, chatml_tokenizer).generate(prompts, params)
+    for prompt, gen in zip(prompts, generations):
+        ids = torch.tensor([prompt + gen.token_ids])
+        with torch.no_grad():
+            logits = tiny_model(ids).logits[:, :-1].float() / params.temperature
+        scores = logits[0, len(prompt) - 1 :]
+        if params.top_k:
+            kth = scores.topk(params.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if params.top_p < 1:
+            probs, order = scores.softmax(-1).sort(dim=-1, descending=True)
+            drop = probs.cumsum(-1) - probs > params.top_p
+            scores = scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        expected = scores.log_softmax(-1).gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+        assert torch.isfinite(expected).all(), "a sampled token lay outside the warped distribution"
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4)
+
+
+def test_unwarped_logprobs_match_what_training_recomputes(tiny_model, chatml_tokenizer, prompts):
+    torch.manual_seed(1)
+    params = SamplingParams(temperature=0.8, max_new_tokens=6)
+    gen = TransformersPolicy(tiny_model, chatml_tokenizer).generate(prompts[:1], params)[0]
+    ids = torch.tensor([prompts[0] + gen.token_ids])
+    with torch.no_grad():
+        recomputed = token_logprobs(tiny_model(ids).logits, ids, temperature=0.8)[0, len(prompts[0]) :]
+    assert torch.allclose(recomputed, torch.tensor(gen.logprobs), atol=1e-4)
+
+
+def test_the_models_own_sampling_defaults_do_not_apply(tiny_model, chatml_tokenizer, prompts):
+    config = tiny_model.generation_config
+    saved = (config.top_k, config.repetition_penalty)
+    config.top_k, config.repetition_penalty = 1, 5.0
+    policy = TransformersPolicy(tiny_model, chatml_tokenizer)
+    try:
+        torch.manual_seed(2)
+        sampled = policy.generate(prompts[:1], SamplingParams(temperature=1.0, max_new_tokens=8))[0]
+        argmax = greedy(policy, prompts[:1], max_new_tokens=8)[0]
+    finally:
+        config.top_k, config.repetition_penalty = saved
+    assert sampled.token_ids != argmax.token_ids  # top_k=1 would make sampling greedy
+    ids = torch.tensor([prompts[0] + sampled.token_ids])
+    with torch.no_grad():
+        plain = token_logprobs(tiny_model(ids).logits, ids)[0, len(prompts[0]) :]
+    assert torch.allclose(plain, torch.tensor(sampled.logprobs), atol=1e-4)  # no repetition penalty
+
+
+def test_context_limit_shortens_the_completion_and_says_so(tiny_model, chatml_tokenizer, prompts):
+    long, short = prompts
+    policy = TransformersPolicy(tiny_model, chatml_tokenizer, max_model_len=len(short) + 3)
+    cut, room = greedy(policy, [long, short], max_new_tokens=10)
+    assert len(long) > len(short) + 3
+    assert cut.token_ids == [] and cut.finish_reason == "context"
+    assert len(room.token_ids) <= 3
+    assert room.finish_reason in ("context", "stop")
+
+
+def test_scripted_policy_replies_then_stops(chatml_tokenizer):
+    policy = ScriptedPolicy(chatml_tokenizer, reply=lambda prompt: str(len(prompt)))
+    gens = policy.generate([[1, 2], [1, 2, 3]], SamplingParams(stop_token_ids=(7, 9)))
+    assert [chatml_tokenizer.decode(g.token_ids[:-1]) for g in gens] == ["2", "3"]
+    assert all(g.token_ids[-1] == 7 and g.finish_reason == "stop" for g in gens)
+    assert policy.calls == 1

@@ -1,0 +1,82 @@
+"""RolloutCollector against real env servers on 127.0.0.1 (``resolve_env``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agilerl.core.collect.collector import CollectionError, RolloutCollector
+from agilerl.core.collect.policy import ScriptedPolicy
+from agilerl.core.remote.client import RemoteEnvClient
+from agilerl.core.remote.server import resolve_env
+
+
+class GuessEnv:
+    """Two turns; reward 1 when the guess names the seed's parity, from rows of a small table."""
+
+    max_turns = 2
+    dataset_size = 9
+
+    def reset(self, seed=None, *, row_index=None, evaluation=None):
+        self.seed, self.turn = seed, 0
+        return f"seed {seed} row {row_index}", {"row": row_index}
+
+    def step(self, action):
+        self.turn += 1
+        return "again", float(action.strip() == "even"), self.turn >= 2, False, {}
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(max_concurrent_envs=16):
+        url, server = resolve_env(GuessEnv, max_concurrent_envs=max_concurrent_envs)
+        servers.append(server)
+        return url, server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def test_remote_sessions_collect_grouped_rollouts(serve, chatml_tokenizer):
+    url, server = serve()
+    with RolloutCollector(lambda: RemoteEnvClient(url), chatml_tokenizer, batch_size=3, group_size=2, max_turns=2, seed=0) as c:
+        assert c.assigner.dataset_size == 9  # read from the server's /metadata
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="even"))
+        assert server.active_sessions == 6
+    assert [len(g) for g in batch.groups] == [2, 2, 2]
+    for group in batch.groups:
+        assert len({(t.seed, t.row_index) for t in group}) == 1
+        assert all(t.error is None and t.num_turns == 2 and t.total_reward == 2.0 for t in group)
+    assert batch.stats.env_time_s > 0 and not batch.stats.failures
+
+
+def test_a_server_with_too_few_sessions_is_refused_before_the_first_batch(serve, chatml_tokenizer):
+    url, _ = serve(max_concurrent_envs=6)
+    with pytest.raises(CollectionError, match=r"admits 6 concurrent sessions but this run needs 7 .*>= 7"):
+        RolloutCollector(lambda: RemoteEnvClient(url), chatml_tokenizer, batch_size=3, group_size=2, max_turns=2)
+
+
+def test_a_server_killed_mid_collection_fails_its_slots_not_the_batch(serve, chatml_tokenizer):
+    (url_a, server_a), (url_b, _) = serve(), serve()
+    built = []
+
+    def factory():  # even slots on server A, odd slots on server B
+        built.append(RemoteEnvClient(url_a if len(built) % 2 == 0 else url_b, request_timeout_s=5))
+        return built[-1]
+
+    class KillAfterFirstTurn(ScriptedPolicy):
+        def generate(self, prompts, params):
+            if self.calls == 1:
+                server_a.stop()
+            return super().generate(prompts, params)
+
+    with RolloutCollector(factory, chatml_tokenizer, batch_size=2, group_size=2, max_turns=2, seed=0, env_timeout_s=10) as c:
+        batch = c.collect(KillAfterFirstTurn(chatml_tokenizer, reply="even"))
+    assert [len(g) for g in batch.groups] == [2, 2]
+    failed = [i for i, t in enumerate(batch.trajectories) if t.error is not None]
+    assert failed == [0, 2]
+    assert sorted((f.slot, f.phase) for f in batch.stats.failures) == [(0, "step"), (2, "step")]
+    assert all(batch.trajectories[i].num_turns == 1 for i in failed)  # the turn before the kill is kept
+    assert all(batch.trajectories[i].total_reward == 2.0 for i in (1, 3))
