@@ -4,8 +4,10 @@ and a few optimiser steps that move the policy the right way."""
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -262,3 +264,34 @@ def test_a_third_party_algorithm_plugs_in_by_name():
     finally:
         manager.unregister(plugin)
         del sys.modules["toy_algorithm_plugin"]
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "algorithms.md"
+
+
+def test_docs_list_every_option_with_its_default():
+    from agilerl.registry import resolve
+
+    text = DOCS.read_text()
+    for name, _, _ in ALGORITHMS:
+        section = text.split(f"### `{name}`\n", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+        fields = resolve("algorithm", name).config_class.model_fields
+        for key, field in fields.items():
+            assert f"| `{key}` | `{field.default!r}` |" in section, (name, key)
+        documented = re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE)
+        assert set(documented) == set(fields), name
+
+
+def test_docs_example_runs(capsys):
+    from agilerl.registry import get_plugin_manager
+
+    code = "\n".join(re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.DOTALL))
+    namespace: dict = {}
+    manager = get_plugin_manager()
+    try:
+        exec(compile(code, str(DOCS), "exec"), namespace)
+    finally:
+        for plugin in manager.get_plugins():
+            if isinstance(plugin, namespace.get("MyPlugin", ())):
+                manager.unregister(plugin)
+    assert "'loss':" in capsys.readouterr().out

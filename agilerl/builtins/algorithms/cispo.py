@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 from pydantic import Field
+from torch import Tensor
 
 from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
 from agilerl.core.train.logprobs import masked_mean
@@ -28,12 +29,8 @@ class CISPO(GroupRelative[CISPOConfig]):
     config_class = CISPOConfig
 
     def surrogate(
-        self,
-        logprobs: torch.Tensor,
-        old: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self, logprobs: Tensor, old: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
         ratio = torch.exp(logprobs - old).detach()
         weight = ratio.clamp(1 - self.config.epsilon_low, 1 + self.config.epsilon_high)
         clipped = (weight != ratio).float()

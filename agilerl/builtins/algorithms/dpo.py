@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 from pydantic import Field
+from torch import Tensor
+from torch.nn import Module
 
 from agilerl.core.train.algorithm import Algorithm, AlgorithmConfig
 from agilerl.core.train.logprobs import policy_logprobs
@@ -27,11 +29,8 @@ class DPO(Algorithm[DPOConfig]):
         return True
 
     def loss(
-        self,
-        policy: torch.nn.Module,
-        batch: dict[str, torch.Tensor],
-        reference: torch.nn.Module | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self, policy: Module, batch: dict[str, Tensor], reference: Module | None = None
+    ) -> tuple[Tensor, dict[str, float]]:
         if reference is None:
             raise ValueError("DPO needs the frozen reference model: pass reference=.")
         input_ids, attention_mask, loss_mask = stack_pairs(batch)

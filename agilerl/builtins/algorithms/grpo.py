@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import Field, field_validator
+from torch import Tensor
 
 from agilerl.builtins.algorithms.advantages import (
     group_normalize,
@@ -112,12 +113,8 @@ class GroupRelative(PolicyGradient[ConfigT]):
 
     @abstractmethod
     def surrogate(
-        self,
-        logprobs: torch.Tensor,
-        old: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self, logprobs: Tensor, old: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
         """Per-token objective to maximise from the ratio's two sides, and its metrics."""
 
 
@@ -125,12 +122,8 @@ class GRPO(GroupRelative[GroupRelativeConfig]):
     """Group Relative Policy Optimization: the PPO-style clipped per-token ratio."""
 
     def surrogate(
-        self,
-        logprobs: torch.Tensor,
-        old: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self, logprobs: Tensor, old: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
         ratio = torch.exp(logprobs - old)
         objective, clipped = clipped_surrogate(
             ratio, advantages, self.config.epsilon_low, self.config.epsilon_high

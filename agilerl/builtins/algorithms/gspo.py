@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from pydantic import Field
+from torch import Tensor
 
 from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
 from agilerl.builtins.algorithms.policy_gradient import clipped_surrogate
@@ -28,12 +29,8 @@ class GSPO(GroupRelative[GSPOConfig]):
     config_class = GSPOConfig
 
     def surrogate(
-        self,
-        logprobs: torch.Tensor,
-        old: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self, logprobs: Tensor, old: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
         weights = mask.float()
         lengths = weights.sum(dim=1).clamp(min=1.0)
         sequence_ratio = torch.exp(((logprobs - old) * weights).sum(dim=1) / lengths)

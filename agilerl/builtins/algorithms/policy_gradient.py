@@ -121,7 +121,8 @@ class TurnOrTokenConfig(PolicyGradientConfig):
         validation_alias=GRANULARITY_KEYS,
         description=(
             "'token': returns run token by token (each turn's reward on its last token); 'turn': "
-            "one return per turn, shared by its tokens; 'auto': 'turn' for multi-turn batches."
+            "one return per turn, shared by its tokens; 'auto': 'turn' for multi-turn batches, "
+            "else 'token'."
         ),
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount per step (token or turn).")

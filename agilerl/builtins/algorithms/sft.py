@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import torch
+from torch import Tensor
+from torch.nn import Module
 
 from agilerl.core.train.algorithm import Algorithm, AlgorithmConfig
 from agilerl.core.train.logprobs import masked_mean, policy_logprobs
@@ -20,11 +21,8 @@ class SFT(Algorithm[SFTConfig]):
     dataset_objective = "sft"
 
     def loss(
-        self,
-        policy: torch.nn.Module,
-        batch: dict[str, torch.Tensor],
-        reference: torch.nn.Module | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self, policy: Module, batch: dict[str, Tensor], reference: Module | None = None
+    ) -> tuple[Tensor, dict[str, float]]:
         logprobs = policy_logprobs(policy, batch["input_ids"], batch["attention_mask"])
         loss = -masked_mean(logprobs, batch["loss_mask"])
         return loss, {"loss": loss.item(), "perplexity": loss.detach().exp().item()}
