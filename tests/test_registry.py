@@ -164,7 +164,7 @@ BROKEN = {
 CAUSES = {
     "import-error": "import failed: ModuleNotFoundError: No module named 'not_a_real_module_xyz'",
     "hook-raises": "register_envs raised RuntimeError: boom in hook",
-    "typo-hook": "unknown hook 'register_env' (did you mean 'register_envs'?",
+    "typo-hook": "unknown hook 'register_env' (did you mean 'register_envs'?)",
     "bad-name": "env name 'Bad Name' is invalid",
 }
 

@@ -55,15 +55,16 @@ def _list_plugins(args: argparse.Namespace) -> int:
     if not plugins:
         print("No plugins installed (`agilerl plugins list --all` shows the built-ins).")
         return 0
+    # Hooks without their common "register_" prefix, so the status (the cause) gets the width.
     table = _table("Name", "Version", "Distribution", "Hooks", "Provides", "Status")
     for p in plugins:
-        provides = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in p.provides.items())
+        provides = "\n".join(f"{kind}: {_first_names(names)}" for kind, names in p.provides.items())
         status = {"ok": "ok", "error": f"error: {p.error}", "conflict": "conflict: " + "; ".join(p.conflicts)}
         table.add_row(
             p.name,
             p.version or "",
             p.distribution or "",
-            "\n".join(p.hooks),
+            "\n".join(hook.removeprefix("register_") for hook in p.hooks),
             provides,
             status[p.status],
         )
@@ -113,12 +114,20 @@ def _new_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _first_names(names: list[str], most: int = 3) -> str:
+    """A plugin with dozens of names shows a few; ``agilerl envs list`` shows them all."""
+    if len(names) <= most:
+        return ", ".join(names)
+    return f"{', '.join(names[:most])}, ... ({len(names)} in all)"
+
+
 def _table(*columns: str) -> Any:
+    """A rich table; names and versions stay on one line, long text folds."""
     from rich.table import Table
 
-    table = Table(show_lines=False)
+    table = Table()
     for column in columns:
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column in ("Name", "Version"))
     return table
 
 

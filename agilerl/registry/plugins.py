@@ -139,7 +139,7 @@ def _register(pm: pluggy.PluginManager, ep: Any, info: PluginInfo) -> None:
     try:
         pm.register(module, name=ep.name)
     except (ValueError, pluggy.PluginValidationError) as exc:  # e.g. a hook's wrong arguments
-        info.error = f"invalid hook implementation: {one_line(exc)}"
+        info.error = f"could not register: {one_line(exc)}"
 
 
 def one_line(exc: BaseException) -> str:

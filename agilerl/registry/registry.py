@@ -179,9 +179,8 @@ def check_strict(registry: Registry) -> None:
     problems = [f"{p.name}: {p.error}" for p in registry.plugins if p.error]
     problems += [f"{p.name}: {c}" for p in registry.plugins for c in p.conflicts]
     if problems:
-        raise PluginError(
-            f"{STRICT_ENV_VAR} is set and plugins failed: " + "; ".join(problems) + "."
-        )
+        causes = "; ".join(problem.rstrip(".") for problem in problems)
+        raise PluginError(f"{STRICT_ENV_VAR} is set and plugins failed: {causes}.")
 
 
 def _run_hooks(pm: pluggy.PluginManager, plugin: object, info: PluginInfo) -> list[Entry]:
@@ -217,8 +216,8 @@ def _all_optional(caller: pluggy.HookCaller, plugin: object) -> bool:
 
 def _unknown_hook_message(hook: str) -> str:
     close = difflib.get_close_matches(hook, list(KIND_OF_HOOK), n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown hook {hook!r} ({hint}agilerl's hooks are: {', '.join(KIND_OF_HOOK)})"
+    hint = f"did you mean {close[0]!r}?" if close else f"agilerl's hooks are: {', '.join(KIND_OF_HOOK)}"
+    return f"unknown hook {hook!r} ({hint})"
 
 
 def _register_callback(kind: Kind, info: PluginInfo, staged: list[Entry]) -> Any:
