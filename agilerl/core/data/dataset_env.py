@@ -220,19 +220,21 @@ class DatasetEnv:
         response_texts: list[list[str]] = [[] for _ in self.response_columns]
         for index, row in enumerate(table):
             messages = with_system_prompt(self.template.render(row), self.system_prompt)
-            prompt = self._render(messages, add_generation_prompt=True)
-            prompt_texts.append(prompt)
+            prompt_text = self._render(messages, add_generation_prompt=True)
+            prompt_texts.append(prompt_text)
             for column, texts in zip(self.response_columns, response_texts):
-                texts.append(self._response_text(messages, prompt, row, column, split_name, index))
+                texts.append(
+                    self._response_text(messages, prompt_text, row, column, split_name, index)
+                )
         prompts = self._encode(prompt_texts)
         responses = [self._encode(texts) for texts in response_texts]
         examples = []
-        for index, prompt in enumerate(prompts):
-            kept = self._fit(prompt, [r[index] for r in responses])
+        for index, prompt_ids in enumerate(prompts):
+            kept = self._fit(prompt_ids, [r[index] for r in responses])
             if kept is not None:
                 examples.append(
                     TokenizedExample(
-                        np.asarray(prompt, dtype=np.int64),
+                        np.asarray(prompt_ids, dtype=np.int64),
                         tuple(np.asarray(r, dtype=np.int64) for r in kept),
                     )
                 )

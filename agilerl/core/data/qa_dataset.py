@@ -66,6 +66,7 @@ class QADatasetEnv:
 
     ``info["messages"]`` holds the rendered chat (system/user/assistant pieces of the template);
     the harness renders it with the chat template. The returned prompt is the last user message.
+    Pass a ``datasets.Dataset`` and a rubric, or a prepared ``QADataset`` to share one table.
     """
 
     max_turns = 1
@@ -167,8 +168,11 @@ def load_qa_dataset(
     spec: EnvironmentSpec, *, base_dir: str | Path | None = None
 ) -> tuple[QADataset, str | None]:
     """Load, rename, check and split a manifest's dataset once; also return its system prompt."""
-    if not spec.rubric_name:
-        raise DatasetLoadError("a dataset rollout needs 'rubric_name' in the environment section.")
+    if spec.env_type != "rollout" or not spec.rubric_name:
+        raise DatasetLoadError(
+            "QADatasetEnv needs 'env_type: rollout' with 'dataset' and 'rubric_name' (for SFT/DPO "
+            "data, 'env_type: dataset', use DatasetEnv)."
+        )
     table, config = load_spec_table(spec, base_dir=base_dir)
     rubric = load_rubric(spec.rubric_name, spec.rubric_file_path, base_dir=base_dir)
     data = QADataset.build(
