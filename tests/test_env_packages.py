@@ -32,6 +32,10 @@ def uv_pip(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def pip_freeze() -> str:
+    return subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
+
+
 def installed_test_packages() -> list[str]:
     return sorted(line for line in uv_pip("freeze").stdout.splitlines() if line.startswith(PREFIX))
 
@@ -94,7 +98,7 @@ def test_nothing_is_installed_when_the_entrypoint_imports(local_index):
 
 def test_a_package_that_would_change_an_installed_distribution_fails_cleanly(local_index, wheels):
     install_packages([PREFIX + "dep==1.0"])
-    before = uv_pip("freeze").stdout
+    before = pip_freeze()
     # Without the constraints uv would happily upgrade dep to 2.0: the conflict is the pin.
     dry_run = subprocess.run(
         [uv_binary(), "pip", "install", "--dry-run", "--python", sys.executable, PREFIX + "needs-dep2"],
@@ -107,7 +111,7 @@ def test_a_package_that_would_change_an_installed_distribution_fails_cleanly(loc
     assert "cannot be installed alongside the trainer" in message
     assert "env_url" in message and "resolve_env" in message
     assert PREFIX + "dep" in message  # uv's own explanation is kept
-    assert uv_pip("freeze").stdout == before
+    assert pip_freeze() == before
 
 
 @pytest.mark.parametrize("bad", ["-e", "--index-url=https://example.invalid/simple", " -r req.txt"])
