@@ -91,7 +91,9 @@ def numeric_match(completion: str, answer: Any) -> float:
     """1.0 when the last number in the final answer equals ``answer`` (1,000 == 1000.0)."""
     final = extract_answer(completion)
     got = parse_number(final)
-    return float(_same_number(got if got is not None else last_number(final), _expected_number(answer)))
+    if got is None:
+        got = last_number(final)
+    return float(_same_number(got, _expected_number(answer)))
 
 
 def boxed_match(completion: str, answer: Any) -> float:
