@@ -13,6 +13,7 @@ import importlib_metadata
 import pytest
 
 from agilerl.core.manifest import ManifestError, parse_env_spec
+from agilerl.llm_envs import RolloutHarness
 from agilerl.registry import reset_registry, resolve
 from agilerl.registry.install import (
     EnvPackagesError,
@@ -22,7 +23,16 @@ from agilerl.registry.install import (
 )
 from agilerl.registry.testing import build_wheel
 
-ENV_CODE = "class Env:\n    max_turns = 1\n"
+ENV_CODE = """
+class Env:
+    max_turns = 1
+
+    def reset(self, seed=None):
+        return "Say hi.", {}
+
+    def step(self, action):
+        return "", float(action == "hi"), True, False, {}
+"""
 PREFIX = "agilerl-pkgtest-"
 
 
@@ -83,6 +93,16 @@ def test_a_missing_module_is_installed_then_imported(local_index):
     env_class = resolve("env", "agilerl_pkgtest_env:Env", install=[PREFIX + "env"])
     assert env_class.max_turns == 1
     assert importlib_metadata.version(PREFIX + "env") == "1.0"
+
+
+def test_a_manifest_with_pip_env_packages_installs_with_uv_on_first_use(local_index, chatml_tokenizer):
+    spec = parse_env_spec(
+        {"env_type": "rollout", "entrypoint": "agilerl_pkgtest_env:Env", "env_packages": {"pip": [PREFIX + "env"]}}
+    )
+    harness = RolloutHarness.from_spec(spec, chatml_tokenizer)
+    harness.reset(seed=0)
+    assert harness.step("hi")[1:3] == (1.0, True)
+    assert importlib_metadata.distribution(PREFIX + "env").read_text("INSTALLER").strip() == "uv"
 
 
 def test_an_unregistered_name_is_installed_as_a_plugin_then_found(local_index):
