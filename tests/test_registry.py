@@ -27,6 +27,7 @@ from agilerl.registry import (
     reset_registry,
     resolve,
 )
+from agilerl.registry.registry import HOOK_OF_KIND
 from agilerl.registry.testing import write_distribution
 
 GOOD = '''
@@ -238,3 +239,20 @@ def test_every_hook_has_a_docstring_and_is_documented_with_its_signature():
 def test_load_errors_stay_agilerl_errors():
     with pytest.raises(LoadError, match="cannot import module 'no_such_mod_abc'"):
         resolve("env", "no_such_mod_abc:Env")
+
+
+@pytest.mark.parametrize("kind", sorted(HOOK_OF_KIND))
+def test_every_hook_registers_names_of_its_kind(site, monkeypatch, kind):
+    select(monkeypatch)
+    module = types.ModuleType(f"plugin_for_{kind}")
+
+    def hook(register):
+        register(f"my-{kind}", "json:dumps", description=kind)
+
+    setattr(module, HOOK_OF_KIND[kind], hookimpl(hook))
+    get_plugin_manager().register(module, name=f"for-{kind}")
+    assert resolve(kind, f"my-{kind}") is __import__("json").dumps
+    assert plugin(f"for-{kind}").provides == {kind: [f"my-{kind}"]}
+    other = next(k for k in HOOK_OF_KIND if k != kind)
+    with pytest.raises(NameNotRegistered):
+        resolve(other, f"my-{kind}")
