@@ -217,9 +217,11 @@ def test_two_distributions_with_one_entry_point_name_are_reported(site, monkeypa
         get_registry()
 
 
-def test_importing_agilerl_loads_no_plugins():
+def test_importing_agilerl_and_agilerl_help_load_no_plugins():
     code = (
         "import sys, agilerl\n"
+        "from agilerl.cli.main import build_parser\n"
+        "build_parser()\n"
         "assert 'agilerl.registry.plugins' not in sys.modules, 'registry loaded at import'\n"
         "assert 'importlib_metadata' not in sys.modules\n"
     )
