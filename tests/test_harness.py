@@ -201,3 +201,19 @@ def test_max_turns_defaults_to_the_envs_own(chatml_tokenizer):
 
     with pytest.raises(ValueError, match="max_turns is required"):
         RolloutHarness.local(NoBudget(), chatml_tokenizer)
+
+
+def test_an_empty_final_observation_adds_no_turn(chatml_tokenizer):
+    class SingleTurn:
+        def reset(self, seed=None):
+            return "What is 2+2?", {}
+
+        def step(self, action):
+            return "", float(action.strip() == "4"), True, False, {}
+
+    harness = RolloutHarness.local(SingleTurn(), chatml_tokenizer, max_turns=1)
+    harness.reset()
+    harness.step("4")
+    messages = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]
+    assert harness.trajectory.token_ids == _full_render(chatml_tokenizer, messages)
+    assert harness.trajectory.rewards == [1.0]

@@ -232,7 +232,9 @@ class RolloutHarness:
         """Append the completion, the template's turn close, the observation and the next opening."""
         traj = self.trajectory
         renderer = self.renderer
-        tail_text = renderer.assistant_close + renderer.message_text(self.observation_role, observation)
+        tail_text = renderer.assistant_close
+        if observation or not self._done:  # a final empty observation is no turn at all
+            tail_text += renderer.message_text(self.observation_role, observation)
         tail = renderer.encode(tail_text)
         if action_ids and action_ids[-1] == renderer.end_of_turn_id and tail and tail[0] == action_ids[-1]:
             tail = tail[1:]  # the model already closed its turn
