@@ -10,14 +10,20 @@ in the same run, is the baseline the concurrency must beat. Scripted policy: no 
 from __future__ import annotations
 
 import argparse
-import statistics
+import socket
+import subprocess
+import sys
 import time
-from typing import Any
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
 
 from agilerl.builtins.tiny_model import build_tiny_tokenizer
 from agilerl.core.collect.collector import RolloutCollector
 from agilerl.core.collect.policy import SamplingParams, ScriptedPolicy
 from agilerl.core.harness import RolloutHarness
+from agilerl.core.remote.client import RemoteEnvClient
 
 BATCH, GROUP, TURNS, LATENCY_S = 16, 4, 5, 0.020
 
@@ -47,7 +53,8 @@ def _report(name: str, wall_s: float, ideal_s: float, extra: str = "") -> None:
 
 def bench_collector(name: str, factory: Any, tokenizer: Any, repeats: int) -> float:
     policy = ScriptedPolicy(tokenizer, "5")
-    with RolloutCollector(factory, tokenizer, batch_size=BATCH, group_size=GROUP, seed=0) as collector:
+    settings = {"batch_size": BATCH, "group_size": GROUP, "max_turns": TURNS, "seed": 0}
+    with RolloutCollector(factory, tokenizer, **settings) as collector:
         collector.collect(policy)  # warm-up: threads, template caches, connections
         runs = [collector.collect(policy).stats for _ in range(repeats)]
     best = sorted(runs, key=lambda s: s.wall_time_s)[len(runs) // 2]  # the median run
@@ -75,6 +82,32 @@ def bench_sequential(tokenizer: Any) -> float:
     return wall
 
 
+@contextmanager
+def env_server() -> Iterator[str]:
+    """``agilerl serve`` of ``SleepyEnv`` in its own process (as a real env server runs)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "agilerl", "serve", f"{Path(__file__).resolve()}:SleepyEnv",
+               "--port", str(port), "--max-concurrent-envs", str(BATCH * GROUP + 1)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("the env server did not start") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -84,8 +117,14 @@ def main() -> None:
     print(f"{BATCH} x {GROUP} slots, {TURNS} turns, env latency {LATENCY_S * 1000:.0f} ms, "
           f"median of {args.repeats}")
     in_process = bench_collector("collector, in-process envs", SleepyEnv, tokenizer, args.repeats)
+    remote = None
+    if not args.no_remote:
+        with env_server() as url:
+            remote = bench_collector("collector, remote envs (WebSocket)", lambda: RemoteEnvClient(url), tokenizer, args.repeats)
     sequential = bench_sequential(tokenizer)
     print(f"in-process collector vs sequential loop: {sequential / in_process:.1f}x faster")
+    if remote is not None:
+        print(f"remote collector vs sequential loop: {sequential / remote:.1f}x faster")
 
 
 if __name__ == "__main__":

@@ -123,3 +123,16 @@ def test_scripted_policy_replies_then_stops(chatml_tokenizer):
     assert [chatml_tokenizer.decode(g.token_ids[:-1]) for g in gens] == ["2", "3"]
     assert all(g.token_ids[-1] == 7 and g.finish_reason == "stop" for g in gens)
     assert policy.calls == 1
+
+
+def test_generates_in_eval_mode_and_restores_training_mode(tiny_model, chatml_tokenizer, prompts):
+    modes = []
+    hook = tiny_model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    tiny_model.train()
+    try:
+        TransformersPolicy(tiny_model, chatml_tokenizer).generate(prompts, SamplingParams(max_new_tokens=2))
+        assert tiny_model.training
+    finally:
+        hook.remove()
+        tiny_model.eval()
+    assert modes and not any(modes)

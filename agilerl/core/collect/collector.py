@@ -144,14 +144,17 @@ class RolloutCollector:
             _close_quietly(first)
             raise
         self._pool = DaemonPool(self.num_slots)
-        self._create_many(range(1, self.num_slots))
+        try:
+            dataset_size = getattr(first, "dataset_size", None) or metadata.get("dataset_size")
+            self.assigner = TaskAssigner(dataset_size, seed=seed, rank=rank, world_size=world_size)
+            self._create_many(range(1, self.num_slots))
+        except BaseException:
+            self.close()
+            raise
         self._async = _is_async(self._slots[0])
-        dataset_size = getattr(first, "dataset_size", None) or metadata.get("dataset_size")
-        self.assigner = TaskAssigner(dataset_size, seed=seed, rank=rank, world_size=world_size)
         self.max_reward = max_reward if max_reward is not None else getattr(first, "max_reward", None)
-        renderer = self._slots[0].renderer  # type: ignore[union-attr]
         base = sampling or SamplingParams()
-        stops = [renderer.end_of_turn_id, tokenizer.eos_token_id, *base.stop_token_ids]
+        stops = [self._harness_of(0).renderer.end_of_turn_id, tokenizer.eos_token_id, *base.stop_token_ids]
         self.sampling = replace(base, stop_token_ids=tuple(dict.fromkeys(s for s in stops if s is not None)))
 
     @classmethod
@@ -296,14 +299,13 @@ class RolloutCollector:
         return harness
 
     def _create_many(self, slots: range) -> None:
-        """Build the envs of ``slots`` at once; on any failure close everything and raise."""
+        """Build the envs of ``slots`` at once; raise the first failure."""
         built = run_in_threads(self._pool, [lambda: self._harness(self._env_factory())] * len(slots), None, "creation")
         for slot, result in zip(slots, built):
             if not isinstance(result, BaseException):
                 self._slots[slot] = result
         errors = [r for r in built if isinstance(r, BaseException)]
         if errors:
-            self.close()
             raise CollectionError(f"could not build the rollout envs: {errors[0]}") from errors[0]
 
     def _recreate_missing(self, run: _Run) -> None:

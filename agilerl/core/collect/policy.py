@@ -129,19 +129,24 @@ class TransformersPolicy:
             input_ids[r, width - n :] = torch.tensor(list(prompts[i]), dtype=torch.long)
             attention[r, width - n :] = 1
         recorder = _LogprobRecorder(params)
-        with torch.no_grad():
-            sequences = self.model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention.to(device),
-                logits_processor=[recorder],
-                max_new_tokens=max(budgets[i] for i in rows),
-                num_beams=1,
-                repetition_penalty=1.0,
-                eos_token_id=stops or None,
-                pad_token_id=self.pad_id,
-                # The recorder warps; the model's own sampling defaults must not warp again.
-                **({"do_sample": False} if params.greedy else _NEUTRAL_SAMPLING),
-            )
+        was_training = self.model.training
+        self.model.eval()  # no dropout: the log-probs must be those the tokens were sampled from
+        try:
+            with torch.no_grad():
+                sequences = self.model.generate(
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention.to(device),
+                    logits_processor=[recorder],
+                    max_new_tokens=max(budgets[i] for i in rows),
+                    num_beams=1,
+                    repetition_penalty=1.0,
+                    eos_token_id=stops or None,
+                    pad_token_id=self.pad_id,
+                    # The recorder warps; the model's own sampling defaults must not warp again.
+                    **({"do_sample": False} if params.greedy else _NEUTRAL_SAMPLING),
+                )
+        finally:
+            self.model.train(was_training)
         completions = sequences[:, width:].tolist()
         logprobs = recorder.sampled_logprobs(sequences).tolist()
         for r, i in enumerate(rows):
