@@ -156,10 +156,9 @@ def test_rubric_taking_kwargs_gets_all_five(folder):
     env = make_env(folder, rubric_name="everything", max_reward=2)
     prompt, _ = env.reset(row_index=0)
     _, reward, _, _, info = env.step("hi")
-    import sys
+    from agilerl.registry import load_object
 
-    module = next(m for n, m in sys.modules.items() if n.startswith("_agilerl_file_reward_"))
-    call = module.seen[-1]
+    call = load_object("reward.py:seen", folder)[-1]  # the same module the env loaded
     assert set(call) == {"completion", "answer", "question", "row", "info"}
     assert call["completion"] == "hi" and call["row"]["answer"] == call["answer"]
     assert call["info"]["messages"][-1]["content"] == prompt
