@@ -188,6 +188,8 @@ def test_context_overflow_ends_the_episode_truncated_within_the_limit(tiny_model
     assert overflowed
     for traj in overflowed:
         assert traj.truncated and len(traj.token_ids) <= 40
+        assert traj.action_mask[-1]  # cut right after the last generated token
+        assert traj.num_turns == max(traj.turn_ids) + 1
         assert len(traj.action_mask) == len(traj.turn_ids) == len(traj.logprobs) == len(traj.token_ids)
     collate_trajectories(batch.trajectories, 0)
 
@@ -305,3 +307,14 @@ def _eventually(check, timeout_s=2.0):
             return True
         time.sleep(0.01)
     return False
+
+
+def test_the_docs_example_runs(capsys):
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "collector.md"
+    example = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)[0]
+    exec(compile(example, str(doc), "exec"), {"__name__": "docs_example"})
+    out = capsys.readouterr().out
+    assert "rollout/reward_mean" in out and "EvalResult(" in out

@@ -210,7 +210,8 @@ class RolloutCollector:
             sizes = {s: len(self._harness_of(s).trajectory.token_ids) for s in live}
             for s in live:
                 if gens[s].finish_reason == "context" and not gens[s].token_ids:  # no room left at all
-                    run.finish(s, self._harness_of(s).trajectory, context_full_at=sizes[s])
+                    traj = self._harness_of(s).trajectory
+                    run.finish(s, traj, cut_at=_end_of_last_action(traj))
                     del prompts[s]
             actions = {s: self._harness_of(s).prepare_step(gens[s].token_ids, logprobs=gens[s].logprobs) for s in prompts}
             stepped = self._run_envs(
@@ -227,7 +228,7 @@ class RolloutCollector:
                     continue
                 harness = self._harness_of(s)
                 if gens[s].finish_reason == "context":
-                    run.finish(s, harness.trajectory, context_full_at=sizes[s] + len(gens[s].token_ids))
+                    run.finish(s, harness.trajectory, cut_at=sizes[s] + len(gens[s].token_ids))
                     del prompts[s]
                 elif harness.done:
                     run.finish(s, harness.trajectory)
@@ -389,11 +390,11 @@ class _Run:
         self.generation_calls = 0
         self.generated_tokens = 0
 
-    def finish(self, slot: int, traj: Trajectory, *, context_full_at: int | None = None) -> None:
-        """Record a slot's ended episode; ``context_full_at`` marks a context overflow and cuts
-        the trajectory after the last generated token (the env's answer would not fit)."""
-        if context_full_at is not None:
-            traj = _snapshot(traj, context_full_at)
+    def finish(self, slot: int, traj: Trajectory, *, cut_at: int | None = None) -> None:
+        """Record a slot's ended episode; ``cut_at`` marks a context overflow and cuts it there,
+        after the last generated token (what follows would not fit)."""
+        if cut_at is not None:
+            traj = _cut(traj, cut_at)
             traj.truncated = True
             traj.info["truncated_by"] = "max_model_len"
         traj.group = slot // self.group_size
@@ -469,11 +470,14 @@ def _is_async(harness: RolloutHarness | None) -> bool:
     return harness is not None and hasattr(type(harness.client), "astep")
 
 
-def _snapshot(traj: Trajectory, num_tokens: int) -> Trajectory:
-    """A copy of ``traj`` cut to its first ``num_tokens`` tokens and the turns they hold.
+def _end_of_last_action(traj: Trajectory) -> int:
+    """Where the last generated token ends (the whole prompt when nothing was generated)."""
+    mask = traj.action_mask
+    return next((i + 1 for i in range(len(mask) - 1, -1, -1) if mask[i]), len(mask))
 
-    A hung env call may still finish later and append to the original; the copy never changes.
-    """
+
+def _cut(traj: Trajectory, num_tokens: int) -> Trajectory:
+    """A copy of ``traj`` cut to its first ``num_tokens`` tokens and the turns they hold."""
     turns = max(traj.turn_ids[:num_tokens], default=-1) + 1
     return replace(
         traj,

@@ -84,7 +84,7 @@ class ScriptedPolicy:
             ids = ids[: params.max_new_tokens]
             finish: FinishReason = "length" if len(ids) == params.max_new_tokens else "stop"
             ids = ids + stop if finish == "stop" else ids
-            out.append(Generation(ids, [0.0] * len(ids), finish))
+            out.append(Generation(ids, None, finish))  # no model, so no log-probs
         return out
 
     def _encode(self, text: str) -> list[int]:
