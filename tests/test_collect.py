@@ -11,9 +11,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from agilerl.core.collect.collector import CollectionError, RolloutCollector
-from agilerl.core.collect.policy import Generation, SamplingParams, ScriptedPolicy, TransformersPolicy
+from agilerl.core.collect.policy import (
+    Generation,
+    SamplingParams,
+    ScriptedPolicy,
+    TransformersPolicy,
+)
 from agilerl.core.manifest import parse_env_spec, parse_manifest
 from agilerl.core.train.batch import collate_trajectories
+from agilerl.errors import AgileRLError
 
 
 class CountingEnv:
@@ -213,7 +219,7 @@ def test_max_turns_comes_from_the_env_or_must_be_given(chatml_tokenizer):
         def step(self, action):
             return "", 0.0, True, False, {}
 
-    with pytest.raises(Exception, match="pass max_turns="):
+    with pytest.raises(AgileRLError, match="pass max_turns="):
         collector(NoBudget, chatml_tokenizer)
     with collector(NoBudget, chatml_tokenizer, max_turns=2) as c:
         assert c.max_turns == 2
@@ -314,7 +320,7 @@ def test_the_docs_example_runs(capsys):
     from pathlib import Path
 
     doc = Path(__file__).resolve().parent.parent / "docs" / "collector.md"
-    example = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)[0]
-    exec(compile(example, str(doc), "exec"), {"__name__": "docs_example"})
+    example = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.DOTALL)[0]
+    exec(compile(example, str(doc), "exec"), {"__name__": "docs_example"})  # noqa: S102 - our own docs
     out = capsys.readouterr().out
     assert "rollout/reward_mean" in out and "EvalResult(" in out

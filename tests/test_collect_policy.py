@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agilerl.core.collect.policy import Policy, SamplingParams, ScriptedPolicy, TransformersPolicy
+from agilerl.core.collect.policy import (
+    Policy,
+    SamplingParams,
+    ScriptedPolicy,
+    TransformersPolicy,
+)
 from agilerl.core.train.logprobs import token_logprobs
 
 

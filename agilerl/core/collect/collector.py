@@ -20,6 +20,7 @@ trajectory carries ``error`` (the training batch marks it invalid) and the failu
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
@@ -37,6 +38,9 @@ from agilerl.errors import AgileRLError
 
 if TYPE_CHECKING:
     from agilerl.core.manifest import EnvironmentSpec
+
+
+log = logging.getLogger(__name__)
 
 
 class CollectionError(AgileRLError):
@@ -130,7 +134,8 @@ class RolloutCollector:
         self.env_timeout_s = env_timeout_s
         self.tokenizer = tokenizer
         self._env_factory = env_factory
-        self._harness_kwargs = {"system_prompt": system_prompt, "chat_template_kwargs": chat_template_kwargs}
+        self._system_prompt = system_prompt
+        self._chat_template_kwargs = chat_template_kwargs
         # Slots 0..num_slots-1 roll out; the last one, built at the first evaluation, evaluates.
         self._slots: list[RolloutHarness | None] = [None] * (self.num_slots + 1)
         self._closed = False
@@ -217,8 +222,8 @@ class RolloutCollector:
             stepped = self._run_envs(
                 list(actions),
                 "step",
-                lambda c, s: c.step(actions[s]),
-                lambda c, s: c.astep(actions[s]),
+                lambda c, s: c.step(actions[s]),  # noqa: B023 - called before the loop moves on
+                lambda c, s: c.astep(actions[s]),  # noqa: B023
                 lambda h, s, r: h.apply_step(r),
                 run,
             )
@@ -292,7 +297,13 @@ class RolloutCollector:
     # -- env lifecycle ------------------------------------------------------------------------
 
     def _harness(self, env: Any) -> RolloutHarness:
-        return RolloutHarness(env, self.tokenizer, max_turns=self.max_turns, **self._harness_kwargs)
+        return RolloutHarness(
+            env,
+            self.tokenizer,
+            max_turns=self.max_turns,
+            system_prompt=self._system_prompt,
+            chat_template_kwargs=self._chat_template_kwargs,
+        )
 
     def _harness_of(self, slot: int) -> RolloutHarness:
         harness = self._slots[slot]
@@ -491,7 +502,8 @@ def _cut(traj: Trajectory, num_tokens: int) -> Trajectory:
 
 
 def _close_quietly(env: Any) -> None:
+    """Close an env that may be broken; its error must not mask the one being reported."""
     try:
         env.close()
-    except Exception:  # noqa: BLE001 - closing a broken env must not mask the real error
-        pass
+    except Exception:
+        log.debug("closing a failed env raised", exc_info=True)
