@@ -25,85 +25,29 @@ import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.core.collect.assigner import Task, TaskAssigner
 from agilerl.core.collect.concurrency import DaemonPool, run_in_threads, run_on_loop
 from agilerl.core.collect.policy import Generation, Policy, SamplingParams
+from agilerl.core.collect.results import (
+    CollectionError,
+    EvalResult,
+    RolloutBatch,
+    Run,
+    end_of_last_action,
+)
 from agilerl.core.harness import RolloutHarness
-from agilerl.core.trajectory import Trajectory
 from agilerl.errors import AgileRLError
 
 if TYPE_CHECKING:
     from agilerl.core.manifest import EnvironmentSpec
 
-
 log = logging.getLogger(__name__)
 
 
-class CollectionError(AgileRLError):
-    """Collection cannot go on (every rollout failed, a policy broke its contract, ...)."""
-
-
-@dataclass
-class SlotFailure:
-    """One rollout whose env failed: where (``create``/``reset``/``step``) and why."""
-
-    slot: int
-    group: int
-    phase: str
-    error: str
-
-
-@dataclass
-class CollectStats:
-    """What one ``collect`` cost and earned; failed rollouts count as reward 0 in their group."""
-
-    reward_mean: float
-    reward_std: float
-    group_reward_mean: list[float]
-    group_reward_std: list[float]
-    turns_mean: float
-    generated_tokens: int
-    generation_calls: int
-    generation_time_s: float
-    env_time_s: float
-    wall_time_s: float
-    truncated: int
-    failures: list[SlotFailure] = field(default_factory=list)
-
-    def metrics(self) -> dict[str, float]:
-        """Flat numbers for a logger."""
-        skip = {"group_reward_mean", "group_reward_std", "failures"}
-        numbers = {f"rollout/{k}": float(v) for k, v in asdict(self).items() if k not in skip}
-        numbers["rollout/failures"] = float(len(self.failures))
-        return numbers
-
-
-@dataclass
-class RolloutBatch:
-    """Trajectories in slot order (group ``g`` is slots ``g*G .. g*G+G-1``) and their stats."""
-
-    trajectories: list[Trajectory]
-    group_size: int
-    stats: CollectStats
-
-    @property
-    def groups(self) -> list[list[Trajectory]]:
-        g = self.group_size
-        return [self.trajectories[i : i + g] for i in range(0, len(self.trajectories), g)]
-
-
-@dataclass
-class EvalResult:
-    """Greedy evaluation: mean reward, and accuracy (reward / max_reward) when that is known."""
-
-    mean_reward: float
-    accuracy: float | None
-    episodes: int
-    failures: int
 
 
 class RolloutCollector:
@@ -194,11 +138,11 @@ class RolloutCollector:
 
     def _play(
         self, tasks: dict[int, Task], policy: Policy, params: SamplingParams, evaluation: bool | None = None
-    ) -> _Run:
+    ) -> Run:
         """Play every given slot's task to the end: one generate call and one env phase per turn."""
         if self._closed:
             raise CollectionError("the collector is closed")
-        run = _Run(tasks, self.group_size)
+        run = Run(tasks, self.group_size)
         self._recreate_missing(run)
         started = self._run_envs(
             [s for s in tasks if s not in run.trajectories],
@@ -216,7 +160,7 @@ class RolloutCollector:
             for s in live:
                 if gens[s].finish_reason == "context" and not gens[s].token_ids:  # no room left at all
                     traj = self._harness_of(s).trajectory
-                    run.finish(s, traj, cut_at=_end_of_last_action(traj))
+                    run.finish(s, traj, cut_at=end_of_last_action(traj))
                     del prompts[s]
             actions = {s: self._harness_of(s).prepare_step(gens[s].token_ids, logprobs=gens[s].logprobs) for s in prompts}
             stepped = self._run_envs(
@@ -243,7 +187,7 @@ class RolloutCollector:
         return run
 
     def _generate(
-        self, policy: Policy, prompts: list[Sequence[int]], params: SamplingParams, run: _Run
+        self, policy: Policy, prompts: list[Sequence[int]], params: SamplingParams, run: Run
     ) -> list[Generation]:
         t0 = time.perf_counter()
         generations = policy.generate(prompts, params)
@@ -264,7 +208,7 @@ class RolloutCollector:
         call: Callable[[Any, int], Any],
         acall: Callable[[Any, int], Awaitable[Any]],
         apply: Callable[[RolloutHarness, int, Any], Any],
-        run: _Run,
+        run: Run,
     ) -> dict[int, Any]:
         """Make every slot's env call at once (``call``, or ``acall`` for async clients), then
         ``apply`` each answer to its harness here, on one thread. Failed slots are recorded and
@@ -320,7 +264,7 @@ class RolloutCollector:
         if errors:
             raise CollectionError(f"could not build the rollout envs: {errors[0]}") from errors[0]
 
-    def _recreate_missing(self, run: _Run) -> None:
+    def _recreate_missing(self, run: Run) -> None:
         """Rebuild the envs that failed earlier (or the evaluation env, at first use)."""
         for slot in run.tasks:
             if self._slots[slot] is None:
@@ -370,6 +314,8 @@ class RolloutCollector:
             num_episodes = held_out
         if held_out is not None:
             num_episodes = min(num_episodes, held_out)
+        if num_episodes < 1:
+            raise AgileRLError(f"evaluation needs at least one episode, got num_episodes={num_episodes}")
         greedy = replace(self.sampling, temperature=0.0)
         rewards: list[float] = []
         failures = 0
@@ -386,64 +332,6 @@ class RolloutCollector:
         mean = statistics.fmean(rewards)
         accuracy = mean / self.max_reward if self.max_reward else None
         return EvalResult(mean, accuracy, len(rewards), failures)
-
-
-class _Run:
-    """The bookkeeping of one ``_play``: a trajectory per slot, failures, counters."""
-
-    def __init__(self, tasks: dict[int, Task], group_size: int) -> None:
-        self.tasks = tasks
-        self.group_size = group_size
-        self.trajectories: dict[int, Trajectory] = {}
-        self.failures: list[SlotFailure] = []
-        self.generation_time_s = 0.0
-        self.env_time_s = 0.0
-        self.generation_calls = 0
-        self.generated_tokens = 0
-
-    def finish(self, slot: int, traj: Trajectory, *, cut_at: int | None = None) -> None:
-        """Record a slot's ended episode; ``cut_at`` marks a context overflow and cuts it there,
-        after the last generated token (what follows would not fit)."""
-        if cut_at is not None:
-            traj = _cut(traj, cut_at)
-            traj.truncated = True
-            traj.info["truncated_by"] = "max_model_len"
-        traj.group = slot // self.group_size
-        self.trajectories[slot] = traj
-
-    def fail(self, slot: int, phase: str, exc: BaseException, partial: Trajectory | None) -> None:
-        task = self.tasks[slot]
-        message = f"{type(exc).__name__}: {exc}"
-        traj = partial or Trajectory(seed=task.seed, row_index=task.row_index)
-        traj.group, traj.error = slot // self.group_size, f"{phase}: {message}"
-        self.trajectories[slot] = traj
-        self.failures.append(SlotFailure(slot, traj.group, phase, message))
-
-    def batch(self, wall_time_s: float) -> RolloutBatch:
-        trajectories = [self.trajectories[s] for s in sorted(self.tasks)]
-        if len(self.failures) == len(trajectories):
-            first = self.failures[0]
-            raise CollectionError(
-                f"all {len(trajectories)} rollouts failed; the first, slot {first.slot}, "
-                f"in {first.phase}: {first.error}"
-            )
-        rewards = [t.total_reward if t.error is None else 0.0 for t in trajectories]
-        groups = [rewards[i : i + self.group_size] for i in range(0, len(rewards), self.group_size)]
-        stats = CollectStats(
-            reward_mean=statistics.fmean(rewards),
-            reward_std=statistics.pstdev(rewards),
-            group_reward_mean=[statistics.fmean(g) for g in groups],
-            group_reward_std=[statistics.pstdev(g) for g in groups],
-            turns_mean=statistics.fmean(t.num_turns for t in trajectories),
-            generated_tokens=self.generated_tokens,
-            generation_calls=self.generation_calls,
-            generation_time_s=self.generation_time_s,
-            env_time_s=self.env_time_s,
-            wall_time_s=wall_time_s,
-            truncated=sum(t.truncated for t in trajectories),
-            failures=self.failures,
-        )
-        return RolloutBatch(trajectories, self.group_size, stats)
 
 
 def check_capacity(metadata: dict[str, Any], num_slots: int) -> None:
@@ -479,26 +367,6 @@ def _env_max_turns(env: Any) -> int:
 
 def _is_async(harness: RolloutHarness | None) -> bool:
     return harness is not None and hasattr(type(harness.client), "astep")
-
-
-def _end_of_last_action(traj: Trajectory) -> int:
-    """Where the last generated token ends (the whole prompt when nothing was generated)."""
-    mask = traj.action_mask
-    return next((i + 1 for i in range(len(mask) - 1, -1, -1) if mask[i]), len(mask))
-
-
-def _cut(traj: Trajectory, num_tokens: int) -> Trajectory:
-    """A copy of ``traj`` cut to its first ``num_tokens`` tokens and the turns they hold."""
-    turns = max(traj.turn_ids[:num_tokens], default=-1) + 1
-    return replace(
-        traj,
-        token_ids=traj.token_ids[:num_tokens],
-        action_mask=traj.action_mask[:num_tokens],
-        turn_ids=traj.turn_ids[:num_tokens],
-        logprobs=None if traj.logprobs is None else traj.logprobs[:num_tokens],
-        rewards=traj.rewards[:turns],
-        info=dict(traj.info),
-    )
 
 
 def _close_quietly(env: Any) -> None:
