@@ -97,8 +97,8 @@ _NEUTRAL_SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p":
 class TransformersPolicy:
     """A Hugging Face causal LM as a policy: one left-padded batched ``generate`` per call.
 
-    Prompts longer than ``max_model_len`` minus one token finish at once with reason ``context``;
-    others get at most the room left in the context. Warping (temperature, top-k, top-p) is done
+    A prompt that already fills ``max_model_len`` gets an empty completion with reason
+    ``context``; the others get at most the room left in the context. Warping (temperature, top-k, top-p) is done
     here so the recorded log-probs are exactly those of the distribution each token was drawn from.
     """
 
