@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "agilerl.cli.env_cmd",
     "agilerl.cli.plugins_cmd",
     "agilerl.cli.serve_cmd",
+    "agilerl.cli.train_cmd",
 )
 
 

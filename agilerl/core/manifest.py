@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from agilerl.core.train.config import AlgorithmSettings, ModelSettings, TrainingSettings
 from agilerl.errors import AgileRLError
 
 
@@ -210,9 +211,9 @@ class Manifest(_Section):
     """A whole manifest file. ``model``/``algorithm``/``training`` are read by the trainer."""
 
     environment: EnvironmentSpec
-    model: dict[str, Any] = Field(default_factory=dict)
-    algorithm: dict[str, Any] = Field(default_factory=dict)
-    training: dict[str, Any] = Field(default_factory=dict)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 

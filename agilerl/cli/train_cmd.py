@@ -1,0 +1,53 @@
+"""``agilerl train MANIFEST``: train the manifest's model on its environment."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="Train the manifest's model with its algorithm on its environment.",
+        description="Train with the manifest's model:, algorithm: and training: sections. Writes "
+        "metrics.jsonl, a reward (or loss) curve and checkpoints under training.output_dir. "
+        "Ctrl-C saves a checkpoint and stops; --resume continues from it.",
+    )
+    parser.add_argument("manifest", help="Path to a manifest YAML file.")
+    parser.add_argument("--max-steps", type=int, help="Override training.max_steps.")
+    parser.add_argument("--output-dir", help="Override training.output_dir.")
+    parser.add_argument("--seed", type=int, help="Override training.seed.")
+    parser.add_argument(
+        "--resume", nargs="?", const="latest", metavar="CHECKPOINT",
+        help="Continue from a checkpoint folder (default: the latest under output_dir).",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    parser.set_defaults(handler=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from agilerl.core.manifest import load_manifest
+    from agilerl.core.train.from_manifest import train_from_manifest
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        manifest = load_manifest(args.manifest)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    overrides = {"max_steps": args.max_steps, "output_dir": args.output_dir, "seed": args.seed}
+    result = train_from_manifest(
+        manifest, overrides=overrides, resume=args.resume, show_progress=not args.no_progress
+    )
+    shown = {k: round(v, 4) for k, v in result.metrics.items() if k.split("/")[0] in ("train", "eval")}
+    print(f"{'stopped' if result.interrupted else 'finished'} at step {result.step}: {shown}")
+    print(f"metrics:    {result.output_dir / 'metrics.jsonl'}")
+    if result.plot is not None:
+        print(f"plot:       {result.plot}")
+    if result.checkpoint is not None:
+        print(f"checkpoint: {result.checkpoint}")
+        if result.interrupted:
+            print(f"resume with: agilerl train {args.manifest} --resume")
+    return 130 if result.interrupted else 0

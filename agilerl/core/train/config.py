@@ -1,0 +1,93 @@
+"""The manifest's ``model:``, ``algorithm:`` and ``training:`` sections, typed.
+
+Unknown keys are errors here (unlike ``environment:``): a misspelt ``learning_rate`` silently
+left at its default wastes a whole training run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class LoraSettings(_Strict):
+    """Train low-rank adapters (peft) instead of every weight."""
+
+    r: int = Field(8, ge=1, description="Adapter rank.")
+    alpha: int = Field(16, ge=1, description="Adapter scaling numerator (lora_alpha).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+    target_modules: str | list[str] = Field(
+        "all-linear", description="Module names to adapt, or 'all-linear'."
+    )
+
+
+class ModelSettings(_Strict):
+    """The ``model:`` section: which causal LM and tokenizer to train."""
+
+    name_or_path: str = Field(
+        "tiny",
+        description="'tiny' (built-in, offline), a local folder (relative to the manifest) or a hub id.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights' dtype when loading a pretrained model."
+    )
+    lora: LoraSettings | None = Field(None, description="Set to train LoRA adapters (needs peft).")
+    max_model_len: int | None = Field(
+        None, ge=2, description="Context length; defaults to the model's max_position_embeddings."
+    )
+
+
+class AlgorithmSettings(BaseModel):
+    """The ``algorithm:`` section: ``name`` plus the algorithm's own options (checked by it)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field("grpo", description="A registered algorithm (agilerl plugins algorithms).")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Everything but ``name``: the algorithm's config validates it."""
+        return dict(self.model_extra or {})
+
+    def as_mapping(self) -> dict[str, Any]:
+        return {"name": self.name, **self.options}
+
+
+class TrainingSettings(_Strict):
+    """The ``training:`` section: the loop's budget, optimiser and bookkeeping."""
+
+    batch_size: int = Field(8, ge=1, description="Tasks (rollout) or rows (dataset) per step.")
+    group_size: int = Field(8, ge=1, description="Rollouts per task (GRPO group); rollout only.")
+    max_steps: int = Field(100, ge=1, description="Optimiser steps in total (a resumed run counts on).")
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; null disables.")
+    max_new_tokens: int = Field(256, ge=1, description="Tokens generated per turn at most.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 disables.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables.")
+    evaluation_interval: int = Field(
+        10, ge=0, description="Evaluate every N steps (and at the end); 0 never."
+    )
+    eval_episodes: int = Field(
+        8, ge=1, description="Greedy episodes per evaluation of an env without a held-out split."
+    )
+    checkpoint_interval: int = Field(
+        0, ge=0, description="Save a checkpoint every N steps; 0 only at the end (and on Ctrl-C)."
+    )
+    seed: int = Field(0, description="Seeds the model init (tiny), tasks and sampling.")
+    output_dir: str = Field(
+        "runs/latest",
+        description="Metrics, plot and checkpoints, relative to the working directory "
+        "(agilerl train defaults to runs/<the manifest's folder name>).",
+    )
+    resume_from: str | None = Field(
+        None, description="A checkpoint folder, or 'latest' (the newest under output_dir)."
+    )
+    max_context_length: int | None = Field(
+        None, ge=2, description="Dataset rows longer than this are dropped."
+    )

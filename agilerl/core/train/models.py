@@ -1,0 +1,93 @@
+"""Loading the model and tokenizer a manifest's ``model:`` section names.
+
+``tiny`` is built offline in a second (tests, examples, the README); anything else is a local
+folder or a Hugging Face hub id. Optional LoRA adapters come from peft.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agilerl.core.train.config import LoraSettings, ModelSettings
+from agilerl.errors import AgileRLError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+TINY = "tiny"
+
+
+class ModelLoadError(AgileRLError):
+    """The model or tokenizer named in ``model.name_or_path`` cannot be loaded."""
+
+
+def load_model_and_tokenizer(
+    settings: ModelSettings,
+    *,
+    base_dir: str | Path | None = None,
+    seed: int = 0,
+    checkpoint: str | Path | None = None,
+) -> tuple[PreTrainedModel, Any]:
+    """The model (with LoRA adapters when configured) and its tokenizer.
+
+    ``checkpoint`` (a folder ``save_checkpoint`` wrote) replaces the named weights, so a resumed
+    run continues from the saved ones; with LoRA it holds only the adapters.
+    """
+    if checkpoint is not None and settings.lora is None:
+        return _from_pretrained(str(checkpoint), settings)
+    if settings.name_or_path == TINY:
+        from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer("chatml")
+        model = build_tiny_model(tokenizer, seed=seed)
+    else:
+        model, tokenizer = _from_pretrained(_locate(settings.name_or_path, base_dir), settings)
+    if settings.lora is not None:
+        model = _with_lora(model, settings.lora, checkpoint)
+    return model, tokenizer
+
+
+def _locate(name_or_path: str, base_dir: str | Path | None) -> str:
+    """A local folder (relative to the manifest) if one exists, else the hub id unchanged."""
+    for candidate in (Path(base_dir or ".") / name_or_path, Path(name_or_path)):
+        if candidate.is_dir():
+            return str(candidate.resolve())
+    return name_or_path
+
+
+def _from_pretrained(source: str, settings: ModelSettings) -> tuple[PreTrainedModel, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, settings.dtype))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"model.name_or_path {settings.name_or_path!r}: cannot load {source!r} ({exc}). "
+            "Use 'tiny' (built in, offline), a local folder holding a saved model, or a hub id "
+            "that is in the local cache or downloadable (HF_HUB_OFFLINE=1 forbids downloads)."
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _with_lora(model: PreTrainedModel, lora: LoraSettings, checkpoint: str | Path | None) -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise ModelLoadError(
+            "model.lora needs peft: pip install peft (or remove model.lora)."
+        ) from None
+    if checkpoint is not None:
+        return peft.PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
+    config = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return peft.get_peft_model(model, config)
