@@ -20,9 +20,9 @@ def test_manifest_validates_without_warnings(name):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         manifest = load_manifest(EXAMPLES / name / "manifest.yaml")
-    assert manifest.model["name_or_path"] == "tiny"
-    assert manifest.algorithm["name"] == {"countdown": "grpo", "sft": "sft", "dpo": "dpo"}[name]
-    assert manifest.training["max_steps"] <= 5
+    assert manifest.model.name_or_path == "tiny"
+    assert manifest.algorithm.name == {"countdown": "grpo", "sft": "sft", "dpo": "dpo"}[name]
+    assert manifest.training.max_steps <= 5
 
 
 def test_countdown_data_script_is_deterministic(tmp_path):
@@ -65,7 +65,7 @@ def test_dataset_examples_batch(name, keys, chatml_tokenizer):
         manifest.environment,
         chatml_tokenizer,
         base_dir=manifest.base_dir,
-        batch_size=manifest.training["batch_size"],
+        batch_size=manifest.training.batch_size,
     )
     assert (env.dataset_size, env.eval_dataset_size) == (16, 4)
     batches = list(env.batches(0))
