@@ -72,7 +72,7 @@ class EnvCaller:
                 result = fn(*args, **kwargs)
             finally:
                 self._record(key, time.perf_counter() - start)
-        if inspect.isawaitable(result):  # async def env methods run on the loop
+        if type(result) is not tuple and inspect.isawaitable(result):  # async def env methods
             result = await result
         return result
 

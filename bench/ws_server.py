@@ -1,0 +1,277 @@
+"""WebSocket env servers under load: ours vs openenv-core's vs a bare aiohttp echo (the ceiling).
+
+The same trivial synchronous env is served by ``agilerl serve`` and by openenv-core's
+``create_app`` (run from ``.venv-openenv``, see tests/test_remote_openenv.py); the echo server
+answers every frame with a canned observation and runs no env at all. Each server runs in its
+own process pinned to CPU 0; one load client, pinned to CPU 1, holds N sessions that step as
+fast as they can. Prints steps/s and p99 latency per server and the ratios against openenv-core.
+
+    python bench/ws_server.py [--seconds 3] [--rounds 2] [--sessions 1,16,64,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OPENENV_PYTHON = ROOT / ".venv-openenv" / "bin" / "python"
+SERVER_CPU, CLIENT_CPU = 0, 1
+STEP_FRAME = json.dumps({"type": "step", "data": {"message": "ping"}})
+RESET_FRAME = json.dumps({"type": "reset", "data": {"seed": 0}})
+
+
+class TrivialEnv:
+    """Echoes the action; never ends."""
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        return "start", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        return action, 1.0, False, False, {}
+
+
+OPENENV_SERVER = '''
+import sys, uvicorn
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, Observation, State
+
+class TextAction(Action):
+    message: str
+
+class TextObservation(Observation):
+    text: str = ""
+
+class TrivialEnv(Environment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        return TextObservation(text="start")
+    def step(self, action, timeout_s=None, **kwargs):
+        return TextObservation(text=action.message, reward=1.0, done=False)
+    @property
+    def state(self):
+        return State()
+
+app = create_app(TrivialEnv, TextAction, TextObservation, max_concurrent_envs=int(sys.argv[2]))
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+'''
+
+
+def echo_server(port: int) -> None:
+    """A bare aiohttp WebSocket server answering each frame with a fixed observation frame."""
+    from aiohttp import WSMsgType, web
+
+    reply = json.dumps({"type": "observation", "data": {
+        "observation": {"text": "ping", "truncated": False, "metadata": {}}, "reward": 1.0, "done": False,
+    }}, separators=(",", ":"))
+
+    async def ws_handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(compress=False)
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type is WSMsgType.TEXT:
+                await ws.send_str(reply)
+        return ws
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "healthy"})
+
+    app = web.Application()
+    app.router.add_get("/ws", ws_handler)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(name: str, max_sessions: int) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    pin = ["taskset", "-c", str(SERVER_CPU)]
+    if name == "agilerl":
+        cmd = [sys.executable, "-m", "agilerl", "serve", f"{__file__}:TrivialEnv", "--port", str(port),
+               "--max-concurrent-envs", str(max_sessions)]
+    elif name == "openenv-core":
+        cmd = [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions)]
+    else:
+        cmd = [sys.executable, __file__, "--echo-server", str(port)]
+    log = tempfile.TemporaryFile()  # a pipe could fill up and stall the server
+    proc = subprocess.Popen(pin + cmd, stdout=subprocess.DEVNULL, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"{name} server exited: {log.read().decode()[-2000:]}")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{name} server did not come up on {url}")
+
+
+def _client_frame(text: str) -> bytes:
+    """A masked client text frame; one fixed mask key, so every step sends the same bytes."""
+    payload, mask = text.encode(), b"\x01\x02\x03\x04"
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    n = len(payload)
+    header = bytes([0x81, 0x80 | n]) if n < 126 else bytes([0x81, 0xFE]) + n.to_bytes(2, "big")
+    return header + mask + masked
+
+
+class _RawSession(asyncio.Protocol):
+    """A minimal WebSocket client, so the load client costs far less per step than any server."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.buffer = b""
+        self.upgraded = False
+        self.waiter: asyncio.Future[bytes] | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if not self.upgraded:
+            head, sep, rest = self.buffer.partition(b"\r\n\r\n")
+            if not sep:
+                return
+            if b" 101 " not in head.split(b"\r\n", 1)[0]:
+                self._resolve(RuntimeError(head.decode(errors="replace")))
+                return
+            self.upgraded, self.buffer = True, rest
+            self._resolve(b"")
+        while len(self.buffer) >= 2:
+            size, start = self.buffer[1] & 0x7F, 2
+            if size == 126:
+                size, start = int.from_bytes(self.buffer[2:4], "big"), 4
+            elif size == 127:
+                size, start = int.from_bytes(self.buffer[2:10], "big"), 10
+            if len(self.buffer) < start + size:
+                return
+            opcode, payload = self.buffer[0] & 0x0F, self.buffer[start:start + size]
+            self.buffer = self.buffer[start + size:]
+            if opcode == 0x1:
+                self._resolve(payload)
+            elif opcode == 0x8:
+                self._resolve(RuntimeError(f"server closed the session: {payload!r}"))
+
+    def _resolve(self, value: bytes | Exception) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(value) if isinstance(value, Exception) else waiter.set_result(value)
+
+    def request(self, data: bytes) -> asyncio.Future[bytes]:
+        self.waiter = asyncio.get_running_loop().create_future()
+        assert self.transport is not None
+        self.transport.write(data)
+        return self.waiter
+
+
+async def _open(host: str, port: int) -> _RawSession:
+    loop = asyncio.get_running_loop()
+    _, session = await loop.create_connection(lambda: _RawSession(host), host, port)
+    handshake = (
+        f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    await session.request(handshake.encode())
+    return session
+
+
+async def _load(url: str, sessions: int, seconds: float, warmup: float) -> tuple[float, float, float]:
+    """N sessions stepping back to back; returns (steps/s, p50 ms, p99 ms) after the warm-up."""
+    host, port = url.removeprefix("http://").split(":")
+    step, reset, close = (_client_frame(f) for f in (STEP_FRAME, RESET_FRAME, '{"type":"close"}'))
+    conns = [await _open(host, int(port)) for _ in range(sessions)]
+    for conn in conns:
+        await conn.request(reset)
+    latencies: list[float] = []
+    start = time.perf_counter()
+    measure_from, stop_at = start + warmup, start + warmup + seconds
+
+    async def run(conn: _RawSession) -> int:
+        steps, perf = 0, time.perf_counter
+        while True:
+            t0 = perf()
+            if t0 >= stop_at:
+                return steps
+            reply = await conn.request(step)
+            if b'"observation"' not in reply[:24]:
+                raise RuntimeError(f"not an observation: {reply[:200]!r}")
+            if t0 >= measure_from:
+                latencies.append(perf() - t0)
+                steps += 1
+
+    total = sum(await asyncio.gather(*(run(conn) for conn in conns)))
+    for conn in conns:
+        assert conn.transport is not None
+        conn.transport.write(close)
+        conn.transport.close()
+    latencies.sort()
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3  # noqa: E731
+    return total / seconds, pick(0.5), pick(0.99)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--warmup", type=float, default=0.5)
+    parser.add_argument("--sessions", default="1,16,64,256")
+    parser.add_argument("--rounds", type=int, default=2, help="Runs per level; the best is kept.")
+    parser.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.echo_server:
+        echo_server(args.echo_server)
+        return
+    if not OPENENV_PYTHON.exists():
+        sys.exit(f"{OPENENV_PYTHON} is missing: create it with `python -m venv .venv-openenv && "
+                 ".venv-openenv/bin/pip install openenv-core==0.3.0` (the interop tests do this).")
+    os.sched_setaffinity(0, {CLIENT_CPU})
+    levels = [int(n) for n in args.sessions.split(",")]
+    servers = ("openenv-core", "agilerl", "aiohttp-echo")
+    started = {name: _start(name, max(levels) + 8) for name in servers}
+    results: dict[str, dict[int, tuple[float, float, float]]] = {name: {} for name in servers}
+    try:  # interleaved rounds, best round kept: other load on the machine hits all servers alike
+        for n in levels:
+            for _ in range(args.rounds):
+                for name in servers:
+                    run = asyncio.run(_load(started[name][1], n, args.seconds, args.warmup))
+                    if run[0] > results[name].get(n, (0.0,))[0]:
+                        results[name][n] = run
+    finally:
+        for proc, _ in started.values():
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    print(f"{'sessions':>8} {'server':>13} {'steps/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'x openenv steps/s':>18} {'openenv p99 / p99':>18}")
+    for n in levels:
+        base_rate, _, base_p99 = results["openenv-core"][n]
+        for name in servers:
+            rate, p50, p99 = results[name][n]
+            print(f"{n:>8} {name:>13} {rate:>9.0f} {p50:>7.2f} {p99:>7.2f} "
+                  f"{rate / base_rate:>18.2f} {base_p99 / p99:>18.2f}")
+
+
+if __name__ == "__main__":
+    main()
