@@ -1,10 +1,10 @@
 """RolloutCollector against its ideal: 16 x 4 slots, 5 turns, an env that sleeps 20 ms a step.
 
 The ideal is the env latency alone (5 x 20 ms) plus the measured generation time: everything
-else (threads, tokenizing, bookkeeping) is overhead. A sequential loop over the same 64 slots,
+else (threads, tokenizing, bookkeeping) is overhead. A sequential loop over the same slots,
 in the same run, is the baseline the concurrency must beat. Scripted policy: no model.
 
-    python bench/collector.py [--repeats 7] [--no-remote]
+    python bench/collector.py [--repeats 7] [--batch-size 16 --group-size 4] [--no-remote]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from agilerl.core.collect.policy import SamplingParams, ScriptedPolicy
 from agilerl.core.harness import RolloutHarness
 from agilerl.core.remote.client import RemoteEnvClient
 
-BATCH, GROUP, TURNS, LATENCY_S = 16, 4, 5, 0.020
+TURNS, LATENCY_S = 5, 0.020
 
 
 class SleepyEnv:
@@ -52,10 +52,10 @@ def _report(name: str, wall_s: float, ideal_s: float, extra: str = "") -> None:
           f"ratio to ideal: {wall_s / ideal_s:.2f}{extra}")
 
 
-def bench_collector(name: str, factory: Any, tokenizer: Any, repeats: int) -> float:
+def bench_collector(name: str, factory: Any, tokenizer: Any, slots: tuple[int, int], repeats: int) -> float:
     """Median wall time of ``repeats`` batches; also reports the best batch (least disturbed)."""
     policy = ScriptedPolicy(tokenizer, "5")
-    settings = {"batch_size": BATCH, "group_size": GROUP, "max_turns": TURNS, "seed": 0}
+    settings = {"batch_size": slots[0], "group_size": slots[1], "max_turns": TURNS, "seed": 0}
     with RolloutCollector(factory, tokenizer, **settings) as collector:
         collector.collect(policy)  # warm-up: threads, template caches, connections
         runs = sorted((collector.collect(policy).stats for _ in range(repeats)), key=lambda s: s.wall_time_s)
@@ -66,10 +66,11 @@ def bench_collector(name: str, factory: Any, tokenizer: Any, repeats: int) -> fl
     return median.wall_time_s
 
 
-def bench_sequential(tokenizer: Any) -> float:
-    """The same 64 episodes played one after another, one harness per slot."""
+def bench_sequential(tokenizer: Any, slots: tuple[int, int]) -> float:
+    """The same episodes played one after another, one harness per slot."""
     policy = ScriptedPolicy(tokenizer, "5")
-    harnesses = [RolloutHarness.local(SleepyEnv(), tokenizer) for _ in range(BATCH * GROUP)]
+    count = slots[0] * slots[1]
+    harnesses = [RolloutHarness.local(SleepyEnv(), tokenizer) for _ in range(count)]
     params = SamplingParams(stop_token_ids=(harnesses[0].renderer.end_of_turn_id,))
     start = time.perf_counter()
     generation_s = 0.0
@@ -81,18 +82,18 @@ def bench_sequential(tokenizer: Any) -> float:
             generation_s += time.perf_counter() - t0
             prompt, *_ = harness.step(completion.token_ids)
     wall = time.perf_counter() - start
-    _report("sequential loop (64 slots)", wall, BATCH * GROUP * TURNS * LATENCY_S + generation_s)
+    _report(f"sequential loop ({count} slots)", wall, count * TURNS * LATENCY_S + generation_s)
     return wall
 
 
 @contextmanager
-def env_server() -> Iterator[str]:
+def env_server(sessions: int) -> Iterator[str]:
     """``agilerl serve`` of ``SleepyEnv`` in its own process (as a real env server runs)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "agilerl", "serve", f"{Path(__file__).resolve()}:SleepyEnv",
-               "--port", str(port), "--max-concurrent-envs", str(BATCH * GROUP + 1)]
+               "--port", str(port), "--max-concurrent-envs", str(sessions)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -114,17 +115,22 @@ def env_server() -> Iterator[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--no-remote", action="store_true", help="skip the remote-server setting")
     args = parser.parse_args()
+    slots = (args.batch_size, args.group_size)
     tokenizer = build_tiny_tokenizer("chatml")
-    print(f"{BATCH} x {GROUP} slots, {TURNS} turns, env latency {LATENCY_S * 1000:.0f} ms, "
+    print(f"{slots[0]} x {slots[1]} slots, {TURNS} turns, env latency {LATENCY_S * 1000:.0f} ms, "
           f"median of {args.repeats}")
-    in_process = bench_collector("collector, in-process envs", SleepyEnv, tokenizer, args.repeats)
+    in_process = bench_collector("collector, in-process envs", SleepyEnv, tokenizer, slots, args.repeats)
     remote = None
     if not args.no_remote:
-        with env_server() as url:
-            remote = bench_collector("collector, remote envs (WebSocket)", lambda: RemoteEnvClient(url), tokenizer, args.repeats)
-    sequential = bench_sequential(tokenizer)
+        with env_server(slots[0] * slots[1] + 1) as url:
+            remote = bench_collector(
+                "collector, remote envs (WebSocket)", lambda: RemoteEnvClient(url), tokenizer, slots, args.repeats
+            )
+    sequential = bench_sequential(tokenizer, slots)
     print(f"in-process collector vs sequential loop: {sequential / in_process:.1f}x faster")
     if remote is not None:
         print(f"remote collector vs sequential loop: {sequential / remote:.1f}x faster")
