@@ -26,6 +26,7 @@ from agilerl.errors import AgileRLError
 T = TypeVar("T")
 
 _RETRIED_AT_RESET = frozenset({ErrorCode.CAPACITY_REACHED.value, ErrorCode.SESSION_ERROR.value})
+_SERVER_CLOSES_AFTER = _RETRIED_AT_RESET | {ErrorCode.FACTORY_ERROR.value}
 _CLOSE_FRAME = encode({"type": "close"})
 _next_replica = itertools.count()
 
@@ -250,19 +251,34 @@ class RemoteEnvClient(EnvClient):
                 f"{self.request_timeout_s:g} s; the session was dropped and this episode is over."
             ) from None
         except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
-            raise _ConnectionLost(str(exc) or type(exc).__name__) from exc
-        if msg.type is aiohttp.WSMsgType.TEXT or msg.type is aiohttp.WSMsgType.BINARY:
-            reply = decode(msg.data)
-        else:
+            raise _ConnectionLost(await self._why_closed(ws, exc)) from exc
+        if msg.type is not aiohttp.WSMsgType.TEXT and msg.type is not aiohttp.WSMsgType.BINARY:
             raise _ConnectionLost(f"the server closed the connection (code {ws.close_code})")
+        reply = decode(msg.data)
         if not isinstance(reply, dict):
             raise RemoteEnvError(f"{self.url} sent a frame that is not a JSON object: {str(reply)[:200]}")
         data = reply.get("data")
         if reply.get("type") == "error":
             data = data if isinstance(data, dict) else {}
             code = data.get("code")
+            if code in _SERVER_CLOSES_AFTER:
+                await self._drop()
             raise RemoteEnvError(f"{self.url} answered {what} with {code}: {data.get('message', '')}", code)
         return data
+
+    @staticmethod
+    async def _why_closed(ws: Any, exc: BaseException) -> str:
+        """The server's last word (an error frame sent before it closed), if it left one."""
+        import aiohttp
+
+        try:
+            msg = await ws.receive(timeout=0.2)
+            if msg.type is aiohttp.WSMsgType.TEXT:
+                data = decode(msg.data).get("data") or {}
+                return f"{data.get('code')}: {data.get('message')}"
+        except Exception:  # nothing readable left: the original error is the reason
+            pass
+        return str(exc) or type(exc).__name__
 
     def _observation(self, data: Any) -> StepResult:
         """Read an observation reply; ``metadata`` may sit in the observation, beside it, or nowhere."""

@@ -257,7 +257,10 @@ class EnvServer:
 
     async def _ws(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(
-            heartbeat=self._heartbeat_s, max_msg_size=self._max_message_bytes, compress=False
+            timeout=2.0,  # for the peer's close reply; a silent peer must not hold the slot long
+            heartbeat=self._heartbeat_s,
+            max_msg_size=self._max_message_bytes,
+            compress=False,
         )
         if self._stopping or self._active >= self.max_concurrent_envs:
             await ws.prepare(request)
