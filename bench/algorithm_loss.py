@@ -1,0 +1,99 @@
+"""Cost of each algorithm's loss + backward against a plain NLL step on the same batch.
+
+The baseline is what any trainer pays anyway: one forward pass, token log-probs, a masked mean
+and backward. The ratio is what advantages, ratios, GAE and value heads add on top. Also times
+``collate_trajectories`` against the baseline step. Run: ``python bench/algorithm_loss.py``.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+import torch
+
+from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+from agilerl.core.train.algorithm import build_algorithm
+from agilerl.core.train.batch import collate_trajectories
+from agilerl.core.train.logprobs import masked_mean, policy_logprobs
+from agilerl.core.trajectory import Trajectory
+
+BATCH, GROUP, TURNS, PROMPT, COMPLETION, OBSERVATION = 16, 8, 6, 64, 40, 12
+ROUNDS = 9
+
+
+def rollouts(vocab: int) -> list[Trajectory]:
+    rng = random.Random(0)
+    out = []
+    for index in range(BATCH):
+        turns = rng.randint(1, TURNS)
+        traj = Trajectory(group=index // GROUP, rewards=[rng.random() for _ in range(turns)])
+        traj.token_ids = [rng.randrange(vocab) for _ in range(PROMPT)]
+        traj.action_mask, traj.turn_ids = [False] * PROMPT, [-1] * PROMPT
+        for turn in range(turns):
+            traj.token_ids += [rng.randrange(vocab) for _ in range(COMPLETION + OBSERVATION)]
+            traj.action_mask += [True] * COMPLETION + [False] * OBSERVATION
+            traj.turn_ids += [turn] * (COMPLETION + OBSERVATION)
+        out.append(traj)
+    return out
+
+
+def seconds(step) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def paired(step, baseline) -> tuple[float, float]:
+    """Median time of ``step`` and median of its per-round ratio to ``baseline``, interleaved
+    so that load from other processes hits both alike."""
+    step(), baseline()  # warm-up
+    rounds = [(seconds(step), seconds(baseline)) for _ in range(ROUNDS)]
+    return statistics.median(t for t, _ in rounds), statistics.median(t / b for t, b in rounds)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    tokenizer = build_tiny_tokenizer("chatml")
+    model = build_tiny_model(tokenizer)
+    trajs = rollouts(len(tokenizer))
+    batch = collate_trajectories(trajs, pad_id=tokenizer.pad_token_id)
+    reference = build_tiny_model(tokenizer, seed=1).eval()
+
+    def baseline() -> None:
+        model.zero_grad()
+        logprobs = policy_logprobs(model, batch.input_ids, batch.attention_mask)
+        (-masked_mean(logprobs, batch.loss_mask)).backward()
+
+    base, _ = paired(baseline, baseline)
+    collate, collate_ratio = paired(lambda: collate_trajectories(trajs, pad_id=0), baseline)
+    print(f"batch {tuple(batch.input_ids.shape)}, {int(batch.loss_mask.sum())} action tokens")
+    print(f"baseline NLL step: {base * 1e3:.1f} ms")
+    print(f"collate_trajectories: {collate * 1e3:.2f} ms ({collate_ratio:.3f}x baseline)")
+    print("| algorithm | ms/step | vs baseline |\n|---|---|---|")
+    for section in (
+        {"name": "grpo"},
+        {"name": "grpo", "beta": 0.04},
+        {"name": "cispo"},
+        {"name": "gspo"},
+        {"name": "llmppo", "advantage_granularity": "token"},
+        {"name": "llmppo", "advantage_granularity": "turn"},
+        {"name": "llmreinforce", "advantage_granularity": "token"},
+    ):
+        algorithm = build_algorithm(section)
+        policy = algorithm.prepare_policy(model)
+
+        def step() -> None:
+            policy.zero_grad()
+            algorithm.loss(policy, batch, reference)[0].backward()
+
+        took, ratio = paired(step, baseline)
+        label = ", ".join(f"{k}={v}" for k, v in section.items() if k != "name")
+        name = f"{section['name']} ({label})" if label else section["name"]
+        print(f"| {name} | {took * 1e3:.1f} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
