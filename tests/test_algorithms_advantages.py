@@ -162,3 +162,10 @@ def test_discounted_returns_and_leave_one_out_baseline():
     assert returns.tolist() == [[1.5, 1.0, 2.0]]
     baseline = leave_one_out_mean(torch.tensor([1.0, 2.0, 3.0, 5.0]), torch.tensor([0, 0, 0, 1]))
     assert baseline.tolist() == [2.5, 2.0, 1.5, 0.0]
+
+
+def test_to_moves_every_tensor_and_keeps_missing_logprobs_missing():
+    batch = collate_trajectories([two_turns([1.0]), two_turns([0.0])], pad_id=0)
+    moved = batch.to("meta")
+    assert moved.input_ids.device.type == "meta" and moved.turn_mask.device.type == "meta"
+    assert moved.old_logprobs is None and batch.input_ids.device.type == "cpu"
