@@ -4,12 +4,13 @@ The ideal is the env latency alone (5 x 20 ms) plus the measured generation time
 else (threads, tokenizing, bookkeeping) is overhead. A sequential loop over the same slots,
 in the same run, is the baseline the concurrency must beat. Scripted policy: no model.
 
-    python bench/collector.py [--repeats 7] [--batch-size 16 --group-size 4] [--no-remote]
+    python bench/collector.py [--repeats 7] [--batch-size 16 --group-size 4] [--latency-ms 20] [--no-remote]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from agilerl.core.collect.policy import SamplingParams, ScriptedPolicy
 from agilerl.core.harness import RolloutHarness
 from agilerl.core.remote.client import RemoteEnvClient
 
-TURNS, LATENCY_S = 5, 0.020
+TURNS = 5
+LATENCY_S = float(os.environ.get("BENCH_LATENCY_MS", "20")) / 1000  # the server process reads it too
 
 
 class SleepyEnv:
@@ -118,7 +120,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--no-remote", action="store_true", help="skip the remote-server setting")
+    parser.add_argument("--latency-ms", type=float, help="env latency (default 20; or $BENCH_LATENCY_MS)")
     args = parser.parse_args()
+    if args.latency_ms is not None:
+        global LATENCY_S
+        LATENCY_S = args.latency_ms / 1000
+        os.environ["BENCH_LATENCY_MS"] = str(args.latency_ms)
     slots = (args.batch_size, args.group_size)
     tokenizer = build_tiny_tokenizer("chatml")
     print(f"{slots[0]} x {slots[1]} slots, {TURNS} turns, env latency {LATENCY_S * 1000:.0f} ms, "
