@@ -1,0 +1,232 @@
+"""The remote client: observation reading, foreign reply shapes, MCP steps, retries, replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from aiohttp import WSMsgType, web
+
+from agilerl.core.remote.client import RemoteEnvClient, RemoteEnvError
+from agilerl.core.remote.loop import LoopThread, shared_loop
+from agilerl.core.remote.observations import ObservationError, default_text, text_from_field
+from agilerl.core.remote.server import resolve_env
+from agilerl.errors import AgileRLError
+from tests.test_remote_server import assert_all_closed_once, fresh_env_class
+
+Reply = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@pytest.fixture
+def foreign_server() -> Iterator[Callable[[Reply], tuple[str, list[dict[str, Any]]]]]:
+    """A hand-written OpenEnv-style server: ``reply(frame) -> data`` shapes each observation."""
+    threads: list[tuple[LoopThread, web.AppRunner]] = []
+
+    def start(reply: Reply) -> tuple[str, list[dict[str, Any]]]:
+        received: list[dict[str, Any]] = []
+
+        async def ws_handler(request: web.Request) -> web.WebSocketResponse:
+            ws = web.WebSocketResponse()
+            await ws.prepare(request)
+            async for msg in ws:
+                if msg.type is not WSMsgType.TEXT:
+                    break
+                frame = json.loads(msg.data)
+                received.append(frame)
+                if frame["type"] == "close":
+                    break
+                await ws.send_str(json.dumps({"type": "observation", "data": reply(frame)}))
+            return ws
+
+        async def boot() -> tuple[str, web.AppRunner]:
+            app = web.Application()
+            app.router.add_get("/ws", ws_handler)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            return f"ws://127.0.0.1:{runner.addresses[0][1]}/ws", runner
+
+        thread = LoopThread("foreign-server")
+        url, runner = thread.run(boot())
+        threads.append((thread, runner))
+        return url, received
+
+    yield start
+    for thread, runner in threads:
+        thread.run(runner.cleanup())
+        thread.stop()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"observation": {"text": "hi", "metadata": {"k": 1}}, "reward": 2, "done": False},
+        {"observation": {"text": "hi"}, "metadata": {"k": 1}, "reward": 2, "done": False},
+    ],
+    ids=["metadata-nested", "metadata-top-level"],
+)
+def test_metadata_is_read_wherever_it_sits(foreign_server: Any, data: dict[str, Any]) -> None:
+    url, _ = foreign_server(lambda frame: data)
+    with RemoteEnvClient(url) as client:
+        assert client.reset() == ("hi", {"k": 1})
+        assert client.step("x") == ("hi", 2.0, False, False, {"k": 1})
+
+
+def test_absent_metadata_reward_and_truncation(foreign_server: Any) -> None:
+    url, _ = foreign_server(lambda frame: {"observation": {"stdout": "42\n"}, "done": True})
+    with RemoteEnvClient(url) as client:
+        assert client.step.__self__ is client
+        client.reset()
+        assert client.step("print(42)") == ("42\n", 0.0, True, False, {})
+
+
+def test_truncated_rides_in_the_observation(foreign_server: Any) -> None:
+    url, _ = foreign_server(lambda frame: {"observation": {"text": "t", "truncated": True}, "done": True})
+    with RemoteEnvClient(url) as client:
+        client.reset()
+        assert client.step("x")[2:4] == (False, True)
+
+
+def test_action_field_names_the_step_field(foreign_server: Any) -> None:
+    url, received = foreign_server(lambda frame: {"observation": {"text": "ok"}})
+    with RemoteEnvClient(url, action_field="code") as client:
+        client.reset(seed=3, row_index=2)
+        client.step("print(1)")
+    assert received[0] == {"type": "reset", "data": {"seed": 3, "row_index": 2}}
+    assert received[1] == {"type": "step", "data": {"code": "print(1)"}}
+    assert received[2] == {"type": "close"}
+
+
+def test_mcp_tool_steps_call_the_tool_and_read_its_text(foreign_server: Any) -> None:
+    def reply(frame: dict[str, Any]) -> dict[str, Any]:
+        if frame["type"] == "reset":
+            return {"observation": {}, "done": False}
+        code = frame["data"]["arguments"]["code"]
+        result = {"content": [{"type": "text", "text": f"ran {code}"}], "is_error": False}
+        return {"observation": {"tool_name": "run", "result": result}, "reward": 1.0, "done": False}
+
+    url, received = foreign_server(reply)
+    with RemoteEnvClient(url, mcp_tool="run", action_field="code") as client:
+        assert client.reset() == ("", {})  # an empty observation reads as ""
+        assert client.step("1+1")[0] == "ran 1+1"
+    assert received[1]["data"] == {"type": "call_tool", "tool_name": "run", "arguments": {"code": "1+1"}}
+
+
+def test_observation_field_and_processors(foreign_server: Any, tmp_path: Any) -> None:
+    observation = {"board": {"rows": ["x..", ".o."]}, "legal": [1, 2], "turn": "x"}
+    url, _ = foreign_server(lambda frame: {"observation": observation})
+    (tmp_path / "procs.py").write_text("def board(obs):\n    return '\\n'.join(obs['board']['rows'])\n")
+    readers = {
+        "board.rows.1": {"observation_field": "board.rows.1"},
+        "x..\n.o.": {"observation_processor": "procs.py:board", "base_dir": tmp_path},
+        '{"board":{"rows":["x..",".o."]},"legal":[1,2],"turn":"x"}': {"observation_processor": "json"},
+    }
+    for expected, options in readers.items():
+        with RemoteEnvClient(url, **options) as client:
+            text = client.reset()[0]
+            assert text == (".o." if expected == "board.rows.1" else expected)
+    with RemoteEnvClient(url) as client:  # "turn" is the one string field
+        assert client.reset()[0] == "x"
+
+
+def test_default_rules_and_their_errors() -> None:
+    assert default_text({"prompt": "p", "text": "t"}) == "t"
+    assert default_text({"echoed_message": "e", "length": 1}) == "e"
+    assert default_text({"metadata": {"a": 1}, "done": False}) == ""
+    assert default_text({"tool_name": "t", "result": None, "error": {"message": "bad args"}}) == "Error: bad args"
+    with pytest.raises(ObservationError, match=r"fields: a, b\); set observation_field"):
+        default_text({"a": "1", "b": "2"})
+    with pytest.raises(ObservationError, match="no 'c' in the observation"):
+        text_from_field({"a": {"b": 1}}, "a.c")
+    assert text_from_field({"a": {"b": [1, {"c": 2}]}}, "a.b") == '[1,{"c":2}]'
+
+
+def test_bad_processors_are_reported(foreign_server: Any) -> None:
+    url, _ = foreign_server(lambda frame: {"observation": {"text": "t"}})
+    with pytest.raises(AgileRLError, match="no processor"):
+        RemoteEnvClient(url, observation_processor="no-such-processor")
+    with RemoteEnvClient(url, observation_processor=lambda obs: 3) as client:  # type: ignore[arg-type, return-value]
+        with pytest.raises(ObservationError, match="returned int; it must return str"):
+            client.reset()
+
+
+def test_connection_errors_at_reset_are_retried_until_the_server_is_up() -> None:
+    env_cls = fresh_env_class()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = RemoteEnvClient(f"http://127.0.0.1:{port}", retry_budget_s=20)
+    pending = shared_loop().submit(client._reset(4, None, None))
+    time.sleep(0.4)
+    assert not pending.done()
+    _, server = resolve_env(env_cls, port=port)
+    with server:
+        assert pending.result(timeout=20)[0] == "start 4"
+        client.close()
+        assert_all_closed_once(server, env_cls, built=1)
+
+
+def test_unreachable_server_fails_with_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RemoteEnvError, match=r"could not start an episode .* within retry_budget_s=0.3"):
+        RemoteEnvClient(f"127.0.0.1:{port}", retry_budget_s=0.3).reset()
+
+
+def test_replicas_spread_sessions_and_skip_full_or_dead_ones() -> None:
+    env_a, env_b = fresh_env_class(), fresh_env_class()
+    url_a, server_a = resolve_env(env_a, max_concurrent_envs=2)
+    url_b, server_b = resolve_env(env_b, max_concurrent_envs=2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with server_a, server_b:
+        clients = [RemoteEnvClient([dead, url_a, url_b], retry_budget_s=10) for _ in range(4)]
+        for client in clients:
+            client.reset()
+        assert (server_a.active_sessions, server_b.active_sessions) == (2, 2)
+        assert {c.url for c in clients} == {url_a, url_b}
+        with pytest.raises(RemoteEnvError, match="CAPACITY_REACHED"):
+            RemoteEnvClient([url_a, url_b], retry_budget_s=0.3).reset()
+        metadata = clients[0].server_metadata()
+        assert metadata["max_concurrent_envs"] == 4 and len(metadata["replicas"]) == 2
+        for client in clients:
+            client.close()
+        assert_all_closed_once(server_a, env_a, built=2)
+        assert_all_closed_once(server_b, env_b, built=2)
+
+
+def client_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if not t.name.startswith("agilerl-env")}
+
+
+def test_async_api_from_another_event_loop_and_sync_api_inside_the_loop_is_refused() -> None:
+    env_cls = fresh_env_class()
+    url, server = resolve_env(env_cls, {"max_turns": 100})
+
+    async def many_sessions() -> list[str]:
+        clients = [RemoteEnvClient(url) for _ in range(50)]
+        await asyncio.gather(*(c.areset(seed=i) for i, c in enumerate(clients)))
+        steps = await asyncio.gather(*(c.astep(f"s{i}") for i, c in enumerate(clients)))
+        state = await clients[0].astate()
+        await asyncio.gather(*(c.aclose() for c in clients))
+        return [s[0] for s in steps] + [str(state["step_count"])]
+
+    async def sync_inside_loop() -> None:
+        RemoteEnvClient(url).reset()
+
+    with server:
+        threads_before = client_threads()
+        assert asyncio.run(many_sessions()) == [f"S{i}" for i in range(50)] + ["1"]
+        assert len(client_threads() - threads_before) <= 1  # the shared loop, not one per session
+        with pytest.raises(AgileRLError, match="await the async method"):
+            shared_loop().run(sync_inside_loop())
+        assert_all_closed_once(server, env_cls, built=50)
