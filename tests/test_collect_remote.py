@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from agilerl.core.collect.collector import CollectionError, RolloutCollector
@@ -80,3 +83,33 @@ def test_a_server_killed_mid_collection_fails_its_slots_not_the_batch(serve, cha
     assert sorted((f.slot, f.phase) for f in batch.stats.failures) == [(0, "step"), (2, "step")]
     assert all(batch.trajectories[i].num_turns == 1 for i in failed)  # the turn before the kill is kept
     assert all(batch.trajectories[i].total_reward == 2.0 for i in (1, 3))
+
+
+class SlowOnSeed0Env(GuessEnv):
+    """Like GuessEnv, but the episode with the first task's seed hangs (awaiting, on the server)."""
+
+    hang_seed: int | None = None
+
+    async def step(self, action):
+        if self.seed == type(self).hang_seed:
+            await asyncio.sleep(2)
+        return super().step(action)
+
+
+def test_a_remote_step_past_the_timeout_is_cancelled_and_reported(chatml_tokenizer):
+    from agilerl.core.collect.assigner import TaskAssigner
+
+    SlowOnSeed0Env.hang_seed = TaskAssigner(9, seed=0).assign(1, 1)[0].seed  # batch item 0's seed
+    url, server = resolve_env(SlowOnSeed0Env, max_concurrent_envs=8)
+    try:
+        factory = lambda: RemoteEnvClient(url)
+        with RolloutCollector(factory, chatml_tokenizer, batch_size=2, group_size=2, max_turns=2, seed=0, env_timeout_s=0.5) as c:
+            start = time.perf_counter()
+            batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="even"))
+            elapsed = time.perf_counter() - start
+    finally:
+        server.stop()
+    assert elapsed < 3
+    assert sorted((f.slot, f.phase) for f in batch.stats.failures) == [(0, "step"), (1, "step")]
+    assert all("env_timeout_s=0.5" in batch.trajectories[i].error for i in (0, 1))
+    assert all(t.error is None and t.num_turns == 2 for t in batch.trajectories[2:])
