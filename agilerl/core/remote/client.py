@@ -212,6 +212,7 @@ class RemoteEnvClient(EnvClient):
             return
         try:
             await ws.send_frame(_CLOSE_FRAME, aiohttp.WSMsgType.TEXT)
+            await ws.receive(timeout=self.connect_timeout_s)  # the server closes first
             await asyncio.wait_for(ws.close(), timeout=self.connect_timeout_s)
         except (ConnectionError, RuntimeError, asyncio.TimeoutError):
             pass  # the server ends the session (and closes its env) either way
