@@ -69,8 +69,8 @@ def run_in_threads(
         if future in done:
             results.append(future.exception() or future.result())
         else:
-            future.cancel()
-            pool.add_worker()
+            if not future.cancel():  # it is running: its worker is stuck, replace it
+                pool.add_worker()
             results.append(_timeout(what, timeout_s))
     return results
 
