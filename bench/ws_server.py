@@ -226,7 +226,7 @@ async def _load(url: str, sessions: int, seconds: float, warmup: float) -> tuple
         conn.transport.write(close)
         conn.transport.close()
     latencies.sort()
-    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3  # noqa: E731
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3
     return total / seconds, pick(0.5), pick(0.99)
 
 

@@ -15,7 +15,11 @@ from aiohttp import WSMsgType, web
 
 from agilerl.core.remote.client import RemoteEnvClient, RemoteEnvError
 from agilerl.core.remote.loop import LoopThread, shared_loop
-from agilerl.core.remote.observations import ObservationError, default_text, text_from_field
+from agilerl.core.remote.observations import (
+    ObservationError,
+    default_text,
+    text_from_field,
+)
 from agilerl.core.remote.server import resolve_env
 from agilerl.errors import AgileRLError
 from tests.test_remote_server import assert_all_closed_once, fresh_env_class

@@ -107,7 +107,7 @@ def openenv_python() -> Path:
     """The venv's python, with openenv-core installed (from pip's configured indexes)."""
     python = VENV / "bin" / "python"
     probe = [str(python), "-c", "import openenv.core, fastmcp, uvicorn"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+    if python.exists() and subprocess.run(probe, check=False, capture_output=True).returncode == 0:
         return python
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
@@ -192,7 +192,7 @@ def test_openenv_generic_client_drives_our_server(openenv_python: Path, tmp_path
     '''))
     url, server = resolve_env(env_cls, {"max_turns": 5})
     with server:
-        done = subprocess.run([str(openenv_python), str(script), url], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([str(openenv_python), str(script), url], check=False, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr[-3000:]
         seen = json.loads(done.stdout.strip().splitlines()[-1])
         assert seen["reset"] == {"text": "start 5", "truncated": False, "metadata": {"seed": 5}}

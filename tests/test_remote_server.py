@@ -14,7 +14,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
@@ -26,7 +26,7 @@ from agilerl.core.remote.server import resolve_env
 class CountedEnv:
     """Counts steps; truncates at max_turns; records each close."""
 
-    instances: list[CountedEnv] = []
+    instances: ClassVar[list[CountedEnv]] = []
 
     def __init__(self, max_turns: int = 3, step_sleep_s: float = 0.0, fail_on: str | None = None) -> None:
         self.max_turns, self.step_sleep_s, self.fail_on = max_turns, step_sleep_s, fail_on
@@ -127,7 +127,7 @@ def test_health_metadata_and_schema(env_cls: type[CountedEnv]) -> None:
     env_cls.dataset_size = 12  # type: ignore[attr-defined]
     url, server = resolve_env(env_cls, max_concurrent_envs=5)
     with server, RemoteEnvClient(url) as client:
-        get = lambda path: json.loads(urllib.request.urlopen(url + path, timeout=5).read())  # noqa: E731
+        get = lambda path: json.loads(urllib.request.urlopen(url + path, timeout=5).read())
         assert get("/health") == {"status": "healthy"}
         client.reset()
         meta = get("/metadata")
@@ -280,7 +280,7 @@ def test_clients_that_vanish_mid_episode_free_their_sessions(env_cls: type[Count
         asyncio.run(main())
     """))
     with server:
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120)
         assert done.stdout.strip() == "stepped 500", done.stderr[-2000:]
         assert_all_closed_once(server, env_cls, built=500)
 

@@ -20,7 +20,10 @@ from agilerl.core.client import EnvClient
 from agilerl.core.protocol import StepResult
 from agilerl.core.remote.frames import ErrorCode, decode, encode
 from agilerl.core.remote.loop import client_session, shared_loop
-from agilerl.core.remote.observations import ObservationProcessor, make_observation_reader
+from agilerl.core.remote.observations import (
+    ObservationProcessor,
+    make_observation_reader,
+)
 from agilerl.errors import AgileRLError
 
 T = TypeVar("T")
@@ -330,8 +333,7 @@ class RemoteEnvClient(EnvClient):
 def _http_base(url: str) -> str:
     """``ws://h:p/ws``, ``http://h:p/`` and ``h:p`` all name the server ``http://h:p``."""
     url = url.strip().rstrip("/")
-    if url.endswith("/ws"):
-        url = url[: -len("/ws")]
+    url = url.removesuffix("/ws")
     for ws_scheme, http_scheme in (("ws://", "http://"), ("wss://", "https://")):
         if url.startswith(ws_scheme):
             return http_scheme + url[len(ws_scheme):]

@@ -34,8 +34,8 @@ class _Lenient(BaseModel):
 
 class ResetData(_Lenient):
     seed: int | None = None
-    row_index: int | None = Field(None, ge=0, description="Dataset envs: the row to play.")
-    evaluation: bool | None = Field(None, description="Dataset envs: draw from the test split.")
+    row_index: int | None = Field(default=None, ge=0, description="Dataset envs: the row to play.")
+    evaluation: bool | None = Field(default=None, description="Dataset envs: draw from the test split.")
 
 
 class StepData(_Lenient):
@@ -44,7 +44,7 @@ class StepData(_Lenient):
 
 class ResetFrame(_Lenient):
     type: Literal["reset"]
-    data: ResetData = Field(default_factory=ResetData)
+    data: ResetData = Field(default_factory=lambda: ResetData())
 
 
 class StepFrame(_Lenient):

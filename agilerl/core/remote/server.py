@@ -1,9 +1,7 @@
 """Serve any text env over OpenEnv's WebSocket protocol (aiohttp), one fresh env per session.
 
-Speed comes from not handing every frame to a thread: a synchronous env call runs inline on the
-event loop while it is fast, and a method moves to the thread pool (for every session of this
-server) as soon as one call takes longer than ``inline_budget_s``, so a slow env never stalls
-the other sessions for more than that one call.
+Env calls go through ``EnvCaller`` (inline while fast, thread pool once slow); each session's
+env is closed exactly once, whatever ends the session.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from agilerl.core.remote.caller import EnvCaller
 from agilerl.core.remote.frames import (
     ErrorCode,
     FrameError,
@@ -45,65 +44,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 
 
-class EnvCaller:
-    """Runs env calls: inline while fast, in the thread pool once slow, awaited when async.
-
-    A method moves to the pool after ``SLOW_STRIKES`` calls over the budget (a thread switch
-    can stretch one fast call), or at once after a call over ``10 x`` the budget. Decisions are
-    per method name and shared by all sessions: they all run one factory's envs.
-    """
-
-    SLOW_STRIKES = 3
-    STRIKES_FORGOTTEN_AFTER = 1000  # fast calls
-
-    def __init__(self, pool: ThreadPoolExecutor, inline_budget_s: float) -> None:
-        self._pool = pool
-        self._budget = inline_budget_s
-        self._offloaded: set[str] = set() if inline_budget_s > 0 else {"reset", "step", "state"}
-        self._strikes: dict[str, int] = {}
-        self._fast_calls: dict[str, int] = {}
-
-    async def call(self, key: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if key in self._offloaded:
-            result = await self.in_pool(fn, *args, **kwargs)
-        else:
-            start = time.perf_counter()
-            try:
-                result = fn(*args, **kwargs)
-            finally:
-                self._record(key, time.perf_counter() - start)
-        if type(result) is not tuple and inspect.isawaitable(result):  # async def env methods
-            result = await result
-        return result
-
-    def _record(self, key: str, duration: float) -> None:
-        if duration <= self._budget:
-            fast = self._fast_calls.get(key, 0) + 1
-            if fast >= self.STRIKES_FORGOTTEN_AFTER:
-                self._strikes[key] = fast = 0
-            self._fast_calls[key] = fast
-            return
-        strikes = self._strikes.get(key, 0) + 1
-        self._strikes[key] = strikes
-        if strikes >= self.SLOW_STRIKES or duration > 10 * self._budget:
-            self._offloaded.add(key)
-            log.info("env.%s took %.1f ms: running it in the thread pool from now on", key, duration * 1e3)
-
-    async def in_pool(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-    @property
-    def offloaded(self) -> frozenset[str]:
-        """Method names now running in the thread pool."""
-        return frozenset(self._offloaded)
-
-
 class _Session:
-    __slots__ = ("ws", "env", "busy", "last_active", "steps", "episode_id")
+    __slots__ = ("busy", "env", "episode_id", "last_active", "steps", "ws")
 
     def __init__(self, ws: web.WebSocketResponse, env: Any) -> None:
         self.ws = ws
@@ -419,7 +361,7 @@ def _text(value: Any, method: str) -> str:
 
 
 def _env_state(env: Any) -> dict[str, Any]:
-    state = getattr(env, "state", None)
+    state: Any = getattr(env, "state", None)
     if callable(state):
         state = state()
     if hasattr(state, "model_dump"):
