@@ -217,3 +217,17 @@ def test_an_empty_final_observation_adds_no_turn(chatml_tokenizer):
     messages = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]
     assert harness.trajectory.token_ids == _full_render(chatml_tokenizer, messages)
     assert harness.trajectory.rewards == [1.0]
+
+
+def test_harnesses_can_share_one_renderer_and_its_prompt_cache(chatml_tokenizer):
+    first = RolloutHarness.local(GuessEnv(), chatml_tokenizer, max_turns=3)
+    second = RolloutHarness.local(GuessEnv(), chatml_tokenizer, max_turns=3, renderer=first.renderer)
+    assert second.renderer is first.renderer
+    a, _ = first.reset(seed=0)
+    b, _ = second.reset(seed=0)
+    assert list(a) == list(b)
+    first.step("4")  # one trajectory growing must not touch the other's (cached) prompt
+    assert len(second.trajectory.token_ids) == len(b)
+    assert first.renderer.prompt_ids([{"role": "user", "content": "x"}]) == _full_render(
+        chatml_tokenizer, [{"role": "user", "content": "x"}], add_generation_prompt=True
+    )

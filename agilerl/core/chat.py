@@ -15,6 +15,7 @@ from typing import Any
 _BASE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
 _SENTINEL = "\x00AGILERL_CONTENT\x00"
 _PROBE = "  probe\n text  "
+_PROMPT_CACHE_SIZE = 4096
 
 
 class ChatTemplateError(ValueError):
@@ -37,6 +38,7 @@ class ChatRenderer:
         self.template_kwargs = dict(chat_template_kwargs or {})
         self._base_text = self.render_text(_BASE)
         self._wrappers: dict[str, tuple[str, str] | None] = {}
+        self._prompt_cache: dict[tuple[tuple[str, str], ...], list[int]] = {}
         self.generation_prompt = self._delta(self.render_text(_BASE, add_generation_prompt=True))
         opened = self.generation_prompt + "x"
         asst_delta = self._delta(self.render_text([*_BASE, {"role": "assistant", "content": "x"}]))
@@ -65,6 +67,21 @@ class ChatRenderer:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of a conversation's opening plus the generation prompt (a fresh list).
+
+        Memoised: every member of a GRPO group, and every epoch, starts from the same messages.
+        """
+        key = _messages_key(messages)
+        cached = self._prompt_cache.get(key) if key is not None else None
+        if cached is None:
+            cached = self.encode(self.render_text(messages, add_generation_prompt=True))
+            if key is not None:
+                if len(self._prompt_cache) >= _PROMPT_CACHE_SIZE:
+                    self._prompt_cache.clear()
+                self._prompt_cache[key] = cached
+        return list(cached)
+
     def message_text(self, role: str, content: str) -> str:
         """The text one appended message adds to any conversation."""
         if role not in self._wrappers:
@@ -90,3 +107,13 @@ class ChatRenderer:
         prefix, suffix = delta.split(_SENTINEL)
         probe = self._delta(self.render_text([*_BASE, {"role": role, "content": _PROBE}]))
         return (prefix, suffix) if probe == prefix + _PROBE + suffix else None
+
+
+def _messages_key(messages: list[dict[str, Any]]) -> tuple[tuple[str, str], ...] | None:
+    """A hashable key for plain ``{role, content}`` messages; None when they carry anything else."""
+    key = []
+    for message in messages:
+        if len(message) != 2 or not isinstance(message.get("content"), str):
+            return None
+        key.append((str(message.get("role")), message["content"]))
+    return tuple(key)

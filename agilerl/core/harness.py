@@ -77,8 +77,13 @@ class RolloutHarness:
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         observation_role: str = "user",
+        renderer: ChatRenderer | None = None,
     ) -> None:
-        """``env`` is a client (``InProcessEnvClient``/``RemoteEnvClient``), a text env, or a URL."""
+        """``env`` is a client (``InProcessEnvClient``/``RemoteEnvClient``), a text env, or a URL.
+
+        ``renderer`` lets many harnesses over the same kind of env share one ``ChatRenderer`` (and
+        its prompt cache); it must have been built for the same tokenizer, tools and template kwargs.
+        """
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if isinstance(env, str):
@@ -92,7 +97,7 @@ class RolloutHarness:
         self.max_turns = max_turns
         self.system_prompt = system_prompt if system_prompt is not None else getattr(env, "system_prompt", None)
         self.observation_role = observation_role
-        self.renderer = ChatRenderer(
+        self.renderer = renderer or ChatRenderer(
             tokenizer,
             tools=tools if tools is not None else getattr(env, "tools", None),
             chat_template_kwargs=chat_template_kwargs,
@@ -151,7 +156,7 @@ class RolloutHarness:
         self._check_open()
         prompt, info = result
         messages = info.get("messages") or self._first_messages(prompt)
-        ids = self.renderer.encode(self.renderer.render_text(messages, add_generation_prompt=True))
+        ids = self.renderer.prompt_ids(messages)
         self._trajectory = Trajectory(
             token_ids=ids,
             action_mask=[False] * len(ids),

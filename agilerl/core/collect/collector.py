@@ -39,6 +39,7 @@ from agilerl.core.collect.results import (
     Run,
     end_of_last_action,
 )
+from agilerl.core.chat import ChatRenderer
 from agilerl.core.harness import RolloutHarness
 from agilerl.errors import AgileRLError
 
@@ -82,6 +83,7 @@ class RolloutCollector:
         self._chat_template_kwargs = chat_template_kwargs
         # Slots 0..num_slots-1 roll out; the last one, built at the first evaluation, evaluates.
         self._slots: list[RolloutHarness | None] = [None] * (self.num_slots + 1)
+        self._renderer: ChatRenderer | None = None
         self._closed = False
         first = env_factory()
         try:
@@ -241,13 +243,16 @@ class RolloutCollector:
     # -- env lifecycle ------------------------------------------------------------------------
 
     def _harness(self, env: Any) -> RolloutHarness:
-        return RolloutHarness(
+        harness = RolloutHarness(
             env,
             self.tokenizer,
             max_turns=self.max_turns,
             system_prompt=self._system_prompt,
             chat_template_kwargs=self._chat_template_kwargs,
+            renderer=self._renderer,
         )
+        self._renderer = harness.renderer  # every slot runs the same kind of env: one renderer
+        return harness
 
     def _harness_of(self, slot: int) -> RolloutHarness:
         harness = self._slots[slot]
