@@ -1,0 +1,207 @@
+"""``agilerl train`` and the training loops: every example runs, writes metrics, a plot and a
+checkpoint that reloads; resume continues the step count; Ctrl-C saves; plugins' algorithms train."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from agilerl.cli.main import main
+from agilerl.core.manifest import ManifestError, load_manifest, parse_manifest
+from agilerl.core.train.config import ModelSettings
+from agilerl.core.train.metrics import read_metrics
+from agilerl.core.train.models import load_model_and_tokenizer
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+GUESS = {"env_type": "rollout", "entrypoint": "guess_env.py:GuessEnv", "env_config": {"target": 7}}
+
+
+def _steps(output_dir: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(output_dir / "metrics.jsonl")]
+
+
+@pytest.mark.parametrize(
+    ("example", "plot"),
+    [("guess", "reward_curve.png"), ("countdown", "reward_curve.png"),
+     ("sft", "loss_curve.png"), ("dpo", "loss_curve.png")],
+)
+def test_every_example_trains_and_its_checkpoint_reloads(example, plot, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    code = main(["train", str(EXAMPLES / example / "manifest.yaml"), "--max-steps", "2",
+                 "--output-dir", str(out), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert _steps(out) == [0, 1, 2]  # the untrained baseline, then one line per step
+    assert (out / plot).stat().st_size > 1000
+    checkpoint = out / "checkpoints" / "step-000002"
+    assert f"checkpoint: {checkpoint}" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    assert model.config.vocab_size == len(tokenizer) == 512
+
+
+def test_resume_continues_the_step_count_and_the_log(tmp_path, capsys):
+    import torch
+
+    out = tmp_path / "run"
+    args = ["train", str(EXAMPLES / "sft" / "manifest.yaml"), "--output-dir", str(out), "--no-progress"]
+    assert main([*args, "--max-steps", "2"]) == 0
+    saved = load_model_and_tokenizer(ModelSettings(), checkpoint=out / "checkpoints" / "step-000002")[0]
+    (out / "metrics.jsonl").open("a").write('{"step": 3, "train/loss": 9.0}\n')  # past the checkpoint
+    assert main([*args, "--max-steps", "4", "--resume"]) == 0
+    assert "finished at step 4" in capsys.readouterr().out
+    assert _steps(out) == [0, 1, 2, 3, 4]  # the stale step-3 line was dropped, not duplicated
+    assert 9.0 not in [r.get("train/loss") for r in read_metrics(out / "metrics.jsonl")]
+    resumed = load_model_and_tokenizer(ModelSettings(), checkpoint=out / "checkpoints" / "step-000004")[0]
+    state = torch.load(out / "checkpoints" / "step-000004" / "optimizer.pt", weights_only=True)
+    assert all(s["step"] == 4 for s in state["state"].values())  # Adam's moments carried over
+    assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), resumed.parameters()))
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agilerl", "train", str(EXAMPLES / "guess" / "manifest.yaml"),
+           "--max-steps", "100000", "--output-dir", str(out), "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_steps(out)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    step = _steps(out)[-1]
+    assert f"stopped at step {step}" in stdout and "--resume" in stdout
+    assert (out / "checkpoints" / f"step-{step:06d}" / "optimizer.pt").is_file()
+
+
+def test_lora_trains_only_the_adapters_and_resumes(tmp_path):
+    from agilerl.core.train.from_manifest import train_from_manifest
+
+    manifest = parse_manifest(
+        {"environment": GUESS, "model": {"name_or_path": "tiny", "lora": {"r": 4}},
+         "training": {"batch_size": 2, "group_size": 4, "max_steps": 2, "max_new_tokens": 2,
+                      "lr": 1e-2, "output_dir": str(tmp_path), "evaluation_interval": 0}},
+        base_dir=EXAMPLES / "guess",
+    )
+    result = train_from_manifest(manifest, show_progress=False)
+    assert (result.checkpoint / "adapter_config.json").is_file()
+    assert not (result.checkpoint / "model.safetensors").exists()
+    model, _ = load_model_and_tokenizer(manifest.model, checkpoint=result.checkpoint)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    manifest.training.max_steps = 3
+    assert train_from_manifest(manifest, resume="latest", show_progress=False).step == 3
+
+
+def test_third_party_algorithm_plugin_trains_through_a_manifest(tmp_path):
+    from agilerl.core.train.from_manifest import train_from_manifest
+    from agilerl.registry import get_plugin_manager
+
+    (tmp_path / "my_algo.py").write_text(textwrap.dedent(
+        """
+        from agilerl import hookimpl
+        from agilerl.core.train.algorithm import Algorithm, AlgorithmConfig
+        from agilerl.core.train.logprobs import masked_mean, policy_logprobs
+
+        class ScaledConfig(AlgorithmConfig):
+            scale: float = 1.0
+
+        class ScaledReinforce(Algorithm[ScaledConfig]):
+            config_class = ScaledConfig
+            kind = "rollout"
+            calls = 0
+
+            def loss(self, policy, batch, reference=None):
+                type(self).calls += 1
+                logprobs = policy_logprobs(policy, batch.input_ids, batch.attention_mask)
+                reward = batch.turn_rewards.sum(1, keepdim=True)
+                loss = -self.config.scale * masked_mean(logprobs * reward, batch.loss_mask)
+                return loss, {"scale_seen": self.config.scale}
+
+        @hookimpl
+        def register_algorithms(register):
+            register("scaled-reinforce", ScaledReinforce, description="test plugin")
+        """
+    ))
+    sys.path.insert(0, str(tmp_path))
+    import my_algo
+
+    pm = get_plugin_manager()
+    pm.register(my_algo, name="my_algo")
+    try:
+        manifest = parse_manifest(
+            {"environment": GUESS, "algorithm": {"name": "scaled-reinforce", "scale": 2.5},
+             "training": {"batch_size": 2, "group_size": 2, "max_steps": 2, "max_new_tokens": 2,
+                          "output_dir": str(tmp_path / "run"), "evaluation_interval": 0}},
+            base_dir=EXAMPLES / "guess",
+        )
+        result = train_from_manifest(manifest, show_progress=False)
+    finally:
+        pm.unregister(my_algo)
+        sys.path.remove(str(tmp_path))
+    assert my_algo.ScaledReinforce.calls == 2
+    assert result.metrics["algo/scale_seen"] == 2.5
+    assert json.loads((result.checkpoint / "trainer_state.json").read_text())["algorithm"] == "ScaledReinforce"
+
+
+def test_sections_are_typed_and_misspelt_keys_are_errors():
+    manifest = load_manifest(EXAMPLES / "guess" / "manifest.yaml")
+    assert manifest.model.name_or_path == "tiny" and manifest.training.group_size == 8
+    with pytest.raises(ManifestError, match=r"training\.learning_rate: Extra inputs"):
+        parse_manifest({"environment": GUESS, "training": {"learning_rate": 1e-3}})
+    with pytest.raises(ManifestError, match=r"training\.max_steps: Input should be greater"):
+        parse_manifest({"environment": GUESS, "training": {"max_steps": 0}})
+    with_options = parse_manifest({"environment": GUESS, "algorithm": {"name": "grpo", "beta": 0.1}})
+    assert with_options.algorithm.as_mapping() == {"name": "grpo", "beta": 0.1}
+
+
+def test_cli_errors_name_the_problem(tmp_path, capsys):
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        f"environment:\n  env_type: rollout\n  entrypoint: {EXAMPLES / 'guess' / 'guess_env.py'}:GuessEnv\n"
+        "algorithm:\n  name: grpo\n  epsilon: 0.3\n"
+    )
+    assert main(["train", str(manifest), "--output-dir", str(tmp_path / "r")]) == 2
+    assert "algorithm.epsilon: Extra inputs are not permitted" in capsys.readouterr().err
+    manifest.write_text(manifest.read_text().replace("  epsilon: 0.3\n", "").replace("grpo", "sft"))
+    assert main(["train", str(manifest), "--output-dir", str(tmp_path / "r")]) == 2
+    assert "env_type 'dataset'" in capsys.readouterr().err
+    assert main(["train", str(EXAMPLES / "sft" / "manifest.yaml"), "--resume",
+                 "--output-dir", str(tmp_path / "none")]) == 2
+    assert "no checkpoint under" in capsys.readouterr().err
+
+
+def test_model_from_a_local_folder_and_a_missing_hub_id(tmp_path):
+    import os
+
+    from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_model(tokenizer, seed=3).save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")
+    model, loaded = load_model_and_tokenizer(ModelSettings(name_or_path="saved"), base_dir=tmp_path)
+    assert model.config.model_type == "qwen2" and len(loaded) == 512
+    manifest = tmp_path / "hub.yaml"
+    manifest.write_text(
+        f"environment:\n  env_type: rollout\n  entrypoint: {EXAMPLES / 'guess' / 'guess_env.py'}:GuessEnv\n"
+        "model:\n  name_or_path: agilerl-test/no-such-model\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "agilerl", "train", str(manifest), "--output-dir", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "model.name_or_path 'agilerl-test/no-such-model': cannot load" in result.stderr
+    assert "Use 'tiny'" in result.stderr
