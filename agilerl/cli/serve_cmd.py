@@ -50,6 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 async def _run_until_signal(server: Any) -> None:
     import asyncio
+    import gc
     import signal
 
     stop = asyncio.Event()
@@ -57,6 +58,9 @@ async def _run_until_signal(server: Any) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     url = await server.start()
+    # Everything alive now (modules, the env class) lives as long as the process: frozen, it is
+    # never rescanned, so a full collection stops being a ~15 ms pause for every session.
+    gc.freeze()
     print(f"serving {server.name} at {url} (WebSocket: {url.replace('http', 'ws', 1)}/ws); "
           "Ctrl-C stops", flush=True)
     try:
