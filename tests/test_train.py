@@ -205,3 +205,45 @@ def test_model_from_a_local_folder_and_a_missing_hub_id(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "model.name_or_path 'agilerl-test/no-such-model': cannot load" in result.stderr
     assert "Use 'tiny'" in result.stderr
+
+
+def test_training_against_remote_env_replicas(tmp_path):
+    from agilerl.core.train.from_manifest import train_from_manifest
+    from agilerl.llm_envs.openenv_server import resolve_env
+    from agilerl.registry import load_object
+
+    guess_env = load_object("guess_env.py:GuessEnv", EXAMPLES / "guess")
+    built: dict[str, int] = {"a": 0, "b": 0}
+
+    def replica(name):
+        def build():
+            built[name] += 1
+            return guess_env(target=7)
+        return build
+
+    url_a, server_a = resolve_env(replica("a"), max_concurrent_envs=4)
+    url_b, server_b = resolve_env(replica("b"), max_concurrent_envs=4)
+    with server_a, server_b:
+        manifest = parse_manifest(
+            {"environment": {"env_type": "rollout", "env_url": [url_a, url_b], "max_turns": 3},
+             "training": {"batch_size": 2, "group_size": 3, "max_steps": 2, "max_new_tokens": 2,
+                          "output_dir": str(tmp_path), "eval_episodes": 2}},
+        )
+        result = train_from_manifest(manifest, show_progress=False)
+    assert result.step == 2 and "eval/reward" in result.metrics
+    assert built["a"] >= 3 and built["b"] >= 3  # 6 rollout sessions + 1 evaluation, round robin
+
+
+def test_docs_table_every_setting_and_the_python_example_runs(tmp_path, monkeypatch):
+    import re
+
+    from agilerl.core.train.config import TrainingSettings
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    for settings in (TrainingSettings, ModelSettings):
+        documented = set(re.findall(r"^\| `(\w+)` \|", text, flags=re.M))
+        assert set(settings.model_fields) <= documented, set(settings.model_fields) - documented
+    example = text.split("## From Python\n\n```python\n")[1].split("```")[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "docs/training.md", "exec"), {})
+    assert (tmp_path / "runs" / "doc" / "checkpoints" / "step-000002").is_dir()

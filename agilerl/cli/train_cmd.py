@@ -41,6 +41,8 @@ def _train(args: argparse.Namespace) -> int:
     result = train_from_manifest(
         manifest, overrides=overrides, resume=args.resume, show_progress=not args.no_progress
     )
+    if result.rank != 0:
+        return 130 if result.interrupted else 0  # rank 0 reports for every process
     shown = {k: round(v, 4) for k, v in result.metrics.items() if k.split("/")[0] in ("train", "eval")}
     print(f"{'stopped' if result.interrupted else 'finished'} at step {result.step}: {shown}")
     print(f"metrics:    {result.output_dir / 'metrics.jsonl'}")

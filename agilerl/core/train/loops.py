@@ -37,7 +37,10 @@ AlgorithmRef = Algorithm[Any] | str | Mapping[str, Any]
 
 @dataclass
 class TrainResult:
-    """Where a run ended: its step count, files, and the last metrics logged."""
+    """Where a run ended: its step count, files, and the last metrics logged.
+
+    Only rank 0 writes files; on other ranks ``plot`` and ``checkpoint`` are None.
+    """
 
     step: int
     interrupted: bool
@@ -45,6 +48,7 @@ class TrainResult:
     checkpoint: Path | None
     plot: Path | None
     metrics: dict[str, float]
+    rank: int = 0
 
 
 def train_llm_rollout(
@@ -212,7 +216,7 @@ class _Trainer:
         plot = None
         if self.log is not None:
             plot = plot_curves(self.log.path, self.output_dir / plot_name, curves, title=type(self.algorithm).__name__)
-        return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last)
+        return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
 
     def _update(self, batch: Any) -> dict[str, float]:
         """One optimiser step; Ctrl-C waits until it is whole (see ``_interrupt_after_update``)."""

