@@ -98,9 +98,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _raise_priority() -> list[str]:
+    """Other jobs on a shared machine preempt the pinned processes and dominate p99: when allowed
+    (root), every server and the load client run at the same raised priority."""
+    try:
+        os.nice(-10)
+    except OSError:
+        return []
+    return ["nice", "-n", "-10"]
+
+
+_PRIORITY: list[str] = []
+
+
 def _start(name: str, max_sessions: int) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    pin = ["taskset", "-c", str(SERVER_CPU)]
+    pin = ["taskset", "-c", str(SERVER_CPU)] + _PRIORITY
     if name == "agilerl":
         cmd = [sys.executable, "-m", "agilerl", "serve", f"{__file__}:TrivialEnv", "--port", str(port),
                "--max-concurrent-envs", str(max_sessions)]
@@ -245,6 +258,7 @@ def main() -> None:
         sys.exit(f"{OPENENV_PYTHON} is missing: create it with `python -m venv .venv-openenv && "
                  ".venv-openenv/bin/pip install openenv-core==0.3.0` (the interop tests do this).")
     os.sched_setaffinity(0, {CLIENT_CPU})
+    _PRIORITY[:] = _raise_priority()
     levels = [int(n) for n in args.sessions.split(",")]
     servers = ("openenv-core", "agilerl", "aiohttp-echo")
     started = {name: _start(name, max(levels) + 8) for name in servers}

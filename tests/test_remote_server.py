@@ -364,6 +364,16 @@ def test_heartbeat_closes_a_half_open_session(env_cls: type[CountedEnv]) -> None
         assert_all_closed_once(server, env_cls, built=1)
 
 
+def test_heartbeat_keeps_an_idle_client_alive(env_cls: type[CountedEnv]) -> None:
+    """A client idle between steps (the model generating) answers pings and keeps its session."""
+    url, server = resolve_env(env_cls, {"max_turns": 10}, heartbeat_s=0.2)
+    with server, RemoteEnvClient(url) as client:
+        client.reset()
+        time.sleep(1.5)  # several heartbeat rounds with no request in flight
+        assert server.active_sessions == 1
+        assert client.step("still here")[0] == "STILL HERE"
+
+
 def test_oversized_messages_end_the_session(env_cls: type[CountedEnv]) -> None:
     url, server = resolve_env(env_cls, max_message_bytes=1024)
     with server:

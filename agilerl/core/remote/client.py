@@ -8,6 +8,7 @@ coroutines can be awaited from any event loop (they hop onto the shared one).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import os
 import random
@@ -87,7 +88,7 @@ class RemoteEnvClient(EnvClient):
         token = token or os.environ.get("AGILERL_ENV_TOKEN")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._loop = shared_loop()
-        self._ws: Any = None
+        self._conn: _Connection | None = None
         self.url: str | None = None
         """The replica this client's session is on (None before the first reset)."""
 
@@ -156,7 +157,7 @@ class RemoteEnvClient(EnvClient):
         deadline = time.monotonic() + self.retry_budget_s
         for attempt in itertools.count():
             try:
-                if self._ws is None or self._ws.closed:
+                if self._conn is None or self._conn.closed:
                     await self._connect(self._urls[(self._first + attempt) % len(self._urls)])
                 reply = await self._request(frame, "reset")
                 break
@@ -177,7 +178,7 @@ class RemoteEnvClient(EnvClient):
         return text, info
 
     async def _step(self, action: str) -> StepResult:
-        if self._ws is None or self._ws.closed:
+        if self._conn is None or self._conn.closed:
             raise RemoteEnvError("step() before reset(), or after the session ended: call reset() first.")
         if self.mcp_tool:
             data: dict[str, Any] = {
@@ -198,7 +199,7 @@ class RemoteEnvClient(EnvClient):
         return self._observation(reply)
 
     async def _state(self) -> dict[str, Any]:
-        if self._ws is None or self._ws.closed:
+        if self._conn is None or self._conn.closed:
             raise RemoteEnvError("state() before reset(): there is no session yet.")
         try:
             reply = await self._request(encode({"type": "state"}), "state")
@@ -208,57 +209,25 @@ class RemoteEnvClient(EnvClient):
         return reply if isinstance(reply, dict) else {}
 
     async def _close(self) -> None:
-        import aiohttp
-
-        ws, self._ws = self._ws, None
-        if ws is None or ws.closed:
-            return
-        try:
-            await ws.send_frame(_CLOSE_FRAME, aiohttp.WSMsgType.TEXT)
-            await ws.receive(timeout=self.connect_timeout_s)  # the server closes first
-            await asyncio.wait_for(ws.close(), timeout=self.connect_timeout_s)
-        except (ConnectionError, RuntimeError, asyncio.TimeoutError):
-            pass  # the server ends the session (and closes its env) either way
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close(polite=True)
 
     async def _connect(self, url: str) -> None:
-        import aiohttp
-
-        try:
-            self._ws = await client_session().ws_connect(
-                url + "/ws",
-                headers=self._headers,
-                max_msg_size=0,
-                autoclose=True,
-                timeout=aiohttp.ClientWSTimeout(ws_close=self.connect_timeout_s),
-                compress=0,
-                proxy=None,
-            )
-        except aiohttp.WSServerHandshakeError as exc:
-            if exc.status == 401:
-                raise RemoteEnvError(f"{url} refused the connection: set the right token (AGILERL_ENV_TOKEN).") from exc
-            raise _ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise _ConnectionLost(f"cannot connect to {url}: {exc}") from exc
+        self._conn = await _Connection.open(url, self._headers, self.connect_timeout_s)
         self.url = url
 
     async def _request(self, frame: bytes, what: str) -> Any:
-        import aiohttp
-
-        ws = self._ws
+        assert self._conn is not None
         try:
-            await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
-            msg = await ws.receive(timeout=self.request_timeout_s)
+            raw = await self._conn.request(frame, self.request_timeout_s)
         except asyncio.TimeoutError:
             await self._drop()
             raise RemoteEnvTimeout(
                 f"{self.url} sent no reply to {what} within request_timeout_s="
                 f"{self.request_timeout_s:g} s; the session was dropped and this episode is over."
             ) from None
-        except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
-            raise _ConnectionLost(await self._why_closed(ws, exc)) from exc
-        if msg.type is not aiohttp.WSMsgType.TEXT and msg.type is not aiohttp.WSMsgType.BINARY:
-            raise _ConnectionLost(f"the server closed the connection (code {ws.close_code})")
-        reply = decode(msg.data)
+        reply = decode(raw)
         if not isinstance(reply, dict):
             raise RemoteEnvError(f"{self.url} sent a frame that is not a JSON object: {str(reply)[:200]}")
         data = reply.get("data")
@@ -269,20 +238,6 @@ class RemoteEnvClient(EnvClient):
                 await self._drop()
             raise RemoteEnvError(f"{self.url} answered {what} with {code}: {data.get('message', '')}", code)
         return data
-
-    @staticmethod
-    async def _why_closed(ws: Any, exc: BaseException) -> str:
-        """The server's last word (an error frame sent before it closed), if it left one."""
-        import aiohttp
-
-        try:
-            msg = await ws.receive(timeout=0.2)
-            if msg.type is aiohttp.WSMsgType.TEXT:
-                data = decode(msg.data).get("data") or {}
-                return f"{data.get('code')}: {data.get('message')}"
-        except Exception:  # nothing readable left: the original error is the reason
-            pass
-        return str(exc) or type(exc).__name__
 
     def _observation(self, data: Any) -> StepResult:
         """Read an observation reply; ``metadata`` may sit in the observation, beside it, or nowhere."""
@@ -302,12 +257,9 @@ class RemoteEnvClient(EnvClient):
         return text, float(reward or 0.0), done and not truncated, truncated, info
 
     async def _drop(self) -> None:
-        ws, self._ws = self._ws, None
-        if ws is not None and not ws.closed:
-            try:
-                await asyncio.wait_for(ws.close(), timeout=1.0)
-            except (ConnectionError, RuntimeError, asyncio.TimeoutError):
-                pass
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close(polite=False)
 
     async def _metadata(self) -> dict[str, Any]:
         import aiohttp
@@ -328,6 +280,102 @@ class RemoteEnvClient(EnvClient):
             return found[0]
         total = sum(m.get("max_concurrent_envs") or 0 for m in found)
         return {**found[0], "max_concurrent_envs": total, "replicas": found, "unreachable": errors}
+
+
+class _Connection:
+    """One WebSocket session. A reader task receives every frame, so the server's heartbeat
+    pings are answered while the client is idle (the model may generate for minutes), and
+    frames the server sends unasked (why it is closing) wait in order for the next request."""
+
+    def __init__(self, ws: Any, close_timeout_s: float) -> None:
+        self._ws = ws
+        self._close_timeout_s = close_timeout_s
+        self._inbox: collections.deque[str | bytes | _ConnectionLost] = collections.deque()
+        self._waiter: asyncio.Future[str | bytes | _ConnectionLost] | None = None
+        self._reader = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def open(cls, url: str, headers: dict[str, str], timeout_s: float) -> _Connection:
+        import aiohttp
+
+        try:
+            ws = await client_session().ws_connect(
+                url + "/ws",
+                headers=headers,
+                max_msg_size=0,
+                timeout=aiohttp.ClientWSTimeout(ws_close=timeout_s),
+                compress=0,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status == 401:
+                raise RemoteEnvError(
+                    f"{url} refused the connection: set the right token (AGILERL_ENV_TOKEN)."
+                ) from exc
+            raise _ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise _ConnectionLost(f"cannot connect to {url}: {exc}") from exc
+        return cls(ws, timeout_s)
+
+    @property
+    def closed(self) -> bool:
+        return self._reader.done() and not self._inbox
+
+    async def _read(self) -> None:
+        import aiohttp
+
+        ws = self._ws
+        try:
+            while True:
+                msg = await ws.receive()  # answers pings on the way
+                if msg.type is aiohttp.WSMsgType.TEXT or msg.type is aiohttp.WSMsgType.BINARY:
+                    self._deliver(msg.data)
+                    continue
+                reason = f"the server closed the connection (code {ws.close_code})"
+                if msg.type is aiohttp.WSMsgType.ERROR:
+                    reason = f"the connection failed: {msg.data}"
+                self._deliver(_ConnectionLost(reason))
+                return
+        except Exception as exc:  # the socket broke under the reader
+            self._deliver(_ConnectionLost(str(exc) or type(exc).__name__))
+
+    def _deliver(self, item: str | bytes | _ConnectionLost) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(item)
+        else:
+            self._inbox.append(item)
+
+    async def request(self, frame: bytes, timeout_s: float | None) -> str | bytes:
+        """Send one frame and return the next frame from the server."""
+        import aiohttp
+
+        if not self._inbox and not self._reader.done():
+            try:
+                await self._ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+            except (ConnectionError, RuntimeError, aiohttp.ClientError):
+                pass  # the reader reports why the connection ended
+        if self._inbox:
+            item = self._inbox.popleft()
+        else:
+            self._waiter = asyncio.get_running_loop().create_future()
+            item = await asyncio.wait_for(self._waiter, timeout_s)
+        if isinstance(item, _ConnectionLost):
+            self._inbox.appendleft(item)  # every later request gets the same answer
+            raise item
+        return item
+
+    async def close(self, *, polite: bool) -> None:
+        """Politely: send a close frame and let the server close first; else just hang up."""
+        import aiohttp
+
+        try:
+            if polite and not self._reader.done():
+                await self._ws.send_frame(_CLOSE_FRAME, aiohttp.WSMsgType.TEXT)
+                await asyncio.wait_for(asyncio.shield(self._reader), timeout=self._close_timeout_s)
+            await asyncio.wait_for(self._ws.close(), timeout=5)
+        except (ConnectionError, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError):
+            pass  # the server ends the session (and closes its env) either way
+        self._reader.cancel()
 
 
 def _http_base(url: str) -> str:

@@ -45,13 +45,14 @@ TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 
 
 class _Session:
-    __slots__ = ("busy", "env", "episode_id", "last_active", "steps", "ws")
+    __slots__ = ("busy", "env", "episode_id", "last_active", "last_seen", "ping_sent", "steps", "ws")
 
     def __init__(self, ws: web.WebSocketResponse, env: Any) -> None:
         self.ws = ws
         self.env = env
         self.busy = False
-        self.last_active = time.monotonic()
+        self.last_active = self.last_seen = time.monotonic()  # last frame / last frame or pong
+        self.ping_sent: float | None = None
         self.steps = 0
         self.episode_id: str | None = None
 
@@ -92,7 +93,7 @@ class EnvServer:
         self._env_info: dict[str, Any] | None = None
         self._stopping = False
         self._runner: web.AppRunner | None = None
-        self._reaper: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self.envs_created = 0
         self.envs_closed = 0
 
@@ -125,15 +126,15 @@ class EnvServer:
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         self.port = self._runner.addresses[0][1]
-        if self.session_timeout_s:
-            self._reaper = asyncio.create_task(self._reap_idle(self.session_timeout_s))
+        if self.session_timeout_s or self._heartbeat_s:
+            self._watcher = asyncio.create_task(self._watch())
         return self.url
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Close every session (each env exactly once), then the listener and the pool."""
         self._stopping = True
-        if self._reaper is not None:
-            self._reaper.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
         await asyncio.gather(
             *(self._end(s, WSCloseCode.GOING_AWAY, "the server is stopping") for s in list(self._sessions))
         )
@@ -200,7 +201,7 @@ class EnvServer:
     async def _ws(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(
             timeout=2.0,  # for the peer's close reply; a silent peer must not hold the slot long
-            heartbeat=self._heartbeat_s,
+            autoping=False,  # pings and pongs are ours: aiohttp's heartbeat costs ~10% per frame
             max_msg_size=self._max_message_bytes,
             compress=False,
         )
@@ -259,14 +260,22 @@ class EnvServer:
         ws = session.ws
         while True:
             msg = await ws.receive()
-            if msg.type is not WSMsgType.TEXT and msg.type is not WSMsgType.BINARY:
+            kind = msg.type
+            if kind is not WSMsgType.TEXT and kind is not WSMsgType.BINARY:
+                if kind is WSMsgType.PONG:
+                    session.last_seen = time.monotonic()
+                    continue
+                if kind is WSMsgType.PING:
+                    session.last_seen = time.monotonic()
+                    await ws.pong(msg.data)
+                    continue
                 return  # close, error, or the socket went away
             session.busy = True
             try:
                 reply = await self._reply(session, msg.data)
             finally:
                 session.busy = False
-                session.last_active = time.monotonic()
+                session.last_active = session.last_seen = time.monotonic()
             if reply is None:
                 await ws.close(code=WSCloseCode.OK)
                 return
@@ -319,13 +328,29 @@ class EnvServer:
         await _send_quietly(session.ws, error_frame(ErrorCode.SESSION_ERROR, f"session ended: {why}"))
         await session.ws.close(code=code, message=why[:120].encode())
 
-    async def _reap_idle(self, timeout_s: float) -> None:
+    async def _watch(self) -> None:
+        """End idle sessions; ping quiet ones and drop those whose pong never comes (half-open)."""
+        timeout, heartbeat = self.session_timeout_s, self._heartbeat_s
+        tick = min(t for t in (timeout and min(timeout / 4, 1.0), heartbeat and heartbeat / 4) if t)
         while True:
-            await asyncio.sleep(min(timeout_s / 4, 1.0))
+            await asyncio.sleep(tick)
             now = time.monotonic()
             for s in list(self._sessions):
-                if not s.busy and not s.ws.closed and now - s.last_active > timeout_s:
-                    asyncio.ensure_future(self._end(s, WSCloseCode.OK, f"idle for more than {timeout_s:g} s"))
+                if s.busy or s.ws.closed:
+                    continue  # a busy session is not reading; its silence means nothing
+                if timeout and now - s.last_active > timeout:
+                    self._spawn(self._end(s, WSCloseCode.OK, f"idle for more than {timeout:g} s"))
+                elif heartbeat and now - s.last_seen > heartbeat:
+                    if s.ping_sent is None or s.ping_sent < s.last_seen:
+                        s.ping_sent = now
+                        self._spawn(_ping_quietly(s.ws))
+                    elif now - s.ping_sent > heartbeat / 2:
+                        self._spawn(self._end(s, WSCloseCode.GOING_AWAY, "no pong to a heartbeat ping"))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
 
 def _step_result(result: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -367,6 +392,13 @@ def _env_state(env: Any) -> dict[str, Any]:
     if hasattr(state, "model_dump"):
         state = state.model_dump()
     return dict(state) if isinstance(state, dict) else {}
+
+
+async def _ping_quietly(ws: web.WebSocketResponse) -> None:
+    try:
+        await ws.ping()
+    except (ConnectionError, RuntimeError):
+        pass  # the session is ending anyway
 
 
 async def _send_quietly(ws: web.WebSocketResponse, frame: bytes) -> bool:
