@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -234,3 +236,10 @@ def test_async_api_from_another_event_loop_and_sync_api_inside_the_loop_is_refus
         with pytest.raises(AgileRLError, match="await the async method"):
             shared_loop().run(sync_inside_loop())
         assert_all_closed_once(server, env_cls, built=50)
+
+
+def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "remote-envs.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", doc, re.S)
+    exec(compile(example, "docs/remote-envs.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines() == ["('Say something.', {})", "('HI', 1.0, True, False, {})"]

@@ -207,10 +207,15 @@ class EnvServer:
         )
         if self._stopping or self._active >= self.max_concurrent_envs:
             await ws.prepare(request)
+            why = (
+                "the server is stopping"
+                if self._stopping
+                else f"server at capacity: {self._active} of {self.max_concurrent_envs} sessions in "
+                "use; retry later or start the server with a larger --max-concurrent-envs."
+            )
             await _send_quietly(ws, error_frame(
                 ErrorCode.CAPACITY_REACHED,
-                f"server at capacity: {self._active} of {self.max_concurrent_envs} sessions in use; "
-                "retry later or start the server with a larger --max-concurrent-envs.",
+                why,
                 active_sessions=self._active,
                 max_sessions=self.max_concurrent_envs,
             ))
@@ -238,7 +243,10 @@ class EnvServer:
                 self._describe(env)
             session = _Session(ws, env)
             self._sessions.add(session)
-            await self._serve(session)
+            if self._stopping:  # stop() began while the env was being built
+                await self._end(session, WSCloseCode.GOING_AWAY, "the server is stopping")
+            else:
+                await self._serve(session)
         finally:
             self._handlers.discard(task)
             if session is None:
