@@ -19,16 +19,22 @@ def add_parser(subparsers: Any) -> None:
     schema.set_defaults(handler=_schema)
 
 
-def _validate(args: argparse.Namespace) -> int:
-    import yaml
-
+def load_manifest_reporting_warnings(path: str) -> Any:
+    """``load_manifest``, printing each ignored-key warning as one ``warning:`` line."""
     from agilerl.core.manifest import load_manifest
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        manifest = load_manifest(args.file)
+        manifest = load_manifest(path)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
+    return manifest
+
+
+def _validate(args: argparse.Namespace) -> int:
+    import yaml
+
+    manifest = load_manifest_reporting_warnings(args.file)
     data = manifest.model_dump(mode="json", exclude_none=True)
     print(yaml.safe_dump(data, sort_keys=False).rstrip())
     return 0

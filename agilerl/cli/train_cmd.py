@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import warnings
 from typing import Any
 
 
@@ -29,14 +27,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from agilerl.core.manifest import load_manifest
+    from agilerl.cli.manifest_cmd import load_manifest_reporting_warnings
     from agilerl.core.train.from_manifest import train_from_manifest
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        manifest = load_manifest(args.manifest)
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
+    manifest = load_manifest_reporting_warnings(args.manifest)
     overrides = {"max_steps": args.max_steps, "output_dir": args.output_dir, "seed": args.seed}
     result = train_from_manifest(
         manifest, overrides=overrides, resume=args.resume, show_progress=not args.no_progress

@@ -46,7 +46,7 @@ def train_from_manifest(
         manifest.model, base_dir=base_dir, seed=training.seed, checkpoint=checkpoint
     )
     if torch.cuda.is_available():
-        model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+        model.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
     common: dict[str, Any] = {"resume_from": checkpoint, "show_progress": show_progress}
     if spec.env_type == "dataset":
         from agilerl.core.data.dataset_env import DatasetEnv

@@ -301,8 +301,9 @@ def _algorithm(ref: AlgorithmRef, kind: str) -> Algorithm[Any]:
 def _settings(training: TrainingSettings | Mapping[str, Any] | None) -> TrainingSettings:
     if isinstance(training, TrainingSettings):
         return training
-    from agilerl.core.manifest import ManifestError, format_validation_error
     from pydantic import ValidationError
+
+    from agilerl.core.manifest import ManifestError, format_validation_error
 
     try:
         return TrainingSettings.model_validate(dict(training or {}))
