@@ -91,8 +91,9 @@ def test_lora_trains_only_the_adapters_and_resumes(tmp_path):
 
     manifest = parse_manifest(
         {"environment": GUESS, "model": {"name_or_path": "tiny", "lora": {"r": 4}},
-         "training": {"batch_size": 2, "group_size": 4, "max_steps": 2, "max_new_tokens": 2,
-                      "lr": 1e-2, "output_dir": str(tmp_path), "evaluation_interval": 0}},
+         "training": {"batch_size": 2, "group_size": 4, "micro_batch_size": 4, "max_steps": 2,
+                      "max_new_tokens": 2, "lr": 1e-2, "output_dir": str(tmp_path),
+                      "evaluation_interval": 0}},
         base_dir=EXAMPLES / "guess",
     )
     result = train_from_manifest(manifest, show_progress=False)
@@ -247,3 +248,27 @@ def test_docs_table_every_setting_and_the_python_example_runs(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     exec(compile(example, "docs/training.md", "exec"), {})  # noqa: S102 - the docs' own example
     assert (tmp_path / "runs" / "doc" / "checkpoints" / "step-000002").is_dir()
+
+
+def test_micro_batches_accumulate_to_the_whole_batch_step(tmp_path):
+    import torch
+
+    from agilerl.core.data.dataset_env import DatasetEnv
+    from agilerl.core.train.loops import train_llm_dataset
+
+    manifest = load_manifest(EXAMPLES / "dpo" / "manifest.yaml")
+    runs = {}
+    for micro in (None, 1):
+        model, tokenizer = load_model_and_tokenizer(manifest.model)
+        dataset = DatasetEnv.from_spec(manifest.environment, tokenizer, base_dir=manifest.base_dir, batch_size=4)
+        training = manifest.training.model_copy(update={
+            "max_steps": 1, "micro_batch_size": micro, "evaluation_interval": 0, "lr": 1e-6,
+            "output_dir": str(tmp_path / str(micro)),
+        })
+        result = train_llm_dataset(model, tokenizer, dataset, "dpo", training, show_progress=False)
+        runs[micro] = (result.metrics, [p.detach().clone() for p in model.parameters()])
+    (whole, whole_weights), (micro, micro_weights) = runs[None], runs[1]
+    assert micro["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-5)  # DPO: a mean over rows
+    assert micro["algo/grad_norm"] == pytest.approx(whole["algo/grad_norm"], rel=1e-4)
+    # Adam's first step moves each weight by about lr * sign(grad): the same step, within 2 lr
+    assert all(torch.allclose(a, b, atol=2.1e-6, rtol=0) for a, b in zip(whole_weights, micro_weights))

@@ -67,6 +67,11 @@ class TrainingSettings(_Strict):
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; null disables.")
+    micro_batch_size: int | None = Field(
+        None, ge=1,
+        description="Rows per forward/backward pass (gradients accumulate over the step's batch); "
+        "rollout: a multiple of group_size. Null: the whole batch at once.",
+    )
     max_new_tokens: int = Field(256, ge=1, description="Tokens generated per turn at most.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 disables.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables.")

@@ -75,6 +75,11 @@ def train_llm_rollout(
     algo = _algorithm(algorithm, "rollout")
     settings = _settings(training)
     _check_temperature(algo, collector)
+    if settings.micro_batch_size and settings.micro_batch_size % collector.group_size:
+        raise AgileRLError(
+            f"training.micro_batch_size {settings.micro_batch_size} is not a multiple of group_size "
+            f"{collector.group_size}: a micro-batch must hold whole groups to compare them."
+        )
     trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
     policy = TransformersPolicy(model, tokenizer, max_model_len=max_model_len)
     pad_id = policy.pad_id
@@ -219,15 +224,24 @@ class _Trainer:
         return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
 
     def _update(self, batch: Any) -> dict[str, float]:
-        """One optimiser step; Ctrl-C waits until it is whole (see ``_interrupt_after_update``)."""
+        """One optimiser step, accumulating gradients over micro-batches; Ctrl-C waits until the
+        step is whole (see ``_interrupt_after_update``)."""
         import torch
 
         self.policy.train()
-        loss, metrics = self.algorithm.loss(self.policy, batch, self.reference)
+        self.optimizer.zero_grad(set_to_none=True)
+        chunks = split_rows(batch, self.settings.micro_batch_size)
+        total = sum(rows for rows, _ in chunks)
+        loss_sum = 0.0
+        metrics: dict[str, float] = {}
         self._updating = True
         try:
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            for rows, chunk in chunks:
+                loss, chunk_metrics = self.algorithm.loss(self.policy, chunk, self.reference)
+                (loss * (rows / total)).backward()
+                loss_sum += float(loss.detach()) * rows / total
+                for key, value in chunk_metrics.items():
+                    metrics[key] = metrics.get(key, 0.0) + value * rows / total
             self.world.average_gradients(self.params)
             if self.settings.max_grad_norm is not None:
                 norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
@@ -239,7 +253,7 @@ class _Trainer:
             if self._pending_interrupt:
                 raise KeyboardInterrupt
         out = {f"algo/{k}": v for k, v in metrics.items()}
-        out["train/loss"] = float(loss.detach())
+        out["train/loss"] = loss_sum
         return out
 
     def _due(self, interval: int) -> bool:
@@ -275,6 +289,24 @@ class _Trainer:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def split_rows(batch: Any, size: int | None) -> list[tuple[int, Any]]:
+    """``(rows, micro_batch)`` pairs of at most ``size`` rows: a ``RolloutTensors`` or a dict of
+    tensors cut along the first dimension. Rollout rows are in group order, so cuts at
+    multiples of the group size keep every group whole (its advantages stay right)."""
+    from dataclasses import fields, is_dataclass, replace
+
+    tensors = {f.name: getattr(batch, f.name) for f in fields(batch)} if is_dataclass(batch) else batch
+    rows = next(iter(tensors.values())).shape[0]
+    if size is None or size >= rows:
+        return [(rows, batch)]
+    chunks = []
+    for start in range(0, rows, size):
+        part = {k: v[start : start + size] if v is not None else None for k, v in tensors.items()}
+        chunk = replace(batch, **part) if is_dataclass(batch) else part
+        chunks.append((min(size, rows - start), chunk))
+    return chunks
 
 
 def build_optimizer(params: list[Any], *, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
