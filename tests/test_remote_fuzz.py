@@ -34,7 +34,7 @@ frames = st.one_of(
     st.text(max_size=40),
     json_values.map(json.dumps),
     frame_objects.filter(lambda f: f.get("type") != "close").map(json.dumps),
-    st.binary(max_size=40).map(lambda b: b),
+    st.binary(max_size=40),
 )
 
 REPLY_TYPES = {"observation", "state", "error"}
