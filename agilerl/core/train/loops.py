@@ -177,7 +177,7 @@ class _Trainer:
         self.output_dir = Path(settings.output_dir)
         self.show_progress = show_progress and self.world.is_main
         self.log = MetricsLog(self.output_dir, start_step=self.step) if self.world.is_main else None
-        self._updating = False
+        self._shielding = False
         self._pending_interrupt = False
 
     def run(
@@ -194,7 +194,7 @@ class _Trainer:
         checkpoint: Path | None = None
         interrupted = False
         bar = ProgressBar(settings.max_steps, start, show=self.show_progress)
-        with bar.running(), self._interrupt_after_update():
+        with bar.running(), self._graceful_interrupt():
             try:
                 if start == 0 and settings.evaluation_interval and self.log is not None:
                     last = evaluate()  # the untrained baseline: where the curve starts
@@ -203,16 +203,17 @@ class _Trainer:
                 while self.step < settings.max_steps:
                     t0 = time.perf_counter()
                     batch, metrics = next_batch()
-                    metrics.update(self._update(batch))
-                    metrics["time/step_s"] = time.perf_counter() - t0
-                    last = self.world.mean(metrics)
-                    if self._due(settings.evaluation_interval) and self.world.is_main:
-                        last.update(evaluate())
-                    if self.log is not None:
-                        self.log.write(self.step, last)
-                    bar.update(self.step, last)
-                    if self._due(settings.checkpoint_interval) and self.step < settings.max_steps:
-                        checkpoint = self._save()
+                    with self._shielded():  # from here to the log line, Ctrl-C waits
+                        metrics.update(self._update(batch))
+                        metrics["time/step_s"] = time.perf_counter() - t0
+                        last = self.world.mean(metrics)
+                        if self._due(settings.evaluation_interval) and self.world.is_main:
+                            last.update(evaluate())
+                        if self.log is not None:
+                            self.log.write(self.step, last)
+                        bar.update(self.step, last)
+                        if self._due(settings.checkpoint_interval) and self.step < settings.max_steps:
+                            checkpoint = self._save()
             except KeyboardInterrupt:
                 interrupted = True
                 bar.log(f"interrupted: saving a checkpoint at step {self.step}")
@@ -224,8 +225,7 @@ class _Trainer:
         return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
 
     def _update(self, batch: Any) -> dict[str, float]:
-        """One optimiser step, accumulating gradients over micro-batches; Ctrl-C waits until the
-        step is whole (see ``_interrupt_after_update``)."""
+        """One optimiser step, accumulating gradients over micro-batches."""
         import torch
 
         self.policy.train()
@@ -234,24 +234,18 @@ class _Trainer:
         total = sum(rows for rows, _ in chunks)
         loss_sum = 0.0
         metrics: dict[str, float] = {}
-        self._updating = True
-        try:
-            for rows, chunk in chunks:
-                loss, chunk_metrics = self.algorithm.loss(self.policy, chunk, self.reference)
-                (loss * (rows / total)).backward()
-                loss_sum += float(loss.detach()) * rows / total
-                for key, value in chunk_metrics.items():
-                    metrics[key] = metrics.get(key, 0.0) + value * rows / total
-            self.world.average_gradients(self.params)
-            if self.settings.max_grad_norm is not None:
-                norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
-                metrics["grad_norm"] = float(norm)
-            self.optimizer.step()
-            self.step += 1
-        finally:
-            self._updating = False
-            if self._pending_interrupt:
-                raise KeyboardInterrupt
+        for rows, chunk in chunks:
+            loss, chunk_metrics = self.algorithm.loss(self.policy, chunk, self.reference)
+            (loss * (rows / total)).backward()
+            loss_sum += float(loss.detach()) * rows / total
+            for key, value in chunk_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value * rows / total
+        self.world.average_gradients(self.params)
+        if self.settings.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
+            metrics["grad_norm"] = float(norm)
+        self.optimizer.step()
+        self.step += 1
         out = {f"algo/{k}": v for k, v in metrics.items()}
         out["train/loss"] = loss_sum
         return out
@@ -271,15 +265,16 @@ class _Trainer:
         return path
 
     @contextmanager
-    def _interrupt_after_update(self) -> Iterator[None]:
-        """Ctrl-C during collection stops at once; during an update it waits for the update to
-        finish, so the saved checkpoint is never half a step."""
+    def _graceful_interrupt(self) -> Iterator[None]:
+        """Ctrl-C during collection stops at once; inside ``_shielded`` (the update and its
+        bookkeeping) it waits until the step is whole and logged, so the checkpoint saved on
+        the way out is never half a step."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
 
         def handler(signum: int, frame: Any) -> None:
-            if self._updating:
+            if self._shielding:
                 self._pending_interrupt = True
             else:
                 raise KeyboardInterrupt
@@ -289,6 +284,16 @@ class _Trainer:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
+
+    @contextmanager
+    def _shielded(self) -> Iterator[None]:
+        self._shielding = True
+        try:
+            yield
+        finally:
+            self._shielding = False
+        if self._pending_interrupt:
+            raise KeyboardInterrupt
 
 
 def split_rows(batch: Any, size: int | None) -> list[tuple[int, Any]]:
