@@ -272,3 +272,37 @@ def test_micro_batches_accumulate_to_the_whole_batch_step(tmp_path):
     assert micro["algo/grad_norm"] == pytest.approx(whole["algo/grad_norm"], rel=1e-4)
     # Adam's first step moves each weight by about lr * sign(grad): the same step, within 2 lr
     assert all(torch.allclose(a, b, atol=2.1e-6, rtol=0) for a, b in zip(whole_weights, micro_weights))
+
+
+def test_an_added_value_head_is_checkpointed_and_restored(tmp_path):
+    import torch
+
+    from agilerl.core.train.from_manifest import train_from_manifest
+
+    manifest = parse_manifest(
+        {"environment": {**GUESS, "max_turns": 2}, "algorithm": {"name": "llmppo"},
+         "training": {"batch_size": 2, "group_size": 2, "max_steps": 2, "max_new_tokens": 3, "lr": 1e-2,
+                      "output_dir": str(tmp_path), "evaluation_interval": 0}},
+        base_dir=EXAMPLES / "guess",
+    )
+    first = train_from_manifest(manifest, show_progress=False)
+    head = torch.load(first.checkpoint / "extra_params.pt", weights_only=True)
+    assert sorted(head) == ["value_head.bias", "value_head.weight"]  # not the LM's own weights
+    assert head["value_head.weight"].abs().sum() > 0  # trained away from its zero init
+
+    from agilerl.builtins.algorithms import ppo
+
+    restored = []
+    original = ppo.ValueHeadModel.load_state_dict
+
+    def spy(self, state, strict=True):
+        restored.append({k: v.clone() for k, v in state.items()})
+        return original(self, state, strict=strict)
+
+    ppo.ValueHeadModel.load_state_dict = spy
+    try:
+        manifest.training.max_steps = 3
+        assert train_from_manifest(manifest, resume="latest", show_progress=False).step == 3
+    finally:
+        ppo.ValueHeadModel.load_state_dict = original
+    assert torch.equal(restored[0]["value_head.weight"], head["value_head.weight"])

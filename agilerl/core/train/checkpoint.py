@@ -113,5 +113,6 @@ def _extra_params(model: Any, policy: torch.nn.Module | None) -> dict[str, Any]:
     """The policy's tensors that ``model.save_pretrained`` does not cover (added heads)."""
     if policy is None or policy is model:
         return {}
-    own = {id(t) for t in model.state_dict().values()}
-    return {k: v for k, v in policy.state_dict().items() if id(v) not in own}
+    own = model.state_dict(keep_vars=True)  # the Parameter objects themselves, alive while compared
+    shared = {id(t) for t in own.values()}
+    return {k: v.detach() for k, v in policy.state_dict(keep_vars=True).items() if id(v) not in shared}
