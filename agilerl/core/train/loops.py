@@ -13,6 +13,7 @@ import copy
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +24,12 @@ from agilerl.core.train.algorithm import Algorithm, build_algorithm
 from agilerl.core.train.checkpoint import restore_training_state, save_checkpoint
 from agilerl.core.train.config import TrainingSettings
 from agilerl.core.train.distributed import World, init_world
-from agilerl.core.train.metrics import MetricsLog, ProgressBar, plot_curves
+from agilerl.core.train.metrics import (
+    MetricsLog,
+    PlotUnavailable,
+    ProgressBar,
+    plot_curves,
+)
 from agilerl.errors import AgileRLError
 
 if TYPE_CHECKING:
@@ -221,7 +227,11 @@ class _Trainer:
             checkpoint = self._save()
         plot = None
         if self.log is not None:
-            plot = plot_curves(self.log.path, self.output_dir / plot_name, curves, title=type(self.algorithm).__name__)
+            try:
+                title = type(self.algorithm).__name__
+                plot = plot_curves(self.log.path, self.output_dir / plot_name, curves, title=title)
+            except PlotUnavailable as exc:
+                warnings.warn(str(exc), stacklevel=2)
         return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
 
     def _update(self, batch: Any) -> dict[str, float]:

@@ -10,7 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from agilerl.errors import AgileRLError
+
 METRICS_FILE = "metrics.jsonl"
+
+
+class PlotUnavailable(AgileRLError):
+    """matplotlib is not installed; the run goes on without its plot."""
 
 
 class MetricsLog:
@@ -39,7 +45,13 @@ def plot_curves(
     metrics_path: str | Path, png_path: str | Path, keys: Sequence[str], *, title: str
 ) -> Path:
     """Plot ``keys`` against ``step`` from the jsonl (matplotlib's Agg backend: no display)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable(
+            f"no {Path(png_path).name}: plotting needs matplotlib (pip install 'agilerl[plot]'); "
+            f"the numbers are in {metrics_path}"
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

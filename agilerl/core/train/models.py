@@ -79,7 +79,7 @@ def _with_lora(model: PreTrainedModel, lora: LoraSettings, checkpoint: str | Pat
         import peft
     except ImportError:
         raise ModelLoadError(
-            "model.lora needs peft: pip install peft (or remove model.lora)."
+            "model.lora needs peft: pip install 'agilerl[lora]' (or remove model.lora)."
         ) from None
     if checkpoint is not None:
         return peft.PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
