@@ -1,5 +1,6 @@
-"""Two training processes under ``accelerate launch`` (CPU, gloo): each rank plays its own tasks,
-gradients are averaged, so both ranks end with identical weights; rank 0 alone writes files."""
+"""Two training processes under ``accelerate launch`` (CPU, gloo): each rank plays its own tasks
+(or takes its own SFT batches), gradients are averaged, so both ranks end with identical
+weights; rank 0 alone writes files."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ RANK_SCRIPT = textwrap.dedent(
     from agilerl.core.train.loops import train_llm_rollout
     from agilerl.core.train.models import load_model_and_tokenizer
 
-    manifest_path, out = sys.argv[1], sys.argv[2]
+    manifest_path, sft_path, out = sys.argv[1], sys.argv[2], sys.argv[3]
     manifest = load_manifest(manifest_path)
     world = init_world()
     training = manifest.training.model_copy(update={
@@ -47,9 +48,22 @@ RANK_SCRIPT = textwrap.dedent(
         result = train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False)
     moved = sum(float((p.detach() - q).abs().sum()) for p, q in zip(model.parameters(), initial))
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    from agilerl.core.data.dataset_env import DatasetEnv
+    from agilerl.core.train.loops import train_llm_dataset
+
+    sft = load_manifest(sft_path)
+    sft_model, _ = load_model_and_tokenizer(sft.model)
+    dataset = DatasetEnv.from_spec(sft.environment, tokenizer, base_dir=sft.base_dir, batch_size=4)
+    sft_training = sft.training.model_copy(update={
+        "max_steps": 2, "evaluation_interval": 0, "output_dir": out + "/sft",
+    })
+    sft_result = train_llm_dataset(sft_model, tokenizer, dataset, "sft", sft_training, show_progress=False)
+    sft_weights = torch.cat([p.detach().reshape(-1) for p in sft_model.parameters()])
     with open(f"{out}/rank{world.rank}.json", "w") as f:
         json.dump({"world_size": world.world_size, "step": result.step, "seeds": seeds,
-                   "moved": moved, "weights": weights[:2000].tolist()}, f)
+                   "moved": moved, "weights": weights[:2000].tolist(),
+                   "sft_step": sft_result.step, "sft_weights": sft_weights[:2000].tolist()}, f)
     """
 )
 
@@ -69,7 +83,8 @@ def test_two_cpu_ranks_average_gradients_and_shard_tasks(tmp_path):
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", str(_free_port())]
     result = subprocess.run(
-        [*launcher, str(script), str(EXAMPLES / "guess" / "manifest.yaml"), str(out)],
+        [*launcher, str(script), str(EXAMPLES / "guess" / "manifest.yaml"),
+         str(EXAMPLES / "sft" / "manifest.yaml"), str(out)],
         check=False, capture_output=True, text=True, timeout=240,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
@@ -82,3 +97,6 @@ def test_two_cpu_ranks_average_gradients_and_shard_tasks(tmp_path):
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]  # one log, written by rank 0 only
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002"]
+    # SFT: each rank takes its own batches of every epoch, and the ranks still agree
+    assert [r["sft_step"] for r in ranks] == [2, 2]
+    assert ranks[0]["sft_weights"] == ranks[1]["sft_weights"]
