@@ -45,12 +45,12 @@ TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 
 
 class _Session:
-    __slots__ = ("busy", "env", "episode_id", "last_active", "last_seen", "ping_sent", "steps", "ws")
+    __slots__ = ("busy", "ending", "env", "episode_id", "last_active", "last_seen", "ping_sent", "steps", "ws")
 
     def __init__(self, ws: web.WebSocketResponse, env: Any) -> None:
         self.ws = ws
         self.env = env
-        self.busy = False
+        self.busy = self.ending = False
         self.last_active = self.last_seen = time.monotonic()  # last frame / last frame or pong
         self.ping_sent: float | None = None
         self.steps = 0
@@ -333,6 +333,9 @@ class EnvServer:
 
     async def _end(self, session: _Session, code: int, why: str) -> None:
         """End a session from the server side: tell the client why, then close the socket."""
+        if session.ending:
+            return
+        session.ending = True
         await _send_quietly(session.ws, error_frame(ErrorCode.SESSION_ERROR, f"session ended: {why}"))
         await session.ws.close(code=code, message=why[:120].encode())
 
@@ -344,7 +347,7 @@ class EnvServer:
             await asyncio.sleep(tick)
             now = time.monotonic()
             for s in list(self._sessions):
-                if s.busy or s.ws.closed:
+                if s.busy or s.ending or s.ws.closed:
                     continue  # a busy session is not reading; its silence means nothing
                 if timeout and now - s.last_active > timeout:
                     self._spawn(self._end(s, WSCloseCode.OK, f"idle for more than {timeout:g} s"))
