@@ -34,10 +34,10 @@ class DPO(Algorithm[DPOConfig]):
         if reference is None:
             raise ValueError("DPO needs the frozen reference model: pass reference=.")
         input_ids, attention_mask, loss_mask = stack_pairs(batch)
-        policy_sums = (policy_logprobs(policy, input_ids, attention_mask) * loss_mask).sum(dim=1)
+        policy_sums = (policy_logprobs(policy, input_ids, attention_mask, mask=loss_mask) * loss_mask).sum(dim=1)
         with torch.no_grad():
             reference_sums = (
-                policy_logprobs(reference, input_ids, attention_mask) * loss_mask
+                policy_logprobs(reference, input_ids, attention_mask, mask=loss_mask) * loss_mask
             ).sum(dim=1)
         return dpo_loss(policy_sums, reference_sums, self.config.beta)
 

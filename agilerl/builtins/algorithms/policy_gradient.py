@@ -14,7 +14,7 @@ from pydantic import AliasChoices, Field
 
 from agilerl.core.train.algorithm import Algorithm, AlgorithmConfig
 from agilerl.core.train.batch import RolloutTensors
-from agilerl.core.train.logprobs import masked_mean, policy_logprobs, token_logprobs
+from agilerl.core.train.logprobs import forward, masked_mean, policy_logprobs, token_logprobs
 
 GRANULARITY_KEYS = AliasChoices("advantage_granularity", "action_granularity")
 """``action_granularity`` is accepted as an alias of ``advantage_granularity``."""
@@ -58,7 +58,7 @@ class PolicyGradient(Algorithm[ConfigT]):
         batch: RolloutTensors,
         reference: torch.nn.Module | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        outputs = policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        outputs = forward(policy, batch.input_ids, batch.attention_mask, batch.loss_mask)
         logprobs = token_logprobs(
             outputs.logits, batch.input_ids, temperature=self.config.temperature
         )
@@ -94,6 +94,7 @@ class PolicyGradient(Algorithm[ConfigT]):
                 batch.input_ids,
                 batch.attention_mask,
                 temperature=self.config.temperature,
+                mask=batch.loss_mask,
             )
         diff = ref - logprobs
         return torch.exp(diff) - diff - 1

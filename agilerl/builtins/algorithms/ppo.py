@@ -49,9 +49,14 @@ class ValueHeadModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ValueHeadOutput:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int = 0
+    ) -> ValueHeadOutput:
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+            logits_to_keep=logits_to_keep,
         )
         values = self.value_head(out.hidden_states[-1]).squeeze(-1).float()
         return ValueHeadOutput(

@@ -23,6 +23,8 @@ class SFT(Algorithm[SFTConfig]):
     def loss(
         self, policy: Module, batch: dict[str, Tensor], reference: Module | None = None
     ) -> tuple[Tensor, dict[str, float]]:
-        logprobs = policy_logprobs(policy, batch["input_ids"], batch["attention_mask"])
+        logprobs = policy_logprobs(
+            policy, batch["input_ids"], batch["attention_mask"], mask=batch["loss_mask"]
+        )
         loss = -masked_mean(logprobs, batch["loss_mask"])
         return loss, {"loss": loss.item(), "perplexity": loss.detach().exp().item()}

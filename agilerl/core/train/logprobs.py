@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -11,17 +11,32 @@ if TYPE_CHECKING:
 def token_logprobs(
     logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0
 ) -> torch.Tensor:
-    """``out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])``; position 0 has no prefix: 0.
+    """``out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])``; 0 where nothing was scored.
 
     Aligned with ``input_ids`` so one mask (action, response) selects both tokens and scores.
-    ``temperature`` must match the sampler's so that on-policy importance ratios are exactly 1.
+    ``logits`` may cover only the last K positions (a model run with ``logits_to_keep=K``):
+    earlier positions then score 0. ``temperature`` must match the sampler's so that on-policy
+    importance ratios are exactly 1.
     """
     import torch
 
+    kept = logits.shape[1]
     scaled = logits[:, :-1].float() / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
+    targets = input_ids[:, input_ids.shape[1] - kept + 1 :].unsqueeze(-1)
     picked = scaled.gather(-1, targets).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-    return torch.nn.functional.pad(picked, (1, 0))
+    return torch.nn.functional.pad(picked, (input_ids.shape[1] - kept + 1, 0))
+
+
+def logits_to_keep(mask: torch.Tensor) -> int:
+    """How many final positions' logits score every token ``mask`` selects (0: all of them).
+
+    The vocabulary projection and log-softmax dominate a small model's step; prompts need neither.
+    """
+    selected = mask.any(dim=0).nonzero()
+    if len(selected) == 0:
+        return 1
+    keep = mask.shape[1] - int(selected[0]) + 1
+    return 0 if keep >= mask.shape[1] else keep
 
 
 def policy_logprobs(
@@ -30,13 +45,35 @@ def policy_logprobs(
     attention_mask: torch.Tensor,
     *,
     temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Run ``model`` over a right-padded batch and return :func:`token_logprobs` ``[B, T]``."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    return token_logprobs(logits, input_ids, temperature=temperature)
+    """Run ``model`` over a right-padded batch and return :func:`token_logprobs` ``[B, T]``.
+
+    With ``mask`` only the positions it selects are scored (the rest are 0), which skips the
+    vocabulary projection over prompts.
+    """
+    return token_logprobs(forward(model, input_ids, attention_mask, mask).logits, input_ids, temperature=temperature)
+
+
+def forward(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor | None
+) -> Any:
+    """The model's forward output, with logits only for what ``mask`` needs scored."""
+    keep = logits_to_keep(mask) if mask is not None and _takes_logits_to_keep(model) else 0
+    if keep:
+        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep)
+    return model(input_ids=input_ids, attention_mask=attention_mask)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` where ``mask`` is true; 0 (not NaN) when nothing is selected."""
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """transformers' causal LMs (and wrappers passing keywords on) accept ``logits_to_keep``."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "logits_to_keep" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
