@@ -1,0 +1,45 @@
+"""The documented import paths (DESIGN.md contract) import; the retired names do not exist."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+DOCUMENTED = [
+    ("agilerl.llm_envs", "RolloutHarness"),
+    ("agilerl.llm_envs.openenv", "InProcessEnvClient"),
+    ("agilerl.llm_envs.openenv", "RemoteEnvClient"),
+    ("agilerl.llm_envs.openenv_server", "resolve_env"),
+    ("agilerl.llm_envs.qa_dataset", "QADatasetEnv"),
+    ("agilerl.llm_envs.qa_dataset", "DatasetEnv"),
+    ("agilerl.llm_envs", "RolloutCollector"),
+    ("agilerl.llm_envs", "TaskAssigner"),
+    ("agilerl.llm_envs", "train_llm_rollout"),
+    ("agilerl.llm_envs", "train_llm_dataset"),
+    ("agilerl", "hookimpl"),
+]
+RETIRED = [
+    "HuggingFaceGym", "ReasoningGym", "SyncMultiTurnVecEnv", "SFTGym", "PreferenceGym",
+    "PromptDatasetEnv", "IterablePromptBatchGym", "TokenObservationWrapper",
+    "finetune_llm_reasoning", "finetune_llm_multiturn",
+]
+
+
+@pytest.mark.parametrize(("module", "name"), DOCUMENTED)
+def test_documented_name_imports(module, name):
+    assert callable(getattr(importlib.import_module(module), name))
+
+
+@pytest.mark.parametrize("name", RETIRED)
+def test_retired_name_is_gone(name):
+    for module in ("agilerl", "agilerl.llm_envs"):
+        with pytest.raises(AttributeError):
+            getattr(importlib.import_module(module), name)
+
+
+def test_harness_from_the_documented_path_is_the_core_one():
+    from agilerl.core.harness import RolloutHarness
+    from agilerl.llm_envs import RolloutHarness as Documented
+
+    assert Documented is RolloutHarness
