@@ -16,13 +16,21 @@ OBSERVATION = "Too high! Your guess was above the target, try a lower number."
 
 
 class CountingEnv:
-    """Never ends by itself: the harness's turn budget ends every episode."""
+    """Never ends by itself: the harness's turn budget ends every episode.
+
+    Every observation is new text (it carries a counter), so the harness's memo of repeated
+    observations never hits: this measures the full per-turn work.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
 
     def reset(self, seed=None):
         return "Guess a number between 1 and 100.", {}
 
     def step(self, action):
-        return OBSERVATION, 0.0, False, False, {}
+        self.count += 1
+        return f"{OBSERVATION} ({self.count})", 0.0, False, False, {}
 
 
 def raw_step_us(tokenizer, steps: int) -> float:

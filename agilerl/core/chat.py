@@ -16,6 +16,7 @@ _BASE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
 _SENTINEL = "\x00AGILERL_CONTENT\x00"
 _PROBE = "  probe\n text  "
 _PROMPT_CACHE_SIZE = 4096
+_CACHED_OBSERVATION_CHARS = 512
 
 
 class ChatTemplateError(ValueError):
@@ -39,6 +40,7 @@ class ChatRenderer:
         self._base_text = self.render_text(_BASE)
         self._wrappers: dict[str, tuple[str, str] | None] = {}
         self._prompt_cache: dict[tuple[tuple[str, str], ...], list[int]] = {}
+        self._tail_cache: dict[tuple[str, str, bool], list[int]] = {}
         self.generation_prompt = self._delta(self.render_text(_BASE, add_generation_prompt=True))
         opened = self.generation_prompt + "x"
         asst_delta = self._delta(self.render_text([*_BASE, {"role": "assistant", "content": "x"}]))
@@ -81,6 +83,26 @@ class ChatRenderer:
                     self._prompt_cache.clear()
                 self._prompt_cache[key] = cached
         return list(cached)
+
+    def turn_tail_ids(self, role: str, observation: str, *, final: bool) -> list[int]:
+        """Ids after a completion: the assistant turn's close, the observation's message (none
+        for an empty final one) and, unless final, the next generation prompt. Do not mutate.
+
+        Memoised for short observations: envs repeat them ("Too high!"), and this encode is most
+        of a turn's bookkeeping.
+        """
+        key = (role, observation, final)
+        tail = self._tail_cache.get(key)
+        if tail is None:
+            text = self.assistant_close
+            if observation or not final:
+                text += self.message_text(role, observation)
+            tail = self.encode(text) + ([] if final else self.encode(self.generation_prompt))
+            if len(observation) <= _CACHED_OBSERVATION_CHARS:
+                if len(self._tail_cache) >= _PROMPT_CACHE_SIZE:
+                    self._tail_cache.clear()
+                self._tail_cache[key] = tail
+        return tail
 
     def message_text(self, role: str, content: str) -> str:
         """The text one appended message adds to any conversation."""

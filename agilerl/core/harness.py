@@ -102,7 +102,6 @@ class RolloutHarness:
             tools=tools if tools is not None else getattr(env, "tools", None),
             chat_template_kwargs=chat_template_kwargs,
         )
-        self._gen_prompt_ids = self.renderer.encode(self.renderer.generation_prompt)
         self._trajectory: Trajectory | None = None
         self._turn = 0
         self._done = True
@@ -237,14 +236,9 @@ class RolloutHarness:
         """Append the completion, the template's turn close, the observation and the next opening."""
         traj = self.trajectory
         renderer = self.renderer
-        tail_text = renderer.assistant_close
-        if observation or not self._done:  # a final empty observation is no turn at all
-            tail_text += renderer.message_text(self.observation_role, observation)
-        tail = renderer.encode(tail_text)
+        tail = renderer.turn_tail_ids(self.observation_role, observation, final=self._done)
         if action_ids and action_ids[-1] == renderer.end_of_turn_id and tail and tail[0] == action_ids[-1]:
             tail = tail[1:]  # the model already closed its turn
-        if not self._done:
-            tail += self._gen_prompt_ids
         turn = self._turn - 1
         if logprobs is not None or traj.logprobs is not None:
             if traj.logprobs is None:
