@@ -141,3 +141,11 @@ def test_env_check_cli_reports_a_broken_env(tmp_path):
     )
     assert result.returncode == 1
     assert json.loads(result.stdout)["problems"] == ["reset() must return a 2-tuple (prompt, info), got str"]
+
+
+def test_env_config_must_be_a_json_object():
+    result = subprocess.run(
+        [sys.executable, "-m", "agilerl", "env", "check", "guess_env.py:GuessEnv", "--env-config", "[1]"],
+        capture_output=True, text=True, cwd=EXAMPLES / "guess", timeout=60,
+    )
+    assert result.returncode == 2 and "--env-config: must be a JSON object" in result.stderr

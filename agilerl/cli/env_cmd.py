@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from agilerl.cli.args import json_object
 from agilerl.errors import AgileRLError
 
 _RANDOM_WORDS = ("yes", "no", "hello", "higher", "lower", "done", "?")
@@ -23,23 +24,13 @@ def add_parser(subparsers: Any) -> None:
         "manifest file (whatever source its environment section names).",
     )
     check.add_argument("source")
-    check.add_argument("--env-config", type=_json_object, default={}, help="JSON keyword arguments.")
+    check.add_argument("--env-config", type=json_object, default={}, help="JSON keyword arguments.")
     check.add_argument("--episodes", type=int, default=1)
     check.add_argument("--actions", help='Comma-separated scripted actions, one per turn: "5,9,7".')
     check.add_argument("--max-turns", type=int, help="Turn budget (default: the env's max_turns).")
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--json", action="store_true", help="Print a JSON summary instead.")
     check.set_defaults(handler=_check)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"--env-config is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("--env-config must be a JSON object")
-    return value
 
 
 def _spec_for(args: argparse.Namespace) -> tuple[Any, Path | None]:

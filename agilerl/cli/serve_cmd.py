@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from agilerl.cli.env_cmd import _json_object
+from agilerl.cli.args import json_object
 
 
 def add_parser(subparsers: Any) -> None:
@@ -17,7 +17,7 @@ def add_parser(subparsers: Any) -> None:
         "every request must carry 'Authorization: Bearer <token>'.",
     )
     parser.add_argument("entrypoint")
-    parser.add_argument("--env-config", type=_json_object, default={}, help="JSON keyword arguments.")
+    parser.add_argument("--env-config", type=json_object, default={}, help="JSON keyword arguments.")
     parser.add_argument("--env-package", action="append", dest="env_packages", metavar="PKG",
                         help="Install PKG (with uv) if the entrypoint cannot be imported; repeatable.")
     parser.add_argument("--host", default="127.0.0.1", help="Address to bind (default: loopback only).")

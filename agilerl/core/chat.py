@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agilerl.errors import AgileRLError
+
 _BASE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
 _SENTINEL = "\x00AGILERL_CONTENT\x00"
 _PROBE = "  probe\n text  "
@@ -19,7 +21,7 @@ _PROMPT_CACHE_SIZE = 4096
 _CACHED_OBSERVATION_CHARS = 512
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(AgileRLError, ValueError):
     """The tokenizer's chat template cannot be rendered incrementally."""
 
 
