@@ -357,8 +357,15 @@ class _Connection:
         if self._inbox:
             item = self._inbox.popleft()
         else:
-            self._waiter = asyncio.get_running_loop().create_future()
-            item = await asyncio.wait_for(self._waiter, timeout_s)
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            # A bare timer, not ``wait_for``: that wraps every request in a task of its own.
+            expiry = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
+            try:
+                item = await waiter
+            finally:
+                if expiry is not None:
+                    expiry.cancel()
         if isinstance(item, _ConnectionLost):
             self._inbox.appendleft(item)  # every later request gets the same answer
             raise item
@@ -376,6 +383,11 @@ class _Connection:
         except (ConnectionError, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError):
             pass  # the server ends the session (and closes its env) either way
         self._reader.cancel()
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(asyncio.TimeoutError())
 
 
 def _http_base(url: str) -> str:
