@@ -231,3 +231,48 @@ def test_harnesses_can_share_one_renderer_and_its_prompt_cache(chatml_tokenizer)
     assert first.renderer.prompt_ids([{"role": "user", "content": "x"}]) == _full_render(
         chatml_tokenizer, [{"role": "user", "content": "x"}], add_generation_prompt=True
     )
+
+
+_DEFAULT_SYSTEM_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("template", ["chatml", "llama3", "default_system"])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "Guess a number."}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Guess a number."}],
+        [{"role": "user", "content": "  padded \n"}],  # Llama 3 trims content: no shortcut there
+        [{"role": "system", "content": ""}, {"role": "user", "content": "multi\nline\n\n"}],
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
+    ],
+)
+def test_opening_ids_equal_one_full_render(template, messages, request):
+    """New prompts skip the template render: the renderer fills learned text around the contents."""
+    base = request.getfixturevalue("llama3_tokenizer" if template == "llama3" else "chatml_tokenizer")
+    tokenizer = base
+    if template == "default_system":
+        tokenizer = base.__class__(
+            tokenizer_object=base.backend_tokenizer,
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+            chat_template=_DEFAULT_SYSTEM_TEMPLATE,
+        )
+    renderer = RolloutHarness.local(GuessEnv(), tokenizer).renderer
+    expected = _full_render(tokenizer, messages, add_generation_prompt=True)
+    assert renderer.prompt_ids(messages) == expected
+    assert renderer.prompt_ids(messages) == expected  # memoised
+
+
+def test_decoded_actions_match_the_tokenizers_decode(chatml_tokenizer):
+    harness = RolloutHarness.local(GuessEnv(), chatml_tokenizer)
+    harness.reset(seed=0)
+    ids = chatml_tokenizer.encode(" Seven, or 7?  ", add_special_tokens=False)
+    action = harness.prepare_step([*ids, harness.renderer.end_of_turn_id])
+    assert action == chatml_tokenizer.decode(ids, skip_special_tokens=True) == " Seven, or 7?  "

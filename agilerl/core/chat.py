@@ -6,6 +6,9 @@ the template wraps one appended message (the text before and after its content),
 the shortcut reproduces the template on a probe. Templates that transform content (Llama 3 trims
 it) fail the probe and fall back to rendering just the new message against a fixed two-message
 context: still constant work per turn.
+
+A conversation's opening (system and user messages) is filled into the template's learned text
+the same way, so a new prompt costs one encode, not a template render.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ _SENTINEL = "\x00AGILERL_CONTENT\x00"
 _PROBE = "  probe\n text  "
 _PROMPT_CACHE_SIZE = 4096
 _CACHED_OBSERVATION_CHARS = 512
+_OPENING_ROLES = frozenset({"system", "user"})
 
 
 class ChatTemplateError(AgileRLError, ValueError):
@@ -43,6 +47,8 @@ class ChatRenderer:
         self._wrappers: dict[str, tuple[str, str] | None] = {}
         self._prompt_cache: dict[tuple[tuple[str, str], ...], list[int]] = {}
         self._tail_cache: dict[tuple[str, str, bool], list[int]] = {}
+        self._openings: dict[tuple[str, ...], list[str] | None] = {}
+        self._clean_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
         self.generation_prompt = self._delta(self.render_text(_BASE, add_generation_prompt=True))
         opened = self.generation_prompt + "x"
         asst_delta = self._delta(self.render_text([*_BASE, {"role": "assistant", "content": "x"}]))
@@ -71,6 +77,12 @@ class ChatRenderer:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of generated ids, special tokens dropped (as ``tokenizer.decode`` gives it)."""
+        if self._backend is not None and not self._clean_up_spaces:
+            return self._backend.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of a conversation's opening plus the generation prompt (a fresh list).
 
@@ -79,7 +91,7 @@ class ChatRenderer:
         key = _messages_key(messages)
         cached = self._prompt_cache.get(key) if key is not None else None
         if cached is None:
-            cached = self.encode(self.render_text(messages, add_generation_prompt=True))
+            cached = self.encode(self._opening_text(messages, key))
             if key is not None:
                 if len(self._prompt_cache) >= _PROMPT_CACHE_SIZE:
                     self._prompt_cache.clear()
@@ -115,6 +127,36 @@ class ChatRenderer:
             return self._delta(self.render_text([*_BASE, {"role": role, "content": content}]))
         return wrapper[0] + content + wrapper[1]
 
+    def _opening_text(self, messages: list[dict[str, Any]], key: tuple[tuple[str, str], ...] | None) -> str:
+        """The rendered opening plus generation prompt: the learned pieces around the contents
+        when the template's opening for these roles was learned, else one full render."""
+        roles = tuple(role for role, _ in key) if key is not None else ()
+        if roles and _OPENING_ROLES.issuperset(roles):
+            if roles not in self._openings:
+                self._openings[roles] = self._learn_opening(roles)
+            pieces = self._openings[roles]
+            if pieces is not None:
+                return _interleave(pieces, [content for _, content in key or ()])
+        return self.render_text(messages, add_generation_prompt=True)
+
+    def _learn_opening(self, roles: tuple[str, ...]) -> list[str] | None:
+        """The text between the contents of an opening with these roles, or None when the
+        template alters or inspects content (checked on a probe)."""
+        sentinels = [f"{_SENTINEL}{i}\x00" for i in range(len(roles))]
+        text = self.render_text(
+            [{"role": r, "content": c} for r, c in zip(roles, sentinels)], add_generation_prompt=True
+        )
+        pieces = []
+        for sentinel in sentinels:
+            before, found, text = text.partition(sentinel)
+            if not found or sentinel in text:
+                return None
+            pieces.append(before)
+        pieces.append(text)
+        probes = [_PROBE.replace("probe", f"probe{i}") for i in range(len(roles))]
+        probe = self.render_text([{"role": r, "content": c} for r, c in zip(roles, probes)], add_generation_prompt=True)
+        return pieces if probe == _interleave(pieces, probes) else None
+
     def _delta(self, text: str) -> str:
         if not text.startswith(self._base_text):
             raise ChatTemplateError(
@@ -131,6 +173,13 @@ class ChatRenderer:
         prefix, suffix = delta.split(_SENTINEL)
         probe = self._delta(self.render_text([*_BASE, {"role": role, "content": _PROBE}]))
         return (prefix, suffix) if probe == prefix + _PROBE + suffix else None
+
+
+def _interleave(pieces: list[str], contents: list[str]) -> str:
+    parts = [pieces[0]]
+    for content, piece in zip(contents, pieces[1:]):
+        parts += (content, piece)
+    return "".join(parts)
 
 
 def _messages_key(messages: list[dict[str, Any]]) -> tuple[tuple[str, str], ...] | None:

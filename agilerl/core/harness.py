@@ -190,7 +190,7 @@ class RolloutHarness:
             action_ids = list(completion)
             ended = bool(action_ids) and action_ids[-1] == self.renderer.end_of_turn_id
             body = action_ids[:-1] if ended else action_ids
-            action_text = self.tokenizer.decode(body, skip_special_tokens=True)
+            action_text = self.renderer.decode(body)
         self._pending = (action_ids, logprobs)
         return action_text
 
