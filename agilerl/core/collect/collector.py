@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.core.collect.assigner import Task, TaskAssigner
-from agilerl.core.collect.concurrency import DaemonPool, run_in_threads, run_on_loop
+from agilerl.core.collect.concurrency import run_in_threads, run_on_loop
 from agilerl.core.collect.policy import Generation, Policy, SamplingParams
 from agilerl.core.collect.results import (
     CollectionError,
@@ -41,6 +41,7 @@ from agilerl.core.collect.results import (
 )
 from agilerl.core.chat import ChatRenderer
 from agilerl.core.harness import RolloutHarness
+from agilerl.core.threads import WorkerThreads
 from agilerl.errors import AgileRLError
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class RolloutCollector:
         except BaseException:
             _close_quietly(first)
             raise
-        self._pool = DaemonPool(self.num_slots)
+        self._threads = WorkerThreads("agilerl-env", min_workers=self.num_slots)
         try:
             dataset_size = getattr(first, "dataset_size", None) or metadata.get("dataset_size")
             self.assigner = TaskAssigner(dataset_size, seed=seed, rank=rank, world_size=world_size)
@@ -226,7 +227,7 @@ class RolloutCollector:
             results = run_on_loop(shared_loop().run, acalls, self.env_timeout_s, phase)
         else:
             calls = [lambda c=c, s=s: call(c, s) for c, s in zip(clients, slots)]
-            results = run_in_threads(self._pool, calls, self.env_timeout_s, phase)
+            results = run_in_threads(self._threads, calls, self.env_timeout_s, phase)
         run.env_time_s += time.perf_counter() - t0
         applied: dict[int, Any] = {}
         for s, result in zip(slots, results):
@@ -261,7 +262,7 @@ class RolloutCollector:
 
     def _create_many(self, slots: range) -> None:
         """Build the envs of ``slots`` at once; raise the first failure."""
-        built = run_in_threads(self._pool, [lambda: self._harness(self._env_factory())] * len(slots), None, "creation")
+        built = run_in_threads(self._threads, [lambda: self._harness(self._env_factory())] * len(slots), None, "creation")
         for slot, result in zip(slots, built):
             if not isinstance(result, BaseException):
                 self._slots[slot] = result
@@ -292,8 +293,8 @@ class RolloutCollector:
         for harness in self._slots:
             if harness is not None:
                 _close_quietly(harness)
-        if hasattr(self, "_pool"):
-            self._pool.shutdown()
+        if hasattr(self, "_threads"):
+            self._threads.shutdown()
 
     def __enter__(self) -> RolloutCollector:
         return self

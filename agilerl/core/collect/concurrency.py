@@ -1,19 +1,19 @@
 """Running one call per env at once, each bounded by a timeout.
 
-In-process envs block, so their calls run on worker threads; async (remote) clients run as
-coroutines on the shared remote event loop, where a timeout really cancels the call. Worker
-threads are daemons: an env hung forever cannot keep the process from exiting, and each
-abandoned call gets a fresh worker so the pool never silently shrinks.
+In-process envs block, so their calls run on worker threads (``WorkerThreads``: a call stuck in
+a hung env keeps its thread, and the next phase gets a fresh one); async (remote) clients run as
+coroutines on the shared remote event loop, where a timeout really cancels the call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
+from agilerl.core.threads import WorkerThreads
 from agilerl.errors import AgileRLError
 
 
@@ -30,7 +30,6 @@ class _Phase:
 
     def __init__(self, size: int) -> None:
         self.results: list[Any] = [None] * size
-        self.started = [False] * size
         self.finished = [False] * size
         self.abandoned = False
         self._remaining = size
@@ -42,10 +41,7 @@ class _Phase:
     def start(self, index: int) -> bool:
         """Claim a call; False once the caller gave up on this phase (its timeout passed)."""
         with self._lock:
-            if self.abandoned:
-                return False
-            self.started[index] = True
-            return True
+            return not self.abandoned
 
     def finish(self, index: int, result: Any) -> None:
         with self._lock:
@@ -61,58 +57,27 @@ class _Phase:
             self.abandoned = True
 
 
-class DaemonPool:
-    """A fixed set of daemon worker threads, started once and reused for every call."""
-
-    def __init__(self, size: int, name: str = "agilerl-env") -> None:
-        self._queue: queue.SimpleQueue[tuple[_Phase, int, Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._name = name
-        self._workers = 0
-        for _ in range(size):
-            self.add_worker()
-
-    def add_worker(self) -> None:
-        """One more worker (replacing one stuck in an abandoned call)."""
-        self._workers += 1
-        threading.Thread(target=self._work, name=f"{self._name}-{self._workers}", daemon=True).start()
-
-    def submit(self, phase: _Phase, index: int, fn: Callable[[], Any]) -> None:
-        self._queue.put((phase, index, fn))
-
-    def shutdown(self) -> None:
-        """Let idle workers exit; a stuck one exits when its call returns."""
-        for _ in range(self._workers):
-            self._queue.put(None)
-        self._workers = 0
-
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            phase, index, fn = item
-            if phase.start(index):
-                try:
-                    result = fn()
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                    result = exc
-                phase.finish(index, result)
-
-
 def run_in_threads(
-    pool: DaemonPool, calls: Sequence[Callable[[], Any]], timeout_s: float | None, what: str
+    threads: WorkerThreads, calls: Sequence[Callable[[], Any]], timeout_s: float | None, what: str
 ) -> list[Any]:
     """Each call's result, or the exception it raised, or an ``EnvTimeoutError``."""
     phase = _Phase(len(calls))
     for index, call in enumerate(calls):
-        pool.submit(phase, index, call)
+        threads.submit(partial(_run_call, phase, index, call))
     phase.wait(timeout_s)
-    results: list[Any] = []
-    for index in range(len(calls)):
-        if phase.finished[index]:
-            results.append(phase.results[index])
-        else:
-            if phase.started[index]:  # its worker is stuck in the call: replace it
-                pool.add_worker()
-            results.append(_timeout(what, timeout_s))
-    return results
+    return [
+        phase.results[index] if phase.finished[index] else _timeout(what, timeout_s)
+        for index in range(len(calls))
+    ]
+
+
+def _run_call(phase: _Phase, index: int, call: Callable[[], Any]) -> None:
+    if phase.start(index):
+        try:
+            result = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            result = exc
+        phase.finish(index, result)
 
 
 def run_on_loop(

@@ -1,6 +1,6 @@
 """Serve any text env over OpenEnv's WebSocket protocol (aiohttp), one fresh env per session.
 
-Env calls go through ``EnvCaller`` (inline while fast, thread pool once slow); each session's
+Env calls go through ``EnvCaller`` (inline while fast, on worker threads once slow); each session's
 env is closed exactly once, whatever ends the session.
 """
 
@@ -15,7 +15,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from agilerl.core.remote.frames import (
     state_frame,
 )
 from agilerl.core.remote.loop import LoopThread
+from agilerl.core.threads import WorkerThreads
 from agilerl.errors import AgileRLError
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,9 @@ class EnvServer:
         self._token = token
         self._heartbeat_s = heartbeat_s
         self._max_message_bytes = max_message_bytes
-        self._pool = ThreadPoolExecutor(max_concurrent_envs, thread_name_prefix="agilerl-env")
-        self.caller = EnvCaller(self._pool, inline_budget_s)
+        # One call in flight per session, plus env builds and closes around them.
+        self._threads = WorkerThreads("agilerl-env", max_workers=2 * max_concurrent_envs + 2)
+        self.caller = EnvCaller(self._threads, inline_budget_s)
         self._active = 0
         self._sessions: set[_Session] = set()
         self._closing: set[asyncio.Task[None]] = set()
@@ -147,7 +148,7 @@ class EnvServer:
                 await asyncio.wait(self._closing, timeout=grace_s)
         if self._runner is not None:
             await self._runner.cleanup()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._threads.shutdown()
 
     # -- HTTP routes ---------------------------------------------------------------------------
 
@@ -171,7 +172,7 @@ class EnvServer:
         info = self._env_info
         if info is None:
             try:  # no session has built an env yet: build one to describe
-                env = await self.caller.in_pool(self._factory)
+                env = await self.caller.in_thread(self._factory)
                 self.envs_created += 1
                 info = self._describe(env)
                 await self._close_env(env)
@@ -229,7 +230,7 @@ class EnvServer:
         try:
             await ws.prepare(request)
             try:
-                env = await self.caller.in_pool(self._factory)
+                env = await self.caller.in_thread(self._factory)
             except Exception as exc:
                 log.exception("env factory failed")
                 await _send_quietly(ws, error_frame(
@@ -323,7 +324,7 @@ class EnvServer:
         try:
             close = getattr(env, "close", None)
             if callable(close):
-                await self.caller.in_pool(close)
+                await self.caller.in_thread(close)
         except Exception:
             log.exception("env.close() failed")
         finally:

@@ -1,0 +1,138 @@
+"""WorkerThreads and LoopCalls: the worker threads behind the collector and the env server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from agilerl.core.threads import LoopCalls, WorkerThreads
+
+
+def _run_all(threads: WorkerThreads, count: int, fn) -> list[object]:
+    results: list[object] = [None] * count
+    done = threading.Semaphore(0)
+
+    def task(i: int) -> None:
+        results[i] = fn(i)
+        done.release()
+
+    for i in range(count):
+        threads.submit(lambda i=i: task(i))
+    for _ in range(count):
+        assert done.acquire(timeout=10)
+    return results
+
+
+def test_blocking_calls_run_at_once_on_as_many_threads() -> None:
+    threads = WorkerThreads("t")
+    start = time.perf_counter()
+    names = _run_all(threads, 16, lambda i: (time.sleep(0.2), threading.current_thread().name)[1])
+    assert time.perf_counter() - start < 1.5  # 16 x 0.2 s one after another would take 3.2 s
+    assert len(set(names)) == 16
+    threads.shutdown()
+
+
+def test_idle_workers_are_reused() -> None:
+    threads = WorkerThreads("t", min_workers=2)
+    for _ in range(5):
+        _run_all(threads, 2, lambda i: None)
+    assert sum(t.name.startswith("t-") for t in threading.enumerate()) == 2
+    threads.shutdown()
+
+
+def test_a_worker_stuck_in_a_hung_call_is_replaced_by_a_new_one() -> None:
+    threads = WorkerThreads("t", min_workers=1)
+    release = threading.Event()
+    threads.submit(lambda: release.wait(10) and None)
+    assert _run_all(threads, 1, lambda i: "served") == ["served"]
+    release.set()
+    threads.shutdown()
+
+
+def test_past_max_workers_tasks_wait_their_turn() -> None:
+    threads = WorkerThreads("t", max_workers=2)
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def call(i: int) -> int:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+        return i
+
+    assert _run_all(threads, 6, call) == list(range(6))
+    assert peak == 2
+    threads.shutdown()
+
+
+def test_submit_after_shutdown_is_refused() -> None:
+    threads = WorkerThreads("t", min_workers=1)
+    threads.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        threads.submit(lambda: None)
+
+
+def test_loop_calls_return_results_and_raise_errors_in_order() -> None:
+    async def main() -> None:
+        calls = LoopCalls(WorkerThreads("t"), asyncio.get_running_loop())
+
+        def boom() -> None:
+            raise ValueError("env broke")
+
+        def stop() -> None:
+            raise StopIteration
+
+        results = await asyncio.gather(
+            *(calls.run(lambda i=i: (time.sleep(0.01), i * i)[1]) for i in range(32)),
+            calls.run(boom),
+            calls.run(stop),
+            return_exceptions=True,
+        )
+        assert results[:32] == [i * i for i in range(32)]
+        assert isinstance(results[32], ValueError) and str(results[32]) == "env broke"
+        assert isinstance(results[33], RuntimeError) and "StopIteration" in str(results[33])
+
+    asyncio.run(main())
+
+
+def test_loop_calls_wake_the_loop_once_per_burst() -> None:
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        original = loop.call_soon_threadsafe
+
+        def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal wakeups
+            wakeups += 1
+            return original(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        calls = LoopCalls(WorkerThreads("t"), loop)
+        gate = threading.Barrier(32)
+        await asyncio.gather(*(calls.run(gate.wait, 10) for _ in range(32)))
+        return wakeups
+
+    assert asyncio.run(main()) < 32
+
+
+def test_a_cancelled_wait_drops_the_late_result() -> None:
+    async def main() -> None:
+        calls = LoopCalls(WorkerThreads("t"), asyncio.get_running_loop())
+        release = threading.Event()
+        waiting = asyncio.ensure_future(calls.run(release.wait, 10))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        release.set()
+        await asyncio.sleep(0.1)  # the late result arrives and is dropped, not set on a done future
+        assert waiting.cancelled()
+        assert await calls.run(lambda: "next") == "next"
+
+    asyncio.run(main())
