@@ -3,6 +3,7 @@ bookkeeping (``Run``) that builds it while the collector plays."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
@@ -117,9 +118,9 @@ class Run:
         groups = [rewards[i : i + self.group_size] for i in range(0, len(rewards), self.group_size)]
         stats = CollectStats(
             reward_mean=statistics.fmean(rewards),
-            reward_std=statistics.pstdev(rewards),
+            reward_std=_pstdev(rewards),
             group_reward_mean=[statistics.fmean(g) for g in groups],
-            group_reward_std=[statistics.pstdev(g) for g in groups],
+            group_reward_std=[_pstdev(g) for g in groups],
             turns_mean=statistics.fmean(t.num_turns for t in trajectories),
             generated_tokens=self.generated_tokens,
             generation_calls=self.generation_calls,
@@ -130,6 +131,13 @@ class Run:
             failures=self.failures,
         )
         return RolloutBatch(trajectories, self.group_size, stats)
+
+
+def _pstdev(values: list[float]) -> float:
+    """Population standard deviation in plain floats (``statistics.pstdev`` works in exact
+    fractions: a third of a millisecond per batch of 64)."""
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
 def end_of_last_action(traj: Trajectory) -> int:
