@@ -36,10 +36,10 @@ def test_blocking_calls_run_at_once_on_as_many_threads() -> None:
 
 
 def test_idle_workers_are_reused() -> None:
-    threads = WorkerThreads("t", min_workers=2)
+    threads = WorkerThreads("reused", min_workers=2)
     for _ in range(5):
         _run_all(threads, 2, lambda i: None)
-    assert sum(t.name.startswith("t-") for t in threading.enumerate()) == 2
+    assert sum(t.name.startswith("reused-") for t in threading.enumerate()) == 2
     threads.shutdown()
 
 
