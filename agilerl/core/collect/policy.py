@@ -3,7 +3,10 @@
 ``Policy`` is one method, so the collector never knows what generates: ``TransformersPolicy``
 wraps a Hugging Face model, ``ScriptedPolicy`` replies from a script (tests, benchmarks), and a
 vLLM backend would implement the same ``generate``. Log-probs are those of the sampled tokens
-under the distribution they were sampled from; the training algorithms use them as old log-probs.
+under the temperature-scaled model, the distribution the losses recompute: the training algorithms
+use them as old log-probs, so an on-policy ratio is exactly 1. Top-k and top-p shape what is
+sampled but are left out of the log-probs (as TRL and verl do): including them would shift every
+ratio by the truncated mass and move the clip range.
 """
 
 from __future__ import annotations
@@ -98,8 +101,8 @@ class TransformersPolicy:
     """A Hugging Face causal LM as a policy: one left-padded batched ``generate`` per call.
 
     A prompt that already fills ``max_model_len`` gets an empty completion with reason
-    ``context``; the others get at most the room left in the context. Warping (temperature, top-k, top-p) is done
-    here so the recorded log-probs are exactly those of the distribution each token was drawn from.
+    ``context``; the others get at most the room left in the context. Sampling (temperature,
+    top-k, top-p) is done here, so the model's own generation defaults never apply.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int | None = None) -> None:
@@ -172,7 +175,8 @@ def _cut(
 
 
 class _LogprobRecorder:
-    """A logits processor that warps the scores and records the log-prob of each sampled token.
+    """A logits processor that warps the scores and records the log-prob of each sampled token
+    under the temperature-scaled scores (before top-k and top-p; see the module doc).
 
     At step t it only sees step t-1's sampled token (the last input id), so it keeps one
     ``[B, V]`` log-softmax at a time instead of every step's scores.
@@ -184,11 +188,12 @@ class _LogprobRecorder:
         self._last: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores = self._warp(scores.float())
+        p = self.params
+        scaled = scores.float() if p.greedy else scores.float() / p.temperature
         if self._last is not None:
             self._steps.append(self._last.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self._last = scores.log_softmax(dim=-1)
-        return scores
+        self._last = scaled.log_softmax(dim=-1)
+        return self._truncate(scaled)
 
     def sampled_logprobs(self, sequences: torch.Tensor) -> torch.Tensor:
         """``[B, new_tokens]`` log-probs of the generated tokens (the last step's token included)."""
@@ -199,13 +204,13 @@ class _LogprobRecorder:
             steps.append(self._last.gather(-1, sequences[:, -1:].to(self._last.device)).squeeze(-1))
         return torch.stack(steps, dim=1).cpu() if steps else torch.zeros((sequences.shape[0], 0))
 
-    def _warp(self, scores: torch.Tensor) -> torch.Tensor:
+    def _truncate(self, scores: torch.Tensor) -> torch.Tensor:
+        """Top-k, then top-p, on temperature-scaled scores."""
         import torch
 
         p = self.params
         if p.greedy:
             return scores
-        scores = scores / p.temperature
         if p.top_k and p.top_k < scores.shape[-1]:
             kth = torch.topk(scores, p.top_k, dim=-1).values[..., -1:]
             scores = scores.masked_fill(scores < kth, float("-inf"))
