@@ -79,10 +79,10 @@ def test_dataset_rollout_needs_a_rubric():
     assert "a dataset rollout needs 'rubric_name'" in _error({"env_type": "rollout", "dataset": "d.parquet"})
 
 
-def test_env_url_requires_max_turns():
-    assert "'env_url' requires 'max_turns'" in _error({"env_type": "rollout", "env_url": "http://h:1"})
+def test_env_url_takes_one_url_or_replicas_and_an_optional_max_turns():
     spec = parse_env_spec({"env_type": "rollout", "env_url": ["http://a:1", "http://b:1"], "max_turns": 3})
     assert spec.env_urls == ["http://a:1", "http://b:1"]
+    assert parse_env_spec({"env_type": "rollout", "env_url": "http://h:1"}).max_turns is None  # from /metadata
 
 
 def test_mcp_tool_only_with_env_url():

@@ -21,6 +21,7 @@ import pytest
 
 from agilerl.core.remote.client import RemoteEnvClient, RemoteEnvError, RemoteEnvTimeout
 from agilerl.core.remote.server import resolve_env
+from agilerl.errors import AgileRLError
 
 
 class CountedEnv:
@@ -137,6 +138,67 @@ def test_health_metadata_and_schema(env_cls: type[CountedEnv]) -> None:
         schema = get("/schema")
         assert schema["action"]["properties"]["message"]["type"] == "string"
         assert set(schema["observation"]["properties"]) == {"text", "truncated", "metadata"}
+
+
+class ToolQuizEnv:
+    """A quiz with a calculator tool."""
+
+    max_turns = 4
+    max_reward = 2.0
+    dataset_size = 30
+    eval_dataset_size = 5
+    system_prompt = "Answer with a number."
+    tools = [{"type": "function", "function": {"name": "add", "description": "Add two numbers",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+
+    def reset(self, seed=None, row_index=None, evaluation=None):
+        return f"What is {row_index} + 1?", {}
+
+    def step(self, action):
+        return "Checked.", 1.0, True, False, {}
+
+
+def test_metadata_describes_the_env_so_a_remote_harness_renders_like_a_local_one(chatml_tokenizer: Any) -> None:
+    from agilerl.core.factory import make_env_factory, resolve_max_turns
+    from agilerl.core.harness import RolloutHarness
+    from agilerl.core.manifest import parse_env_spec
+
+    url, server = resolve_env(ToolQuizEnv)
+    with server, RemoteEnvClient(url) as client:
+        meta = client.server_metadata()
+        assert meta["tools"] == ToolQuizEnv.tools and meta["system_prompt"] == "Answer with a number."
+        assert (client.max_turns, client.dataset_size, client.eval_dataset_size, client.max_reward) == (4, 30, 5, 2.0)
+        remote = RolloutHarness(client, chatml_tokenizer, max_turns=4)
+        local = RolloutHarness.local(ToolQuizEnv(), chatml_tokenizer)
+        assert list(remote.reset(row_index=3)[0]) == list(local.reset(row_index=3)[0])
+        assert "Add two numbers" in chatml_tokenizer.decode(remote.trajectory.token_ids)
+        spec = parse_env_spec({"env_type": "rollout", "env_url": url})  # no max_turns: the server says
+        assert resolve_max_turns(spec, make_env_factory(spec)) == 4
+
+
+class BareEnv:
+    max_reward = "lots"  # not a number
+    tools = [{"name": "clock", "default": object()}]  # not JSON
+
+    def reset(self, seed=None):
+        return "go", {}
+
+    def step(self, action):
+        return "", 0.0, True, False, {}
+
+
+def test_metadata_leaves_out_what_the_env_does_not_declare_usably() -> None:
+    from agilerl.core.factory import make_env_factory, resolve_max_turns
+    from agilerl.core.manifest import parse_env_spec
+
+    url, server = resolve_env(BareEnv)
+    with server, RemoteEnvClient(url) as client:
+        meta = client.server_metadata()
+        assert (meta["tools"], meta["max_reward"], meta["max_turns"], meta["system_prompt"]) == (None,) * 4
+        assert client.reset()[0] == "go"  # the server is fine
+        spec = parse_env_spec({"env_type": "rollout", "env_url": url})
+        with pytest.raises(AgileRLError, match="does not publish a usable max_turns in /metadata"):
+            resolve_max_turns(spec, make_env_factory(spec))
 
 
 def test_token_is_required_on_every_route_when_set(env_cls: type[CountedEnv]) -> None:

@@ -88,17 +88,24 @@ def resolve_max_turns(spec: EnvironmentSpec, factory: EnvFactory) -> int:
         return spec.max_turns
     if spec.dataset:
         return 1
-    key = (str(spec.entrypoint), json.dumps(spec.env_config, sort_keys=True, default=repr))
+    source = str(spec.env_urls if spec.env_url else spec.entrypoint)
+    key = (source, json.dumps(spec.env_config, sort_keys=True, default=repr))
     if key not in _PROBED_MAX_TURNS:
         env = factory()
         try:
-            max_turns = getattr(env, "max_turns", None)
+            max_turns = getattr(env, "max_turns", None)  # a remote client reads /metadata
         finally:
             close_env(env)
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            where = (
+                f"the server at {source} does not publish a usable max_turns in /metadata "
+                "(OpenEnv servers do not)"
+                if spec.env_url
+                else f"the env from {spec.entrypoint!r} has no usable max_turns attribute"
+            )
             raise AgileRLError(
-                f"environment.max_turns is not set and the env from {spec.entrypoint!r} has no "
-                f"usable max_turns attribute (got {max_turns!r}); set max_turns in the manifest"
+                f"environment.max_turns is not set and {where} (got {max_turns!r}); set max_turns "
+                "in the manifest"
             )
         _PROBED_MAX_TURNS[key] = max_turns
     return _PROBED_MAX_TURNS[key]

@@ -133,7 +133,10 @@ class EnvironmentSpec(_Section):
         None, description="{uv: [...]} or {pip: [...]}: installed if the entrypoint is missing."
     )
     max_turns: int | None = Field(
-        None, ge=1, description="Turn budget; probed from the env's max_turns when left out."
+        None,
+        ge=1,
+        description="Turn budget; when left out, the env's max_turns (a remote env's, from the "
+        "server's /metadata).",
     )
     env_url: str | list[str] | None = Field(
         None, description="URL (or list of replica URLs) of a remote OpenEnv-protocol server."
@@ -189,8 +192,6 @@ class EnvironmentSpec(_Section):
                     "a dataset rollout needs 'rubric_name' (a function in 'rubric_file_path', "
                     "or a registered rubric)."
                 )
-        if self.env_url and self.max_turns is None:
-            raise ValueError("'env_url' requires 'max_turns': a remote env's budget cannot be probed.")
         if self.mcp_tool and not self.env_url:
             raise ValueError("'mcp_tool' applies only with 'env_url'.")
         if self.observation_field and self.observation_processor:

@@ -14,8 +14,9 @@ class TextEnv(Protocol):
 
     Optional members an env may add: ``tools`` (a list of JSON-schema tool specs rendered through
     the chat template), ``dataset_size`` (then ``reset(seed, *, row_index=None, evaluation=None)``
-    picks a row), ``max_turns`` (the turn budget used when a manifest leaves it out),
-    ``system_prompt`` and ``close()``.
+    picks a row) and ``eval_dataset_size`` (rows of its held-out split), ``max_turns`` (the turn
+    budget used when a manifest leaves it out), ``max_reward`` (for accuracy), ``system_prompt``
+    and ``close()``.
     """
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
@@ -25,6 +26,26 @@ class TextEnv(Protocol):
     def step(self, action: str) -> StepResult:
         """Apply the model's text; return observation, reward, terminated, truncated, info."""
         ...
+
+
+_DESCRIBED_MEMBERS: dict[str, type | tuple[type, ...]] = {
+    "max_turns": int,
+    "dataset_size": int,
+    "eval_dataset_size": int,
+    "max_reward": (int, float),
+    "system_prompt": str,
+    "tools": list,
+}
+
+
+def describe_env(env: Any) -> dict[str, Any]:
+    """The optional members ``env`` declares (None where absent or of the wrong type): what a
+    server publishes at ``/metadata`` so that remote clients see its env as a local one."""
+    described: dict[str, Any] = {}
+    for name, kind in _DESCRIBED_MEMBERS.items():
+        value = getattr(env, name, None)
+        described[name] = value if isinstance(value, kind) and not isinstance(value, bool) else None
+    return described
 
 
 def reset_env(

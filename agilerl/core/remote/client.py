@@ -89,6 +89,7 @@ class RemoteEnvClient(EnvClient):
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._loop = shared_loop()
         self._conn: _Connection | None = None
+        self._metadata_cache: dict[str, Any] | None = None
         self.url: str | None = None
         """The replica this client's session is on (None before the first reset)."""
 
@@ -113,7 +114,41 @@ class RemoteEnvClient(EnvClient):
 
     def server_metadata(self) -> dict[str, Any]:
         """``GET /metadata``; with replicas, ``max_concurrent_envs`` is their sum."""
-        return self._loop.run(self._metadata())
+        self._metadata_cache = self._loop.run(self._metadata())
+        return self._metadata_cache
+
+    # -- what the server says about its env, as a local env would say it -----------------------
+
+    @property
+    def max_turns(self) -> int | None:
+        return self._described("max_turns", int)
+
+    @property
+    def system_prompt(self) -> str | None:
+        return self._described("system_prompt", str)
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return self._described("tools", list)
+
+    @property
+    def dataset_size(self) -> int | None:
+        return self._described("dataset_size", int)
+
+    @property
+    def eval_dataset_size(self) -> int | None:
+        return self._described("eval_dataset_size", int)
+
+    @property
+    def max_reward(self) -> float | None:
+        return self._described("max_reward", (int, float))
+
+    def _described(self, name: str, kind: type | tuple[type, ...]) -> Any:
+        """One field of ``/metadata`` (read once per client); None when the server does not say,
+        as OpenEnv servers do not."""
+        metadata = self._metadata_cache if self._metadata_cache is not None else self.server_metadata()
+        value = metadata.get(name)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
     # -- the same, as coroutines (await them from any event loop) ------------------------------
 

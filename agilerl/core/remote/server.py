@@ -10,6 +10,7 @@ import asyncio
 import hmac
 import inspect
 import ipaddress
+import json
 import logging
 import os
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from agilerl.core.protocol import describe_env
 from agilerl.core.remote.caller import EnvCaller
 from agilerl.core.remote.frames import (
     ErrorCode,
@@ -177,7 +179,7 @@ class EnvServer:
                 info = self._describe(env)
                 await self._close_env(env)
             except Exception as exc:
-                info = {"description": "", "dataset_size": None, "factory_error": f"{type(exc).__name__}: {exc}"}
+                info = {"description": "", "factory_error": f"{type(exc).__name__}: {exc}"}
         return web.json_response(
             {
                 "name": self.name,
@@ -190,11 +192,15 @@ class EnvServer:
         )
 
     def _describe(self, env: Any) -> dict[str, Any]:
+        """What clients need to treat the env as a local one (``describe_env``), plus a summary."""
         doc = inspect.getdoc(type(env)) or ""
-        self._env_info = {
-            "description": doc.splitlines()[0] if doc else "",
-            "dataset_size": getattr(env, "dataset_size", None),
-        }
+        described = describe_env(env)
+        try:
+            json.dumps(described["tools"])
+        except (TypeError, ValueError):
+            log.warning("env.tools is not JSON; /metadata leaves it out")
+            described["tools"] = None
+        self._env_info = {"description": doc.splitlines()[0] if doc else "", **described}
         return self._env_info
 
     # -- WebSocket sessions --------------------------------------------------------------------
