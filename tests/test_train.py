@@ -91,6 +91,7 @@ def test_lora_trains_only_the_adapters_and_resumes(tmp_path):
 
     manifest = parse_manifest(
         {"environment": GUESS, "model": {"name_or_path": "tiny", "lora": {"r": 4}},
+         "algorithm": {"name": "grpo", "beta": 0.1},  # the KL reference: the adapters switched off
          "training": {"batch_size": 2, "group_size": 4, "micro_batch_size": 4, "max_steps": 2,
                       "max_new_tokens": 2, "lr": 1e-2, "output_dir": str(tmp_path),
                       "evaluation_interval": 0}},

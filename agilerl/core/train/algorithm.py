@@ -25,8 +25,8 @@ The trainer's side of the contract:
   ``dataset_objective`` (``"sft"`` or ``"preference"``).
 - ``prepare_policy(model)`` returns the module the optimiser trains (the model itself, or the model
   wrapped with extra heads); generation keeps using ``model``.
-- ``needs_reference``: the trainer passes a frozen copy of the initial model as ``reference``;
-  otherwise it passes None and keeps no copy.
+- ``needs_reference``: the trainer passes the frozen initial model as ``reference`` (a copy, or
+  with LoRA the model with its adapters off); otherwise it passes None and keeps nothing.
 - ``loss`` returns the scalar to minimise and plain-float metrics to log. When a rollout batch has
   no ``old_logprobs``, the current (detached) log-probs stand in: one on-policy step per batch.
 """

@@ -9,7 +9,6 @@ evaluation, checkpoints, and a Ctrl-C that saves before it stops.
 
 from __future__ import annotations
 
-import copy
 import signal
 import threading
 import time
@@ -168,11 +167,13 @@ class _Trainer:
     ) -> None:
         import torch
 
+        from agilerl.core.train.reference import frozen_reference
+
         self.model, self.tokenizer, self.algorithm, self.settings = model, tokenizer, algorithm, settings
         self.world = init_world()
         self.device = next(model.parameters()).device
         self.policy = algorithm.prepare_policy(model).to(self.device)
-        self.reference = _frozen_copy(model) if algorithm.needs_reference else None
+        self.reference = frozen_reference(model) if algorithm.needs_reference else None
         self.world.broadcast_parameters(self.policy)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
@@ -367,13 +368,6 @@ def _check_temperature(algo: Algorithm[Any], collector: RolloutCollector) -> Non
             f"{type(algo).__name__} scores at {wanted}; build the collector with "
             f"sampling=SamplingParams(temperature={wanted}, ...) or set algorithm.temperature."
         )
-
-
-def _frozen_copy(model: Any) -> torch.nn.Module:
-    reference = copy.deepcopy(model).eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
-    return reference
 
 
 def _dataset_batches(dataset: DatasetEnv, world: World, *, skip: int) -> Iterator[dict[str, Any]]:
