@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -321,6 +322,34 @@ def test_server_stop_closes_open_sessions(env_cls: type[CountedEnv]) -> None:
     with pytest.raises(RemoteEnvError, match="ended"):
         clients[0].step("x")
     server.stop()  # idempotent
+
+
+def test_an_env_still_being_built_when_stop_gives_up_is_closed_once_it_exists() -> None:
+    env_cls = fresh_env_class()
+    building = threading.Event()
+
+    def slow_factory() -> CountedEnv:
+        building.set()
+        time.sleep(1.0)
+        return env_cls()
+
+    url, server = resolve_env(slow_factory)
+    client = RemoteEnvClient(url, retry_budget_s=0, connect_timeout_s=5)
+    connecting = threading.Thread(target=lambda: _quietly(client.reset), daemon=True)
+    connecting.start()
+    assert building.wait(10)
+    server.stop(grace_s=0.1)  # gives up on the handler while the factory is still running
+    wait_until(lambda: len(env_cls.instances) == 1 and env_cls.instances[0].closes == 1, timeout=10)
+    time.sleep(0.2)
+    assert [env.closes for env in env_cls.instances] == [1]
+    connecting.join(10)
+
+
+def _quietly(call: Any) -> None:
+    try:
+        call()
+    except Exception:  # noqa: BLE001 - the server went away under it, as intended
+        pass
 
 
 def test_clients_that_vanish_mid_episode_free_their_sessions(env_cls: type[CountedEnv], tmp_path: Any) -> None:

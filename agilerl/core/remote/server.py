@@ -13,6 +13,7 @@ import ipaddress
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from agilerl.core.protocol import describe_env
+from agilerl.core.protocol import close_env, describe_env
 from agilerl.core.remote.caller import EnvCaller
 from agilerl.core.remote.frames import (
     ErrorCode,
@@ -97,8 +98,6 @@ class EnvServer:
         self._stopping = False
         self._runner: web.AppRunner | None = None
         self._watcher: asyncio.Task[None] | None = None
-        self.envs_created = 0
-        self.envs_closed = 0
 
     @property
     def active_sessions(self) -> int:
@@ -174,8 +173,7 @@ class EnvServer:
         info = self._env_info
         if info is None:
             try:  # no session has built an env yet: build one to describe
-                env = await self.caller.in_thread(self._factory)
-                self.envs_created += 1
+                env = await self._build_env()
                 info = self._describe(env)
                 await self._close_env(env)
             except Exception as exc:
@@ -236,7 +234,7 @@ class EnvServer:
         try:
             await ws.prepare(request)
             try:
-                env = await self.caller.in_thread(self._factory)
+                env = await self._build_env()
             except Exception as exc:
                 log.exception("env factory failed")
                 await _send_quietly(ws, error_frame(
@@ -245,7 +243,6 @@ class EnvServer:
                 ))
                 await ws.close(code=WSCloseCode.INTERNAL_ERROR)
                 return ws
-            self.envs_created += 1
             if self._env_info is None:
                 self._describe(env)
             session = _Session(ws, env)
@@ -326,15 +323,24 @@ class EnvServer:
         except Exception as exc:
             return error_frame(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}")
 
+    async def _build_env(self) -> Any:
+        """A fresh env from the factory, built on a worker thread. If the caller is cancelled
+        first (``stop()``'s grace ran out), the env is closed once it exists: none is left open."""
+        claim = _Claim()
+        try:
+            return await self.caller.in_thread(_build_claimed, self._factory, claim)
+        except asyncio.CancelledError:
+            orphan = claim.abandon()
+            if orphan is not None:  # built, but its delivery was cancelled
+                self._threads.submit(lambda: _close_quietly(orphan))
+            raise
+
     async def _close_env(self, env: Any, *, release: bool = False) -> None:
         try:
-            close = getattr(env, "close", None)
-            if callable(close):
-                await self.caller.in_thread(close)
+            await self.caller.in_thread(close_env, env)
         except Exception:
             log.exception("env.close() failed")
         finally:
-            self.envs_closed += 1
             if release:
                 self._active -= 1
 
@@ -369,6 +375,44 @@ class EnvServer:
         task = asyncio.ensure_future(coro)
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+
+
+class _Claim:
+    """Hands a built env to the coroutine still waiting for it; once that gave up, the builder
+    thread closes the env itself."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._env: Any = None
+
+    def deliver(self, env: Any) -> bool:
+        with self._lock:
+            if self._abandoned:
+                return False
+            self._env = env
+            return True
+
+    def abandon(self) -> Any:
+        """Give up; returns the env when it was already built (the caller must close it)."""
+        with self._lock:
+            self._abandoned = True
+            env, self._env = self._env, None
+            return env
+
+
+def _build_claimed(factory: Callable[[], Any], claim: _Claim) -> Any:
+    env = factory()
+    if not claim.deliver(env):
+        _close_quietly(env)
+    return env
+
+
+def _close_quietly(env: Any) -> None:
+    try:
+        close_env(env)
+    except Exception:
+        log.exception("env.close() failed")
 
 
 def _step_result(result: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -464,12 +508,13 @@ class RunningServer:
     def active_sessions(self) -> int:
         return self.server.active_sessions
 
-    def stop(self) -> None:
-        """Close every session and env, free the port, end the thread (idempotent)."""
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Close every session and env, free the port, end the thread (idempotent); handlers
+        still running after ``grace_s`` are cancelled."""
         if self._stopped:
             return
         self._stopped = True
-        self._thread.run(self.server.stop())
+        self._thread.run(self.server.stop(grace_s))
         self._thread.stop()
 
     def __enter__(self) -> RunningServer:
