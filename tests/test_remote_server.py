@@ -342,6 +342,7 @@ def test_an_env_still_being_built_when_stop_gives_up_is_closed_once_it_exists() 
     wait_until(lambda: len(env_cls.instances) == 1 and env_cls.instances[0].closes == 1, timeout=10)
     time.sleep(0.2)
     assert [env.closes for env in env_cls.instances] == [1]
+    assert server.server.envs_created == server.server.envs_closed == 1
     connecting.join(10)
 
 

@@ -96,6 +96,9 @@ class EnvServer:
         self._handlers: set[asyncio.Task[Any]] = set()
         self._env_info: dict[str, Any] | None = None
         self._stopping = False
+        self._counts = threading.Lock()
+        self.envs_created = 0
+        self.envs_closed = 0
         self._runner: web.AppRunner | None = None
         self._watcher: asyncio.Task[None] | None = None
 
@@ -328,21 +331,37 @@ class EnvServer:
         first (``stop()``'s grace ran out), the env is closed once it exists: none is left open."""
         claim = _Claim()
         try:
-            return await self.caller.in_thread(_build_claimed, self._factory, claim)
+            return await self.caller.in_thread(self._build_in_thread, claim)
         except asyncio.CancelledError:
             orphan = claim.abandon()
             if orphan is not None:  # built, but its delivery was cancelled
-                self._threads.submit(lambda: _close_quietly(orphan))
+                self._threads.submit(lambda: self._close_in_thread(orphan))
             raise
+
+    def _build_in_thread(self, claim: _Claim) -> Any:
+        env = self._factory()
+        with self._counts:
+            self.envs_created += 1
+        if not claim.deliver(env):
+            self._close_in_thread(env)
+        return env
 
     async def _close_env(self, env: Any, *, release: bool = False) -> None:
         try:
-            await self.caller.in_thread(close_env, env)
-        except Exception:
-            log.exception("env.close() failed")
+            await self.caller.in_thread(self._close_in_thread, env)
         finally:
             if release:
                 self._active -= 1
+
+    def _close_in_thread(self, env: Any) -> None:
+        """Close an env; its failure is logged, never raised (the session is over either way)."""
+        try:
+            close_env(env)
+        except Exception:
+            log.exception("env.close() failed")
+        finally:
+            with self._counts:
+                self.envs_closed += 1
 
     async def _end(self, session: _Session, code: int, why: str) -> None:
         """End a session from the server side: tell the client why, then close the socket."""
@@ -399,20 +418,6 @@ class _Claim:
             self._abandoned = True
             env, self._env = self._env, None
             return env
-
-
-def _build_claimed(factory: Callable[[], Any], claim: _Claim) -> Any:
-    env = factory()
-    if not claim.deliver(env):
-        _close_quietly(env)
-    return env
-
-
-def _close_quietly(env: Any) -> None:
-    try:
-        close_env(env)
-    except Exception:
-        log.exception("env.close() failed")
 
 
 def _step_result(result: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
