@@ -136,3 +136,4 @@ def test_a_cancelled_wait_drops_the_late_result() -> None:
         assert await calls.run(lambda: "next") == "next"
 
     asyncio.run(main())
+

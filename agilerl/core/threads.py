@@ -29,22 +29,20 @@ class WorkerThreads:
         self._max = max_workers
         self._lock = threading.Lock()
         self._workers = 0
-        self._idle = 0
+        self._free = 0  # workers waiting for a task, minus tasks waiting for a worker
         self._closed = False
         with self._lock:
             for _ in range(min_workers):
                 self._start_worker()
-            self._idle = min_workers
 
     def submit(self, task: Callable[[], None]) -> None:
         """Run ``task`` on a free worker (a new one when none is free); it must not raise."""
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self._name} worker threads are shut down")
-            if self._idle:
-                self._idle -= 1
-            elif self._max is None or self._workers < self._max:
+            if self._free <= 0 and (self._max is None or self._workers < self._max):
                 self._start_worker()
+            self._free -= 1
         self._queue.put(task)
 
     def shutdown(self) -> None:
@@ -57,13 +55,14 @@ class WorkerThreads:
 
     def _start_worker(self) -> None:
         self._workers += 1
+        self._free += 1
         threading.Thread(target=self._work, name=f"{self._name}-{self._workers}", daemon=True).start()
 
     def _work(self) -> None:
         while (task := self._queue.get()) is not None:
             task()
             with self._lock:
-                self._idle += 1
+                self._free += 1
 
 
 class LoopCalls:
