@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class EnvCaller:
     """Runs env calls: inline while fast, on worker threads once slow, awaited when async.
 
-    A method moves to the pool after ``SLOW_STRIKES`` calls over the budget (a thread switch
+    A method moves to worker threads after ``SLOW_STRIKES`` calls over the budget (a thread switch
     can stretch one fast call), or at once after a call over ``10 x`` the budget. Decisions are
     per method name and shared by all sessions: they all run one factory's envs.
     """
