@@ -116,3 +116,26 @@ def test_a_remote_step_past_the_timeout_is_cancelled_and_reported(chatml_tokeniz
     assert sorted((f.slot, f.phase) for f in batch.stats.failures) == [(0, "step"), (1, "step")]
     assert all("env_timeout_s=0.5" in batch.trajectories[i].error for i in (0, 1))
     assert all(t.error is None and t.num_turns == 2 for t in batch.trajectories[2:])
+
+
+class HeldOutEnv(GuessEnv):
+    """GuessEnv with a held-out split of three rows and a known best reward."""
+
+    eval_dataset_size = 3
+    max_reward = 2.0
+    resets: list = []
+
+    def reset(self, seed=None, *, row_index=None, evaluation=None):
+        type(self).resets.append((row_index, evaluation))
+        return super().reset(seed, row_index=row_index, evaluation=evaluation)
+
+
+def test_remote_evaluation_plays_the_servers_held_out_split(chatml_tokenizer):
+    """The held-out size and max_reward come from /metadata, as from a local env."""
+    HeldOutEnv.resets = []
+    url, server = resolve_env(HeldOutEnv)
+    with server, RolloutCollector(lambda: RemoteEnvClient(url), chatml_tokenizer, batch_size=1, group_size=1) as c:
+        assert c.max_turns == 2 and c.max_reward == 2.0
+        result = c.evaluate(ScriptedPolicy(chatml_tokenizer, reply="even"))
+    assert (result.episodes, result.mean_reward, result.accuracy) == (3, 2.0, 1.0)
+    assert [r for r in HeldOutEnv.resets if r[1]] == [(0, True), (1, True), (2, True)]
