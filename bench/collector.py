@@ -4,12 +4,14 @@ The ideal is the env latency alone (5 x 20 ms) plus the measured generation time
 else (threads, tokenizing, bookkeeping) is overhead. A sequential loop over the same slots,
 in the same run, is the baseline the concurrency must beat. Scripted policy: no model.
 
-    python bench/collector.py [--repeats 7] [--batch-size 16 --group-size 4] [--latency-ms 20] [--no-remote]
+    python bench/collector.py [--repeats 7] [--batch-size 16 --group-size 4] [--latency-ms 20]
+                              [--fresh-observations] [--no-remote]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import socket
 import subprocess
@@ -29,6 +31,7 @@ from agilerl.core.remote.client import RemoteEnvClient
 
 TURNS = 5
 LATENCY_S = float(os.environ.get("BENCH_LATENCY_MS", "20")) / 1000  # the server process reads it too
+FRESH = os.environ.get("BENCH_FRESH_OBSERVATIONS") == "1"  # new text every turn, as most envs give
 
 
 class SleepyEnv:
@@ -36,17 +39,22 @@ class SleepyEnv:
 
     max_turns = TURNS
 
+    episodes = itertools.count()
+
     def __init__(self) -> None:
         self.turn = 0
+        self.episode = 0
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.turn = 0
+        self.episode = next(self.episodes)  # every episode of every slot is a new game
         return f"Guess a number between 1 and 10 ({seed}).", {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         time.sleep(LATENCY_S)
         self.turn += 1
-        return "Too low!", 0.0, self.turn >= TURNS, False, {}
+        text = f"Too low! That was guess {self.turn} of game {self.episode}." if FRESH else "Too low!"
+        return text, 0.0, self.turn >= TURNS, False, {}
 
 
 def _report(name: str, wall_s: float, ideal_s: float, extra: str = "") -> None:
@@ -121,7 +129,13 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--no-remote", action="store_true", help="skip the remote-server setting")
     parser.add_argument("--latency-ms", type=float, help="env latency (default 20; or $BENCH_LATENCY_MS)")
+    parser.add_argument("--fresh-observations", action="store_true",
+                        help="a new observation text every turn (default: the same 'Too low!')")
     args = parser.parse_args()
+    if args.fresh_observations:
+        global FRESH
+        FRESH = True
+        os.environ["BENCH_FRESH_OBSERVATIONS"] = "1"
     if args.latency_ms is not None:
         global LATENCY_S
         LATENCY_S = args.latency_ms / 1000
@@ -129,7 +143,7 @@ def main() -> None:
     slots = (args.batch_size, args.group_size)
     tokenizer = build_tiny_tokenizer("chatml")
     print(f"{slots[0]} x {slots[1]} slots, {TURNS} turns, env latency {LATENCY_S * 1000:.0f} ms, "
-          f"median of {args.repeats}")
+          f"{'fresh' if FRESH else 'repeated'} observations, median of {args.repeats}")
     in_process = bench_collector("collector, in-process envs", SleepyEnv, tokenizer, slots, args.repeats)
     remote = None
     if not args.no_remote:

@@ -124,6 +124,22 @@ def test_masks_cover_exactly_the_generated_tokens_with_their_logprobs(tiny_model
             assert traj.logprobs[start:end] == pytest.approx(match[0].logprobs)
 
 
+def test_trajectories_equal_one_full_render_with_fresh_observations(chatml_tokenizer):
+    """Every answer is new text, so the batched tokenization does all the work; it must match."""
+    policy = ScriptedPolicy(chatml_tokenizer, reply=lambda prompt: f"n{len(prompt)}")
+    with collector(Factory(), chatml_tokenizer) as c:
+        batch = c.collect(policy)
+    for traj in batch.trajectories:
+        messages = [{"role": "user", "content": f"task {traj.seed} row {traj.row_index}"}]
+        text = chatml_tokenizer.decode(traj.token_ids)
+        replies = [part.split("<|im_end|>")[0] for part in text.split("<|im_start|>assistant\n")[1:]]
+        assert len(replies) == traj.num_turns
+        for reply in replies:
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"you said {reply}"}]
+        rendered = chatml_tokenizer.apply_chat_template(messages, tokenize=False)
+        assert traj.token_ids == chatml_tokenizer.encode(rendered, add_special_tokens=False)
+
+
 def test_episodes_of_different_lengths_share_one_generate_call_per_turn(chatml_tokenizer):
     policy = RecordingPolicy(ScriptedPolicy(chatml_tokenizer))
     with collector(Factory(), chatml_tokenizer, batch_size=6, group_size=2) as c:

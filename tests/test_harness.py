@@ -276,3 +276,31 @@ def test_decoded_actions_match_the_tokenizers_decode(chatml_tokenizer):
     ids = chatml_tokenizer.encode(" Seven, or 7?  ", add_special_tokens=False)
     action = harness.prepare_step([*ids, harness.renderer.end_of_turn_id])
     assert action == chatml_tokenizer.decode(ids, skip_special_tokens=True) == " Seven, or 7?  "
+
+
+def test_warming_many_turns_at_once_gives_the_same_ids(chatml_tokenizer):
+    """The collector tokenizes a batch's answers in one call; nothing may change but the speed."""
+    from agilerl.core.chat import ChatRenderer
+
+    long_text = "a long board " * 60  # over the memo's size limit: warmed once, used once
+    observations = [("user", "Too high!"), ("user", "Too low!"), ("user", long_text), ("user", "")]
+    openings = [
+        [{"role": "user", "content": "Guess a number."}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Guess 2."}],
+    ]
+    plain, warmed = ChatRenderer(chatml_tokenizer), ChatRenderer(chatml_tokenizer)
+    warmed.warm(openings=openings, observations=observations)
+    for role, text in observations:
+        for final in (False, True):
+            assert warmed.turn_tail_ids(role, text, final=final) == plain.turn_tail_ids(role, text, final=final)
+    for messages in openings:
+        assert warmed.prompt_ids(messages) == plain.prompt_ids(messages)
+    full = _full_render(
+        chatml_tokenizer,
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "user", "content": long_text}],
+        add_generation_prompt=True,
+    )
+    head = _full_render(chatml_tokenizer, [{"role": "user", "content": "x"}], add_generation_prompt=True)
+    y = chatml_tokenizer.encode("y", add_special_tokens=False)
+    warmed.warm(observations=[("user", long_text), ("user", "other")])
+    assert head + y + warmed.turn_tail_ids("user", long_text, final=False) == full

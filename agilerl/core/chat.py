@@ -13,6 +13,7 @@ the same way, so a new prompt costs one encode, not a template render.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from agilerl.errors import AgileRLError
@@ -46,7 +47,8 @@ class ChatRenderer:
         self._base_text = self.render_text(_BASE)
         self._wrappers: dict[str, tuple[str, str] | None] = {}
         self._prompt_cache: dict[tuple[tuple[str, str], ...], list[int]] = {}
-        self._tail_cache: dict[tuple[str, str, bool], list[int]] = {}
+        self._bodies: dict[tuple[str, str], list[int]] = {}  # (role, observation): close + message
+        self._warmed: dict[tuple[str, str], list[int]] = {}  # long observations, encoded ahead once
         self._openings: dict[tuple[str, ...], list[str] | None] = {}
         self._clean_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
         self.generation_prompt = self._delta(self.render_text(_BASE, add_generation_prompt=True))
@@ -58,8 +60,9 @@ class ChatRenderer:
                 "a rendered assistant message does; it cannot be used for multi-turn rollouts"
             )
         self.assistant_close = asst_delta[len(opened) :]
-        close_ids = self.encode(self.assistant_close)
-        self.end_of_turn_id: int | None = close_ids[0] if close_ids else None
+        self._close_ids = self.encode(self.assistant_close)
+        self._generation_ids = self.encode(self.generation_prompt)
+        self.end_of_turn_id: int | None = self._close_ids[0] if self._close_ids else None
 
     def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
         """The template's text for ``messages`` (one full render)."""
@@ -93,9 +96,7 @@ class ChatRenderer:
         if cached is None:
             cached = self.encode(self._opening_text(messages, key))
             if key is not None:
-                if len(self._prompt_cache) >= _PROMPT_CACHE_SIZE:
-                    self._prompt_cache.clear()
-                self._prompt_cache[key] = cached
+                _remember(self._prompt_cache, key, cached)
         return list(cached)
 
     def turn_tail_ids(self, role: str, observation: str, *, final: bool) -> list[int]:
@@ -105,18 +106,49 @@ class ChatRenderer:
         Memoised for short observations: envs repeat them ("Too high!"), and this encode is most
         of a turn's bookkeeping.
         """
-        key = (role, observation, final)
-        tail = self._tail_cache.get(key)
-        if tail is None:
-            text = self.assistant_close
-            if observation or not final:
-                text += self.message_text(role, observation)
-            tail = self.encode(text) + ([] if final else self.encode(self.generation_prompt))
-            if len(observation) <= _CACHED_OBSERVATION_CHARS:
-                if len(self._tail_cache) >= _PROMPT_CACHE_SIZE:
-                    self._tail_cache.clear()
-                self._tail_cache[key] = tail
-        return tail
+        if final and not observation:
+            return self._close_ids
+        key = (role, observation)
+        body = self._bodies.get(key)
+        if body is None:
+            body = self._warmed.pop(key, None)
+            if body is None:
+                body = self.encode(self.assistant_close + self.message_text(role, observation))
+                if len(observation) <= _CACHED_OBSERVATION_CHARS:
+                    _remember(self._bodies, key, body)
+        return body if final else body + self._generation_ids
+
+    def warm(
+        self,
+        openings: Sequence[list[dict[str, Any]]] = (),
+        observations: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Encode, in one batch call, what many harnesses are about to ask for: conversation
+        openings (for ``prompt_ids``) and ``(role, observation)`` turns (for ``turn_tail_ids``).
+
+        The Rust tokenizer spreads a batch over the cores and pays its per-call cost once: for 64
+        new observations a turn, a quarter less time than one by one.
+        """
+        self._warmed.clear()
+        prompts: dict[tuple[tuple[str, str], ...], str] = {}
+        for messages in openings:
+            key = _messages_key(messages)
+            if key is not None and key not in self._prompt_cache and key not in prompts:
+                prompts[key] = self._opening_text(messages, key)
+        bodies: dict[tuple[str, str], str] = {}
+        for role, observation in observations:
+            if (role, observation) not in self._bodies:
+                bodies[role, observation] = self.assistant_close + self.message_text(role, observation)
+        if len(prompts) + len(bodies) < 2 or self._backend is None:
+            return  # nothing to share a call with
+        encoded = self._backend.encode_batch([*prompts.values(), *bodies.values()], add_special_tokens=False)
+        for prompt_key, encoding in zip(prompts, encoded):
+            _remember(self._prompt_cache, prompt_key, encoding.ids)
+        for body_key, encoding in zip(bodies, encoded[len(prompts) :]):
+            if len(body_key[1]) <= _CACHED_OBSERVATION_CHARS:
+                _remember(self._bodies, body_key, encoding.ids)
+            else:
+                self._warmed[body_key] = encoding.ids
 
     def message_text(self, role: str, content: str) -> str:
         """The text one appended message adds to any conversation."""
@@ -173,6 +205,12 @@ class ChatRenderer:
         prefix, suffix = delta.split(_SENTINEL)
         probe = self._delta(self.render_text([*_BASE, {"role": role, "content": _PROBE}]))
         return (prefix, suffix) if probe == prefix + _PROBE + suffix else None
+
+
+def _remember(cache: dict[Any, list[int]], key: Any, ids: list[int]) -> None:
+    if len(cache) >= _PROMPT_CACHE_SIZE:
+        cache.clear()
+    cache[key] = ids
 
 
 def _interleave(pieces: list[str], contents: list[str]) -> str:

@@ -154,8 +154,7 @@ class RolloutHarness:
         itself, e.g. for many envs at once."""
         self._check_open()
         prompt, info = result
-        messages = info.get("messages") or self._first_messages(prompt)
-        ids = self.renderer.prompt_ids(messages)
+        ids = self.renderer.prompt_ids(self.opening_messages(prompt, info))
         self._trajectory = Trajectory(
             token_ids=ids,
             action_mask=[False] * len(ids),
@@ -225,7 +224,11 @@ class RolloutHarness:
         if self._closed:
             raise HarnessStateError("the harness is closed")
 
-    def _first_messages(self, prompt: str) -> list[dict[str, Any]]:
+    def opening_messages(self, prompt: str, info: dict[str, Any]) -> list[dict[str, Any]]:
+        """The conversation a reset opens: the env's own ``info["messages"]``, else the system
+        prompt (if any) and ``prompt`` as the user's message."""
+        if info.get("messages"):
+            return info["messages"]
         messages: list[dict[str, Any]] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})

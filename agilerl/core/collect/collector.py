@@ -154,6 +154,7 @@ class RolloutCollector:
             lambda c, s: c.areset(tasks[s].seed, row_index=tasks[s].row_index, evaluation=evaluation),
             lambda h, s, r: h.apply_reset(r, seed=tasks[s].seed, row_index=tasks[s].row_index),
             run,
+            warm=lambda answers: self._warm(openings=[self._harness_of(s).opening_messages(*r) for s, r in answers]),
         )
         prompts = {s: result[0] for s, result in started.items()}
         while prompts:
@@ -173,6 +174,9 @@ class RolloutCollector:
                 lambda c, s: c.astep(actions[s]),  # noqa: B023
                 lambda h, s, r: h.apply_step(r),
                 run,
+                warm=lambda answers: self._warm(
+                    observations=[(self._harness_of(s).observation_role, r[0]) for s, r in answers]
+                ),
             )
             for s in actions:
                 if s not in stepped:  # failed: already recorded
@@ -212,10 +216,13 @@ class RolloutCollector:
         acall: Callable[[Any, int], Awaitable[Any]],
         apply: Callable[[RolloutHarness, int, Any], Any],
         run: Run,
+        *,
+        warm: Callable[[list[tuple[int, Any]]], None],
     ) -> dict[int, Any]:
         """Make every slot's env call at once (``call``, or ``acall`` for async clients), then
-        ``apply`` each answer to its harness here, on one thread. Failed slots are recorded and
-        their envs replaced; the rest map to what ``apply`` returned."""
+        ``apply`` each answer to its harness here, on one thread, after ``warm`` has seen all the
+        answers (to tokenize them in one batch). Failed slots are recorded and their envs
+        replaced; the rest map to what ``apply`` returned."""
         if not slots:
             return {}
         clients = [self._harness_of(s).client for s in slots]
@@ -229,6 +236,10 @@ class RolloutCollector:
             calls = [lambda c=c, s=s: call(c, s) for c, s in zip(clients, slots)]
             results = run_in_threads(self._threads, calls, self.env_timeout_s, phase)
         run.env_time_s += time.perf_counter() - t0
+        try:
+            warm([(s, r) for s, r in zip(slots, results) if not isinstance(r, BaseException)])
+        except Exception:  # noqa: BLE001 - only a speed-up: apply meets (and reports) the same error
+            log.debug("batch tokenization failed; tokenizing answer by answer", exc_info=True)
         applied: dict[int, Any] = {}
         for s, result in zip(slots, results):
             harness = self._harness_of(s)
@@ -240,6 +251,10 @@ class RolloutCollector:
                 run.fail(s, phase, exc, harness.trajectory if phase == "step" else None)
                 self._replace(s)
         return applied
+
+    def _warm(self, **requests: Any) -> None:
+        if self._renderer is not None:
+            self._renderer.warm(**requests)
 
     # -- env lifecycle ------------------------------------------------------------------------
 
