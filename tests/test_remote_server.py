@@ -181,6 +181,10 @@ class BareEnv:
     max_reward = "lots"  # not a number
     tools = [{"name": "clock", "default": object()}]  # not JSON
 
+    @property
+    def system_prompt(self) -> str:
+        raise RuntimeError("a broken property")
+
     def reset(self, seed=None):
         return "go", {}
 

@@ -43,7 +43,10 @@ def describe_env(env: Any) -> dict[str, Any]:
     server publishes at ``/metadata`` so that remote clients see its env as a local one."""
     described: dict[str, Any] = {}
     for name, kind in _DESCRIBED_MEMBERS.items():
-        value = getattr(env, name, None)
+        try:
+            value = getattr(env, name, None)
+        except Exception:  # noqa: BLE001 - a broken property describes nothing, it must not end sessions
+            value = None
         described[name] = value if isinstance(value, kind) and not isinstance(value, bool) else None
     return described
 
