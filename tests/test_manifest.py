@@ -85,6 +85,11 @@ def test_env_url_takes_one_url_or_replicas_and_an_optional_max_turns():
     assert parse_env_spec({"env_type": "rollout", "env_url": "http://h:1"}).max_turns is None  # from /metadata
 
 
+def test_env_config_does_not_go_with_env_url():
+    error = _error({"env_type": "rollout", "env_url": "http://h:1", "env_config": {"system_prompt": "x"}})
+    assert "'env_config' does not reach a remote env" in error and "--env-config" in error
+
+
 def test_mcp_tool_only_with_env_url():
     assert "'mcp_tool' applies only with 'env_url'" in _error({**ROLLOUT, "mcp_tool": "play"})
 

@@ -192,6 +192,11 @@ class EnvironmentSpec(_Section):
                     "a dataset rollout needs 'rubric_name' (a function in 'rubric_file_path', "
                     "or a registered rubric)."
                 )
+        if self.env_url and self.env_config:
+            raise ValueError(
+                "'env_config' does not reach a remote env ('env_url'): configure the env where it "
+                "is served, e.g. agilerl serve ENTRYPOINT --env-config '{...}'."
+            )
         if self.mcp_tool and not self.env_url:
             raise ValueError("'mcp_tool' applies only with 'env_url'.")
         if self.observation_field and self.observation_processor:
