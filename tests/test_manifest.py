@@ -90,6 +90,11 @@ def test_env_config_does_not_go_with_env_url():
     assert "'env_config' does not reach a remote env" in error and "--env-config" in error
 
 
+def test_env_packages_only_with_an_entrypoint():
+    error = _error({"env_type": "rollout", "env_url": "http://h:1", "env_packages": {"uv": ["agilerl-env-gem"]}})
+    assert "'env_packages' applies only with 'entrypoint'" in error
+
+
 def test_mcp_tool_only_with_env_url():
     assert "'mcp_tool' applies only with 'env_url'" in _error({**ROLLOUT, "mcp_tool": "play"})
 

@@ -192,6 +192,11 @@ class EnvironmentSpec(_Section):
                     "a dataset rollout needs 'rubric_name' (a function in 'rubric_file_path', "
                     "or a registered rubric)."
                 )
+        if self.env_packages and not self.entrypoint:
+            raise ValueError(
+                "'env_packages' applies only with 'entrypoint': they are installed when the "
+                "entrypoint cannot be found."
+            )
         if self.env_url and self.env_config:
             raise ValueError(
                 "'env_config' does not reach a remote env ('env_url'): configure the env where it "
