@@ -28,7 +28,8 @@ class TextEnv(Protocol):
         ...
 
 
-_DESCRIBED_MEMBERS: dict[str, type | tuple[type, ...]] = {
+DESCRIBED_MEMBERS: dict[str, type | tuple[type, ...]] = {
+    # the optional members a server publishes at /metadata, and the type each must have
     "max_turns": int,
     "dataset_size": int,
     "eval_dataset_size": int,
@@ -42,13 +43,18 @@ def describe_env(env: Any) -> dict[str, Any]:
     """The optional members ``env`` declares (None where absent or of the wrong type): what a
     server publishes at ``/metadata`` so that remote clients see its env as a local one."""
     described: dict[str, Any] = {}
-    for name, kind in _DESCRIBED_MEMBERS.items():
+    for name in DESCRIBED_MEMBERS:
         try:
             value = getattr(env, name, None)
         except Exception:  # noqa: BLE001 - a broken property describes nothing, it must not end sessions
             value = None
-        described[name] = value if isinstance(value, kind) and not isinstance(value, bool) else None
+        described[name] = value if has_member_type(name, value) else None
     return described
+
+
+def has_member_type(name: str, value: Any) -> bool:
+    """Whether ``value`` is usable as the optional member ``name`` (a bool is not a number)."""
+    return isinstance(value, DESCRIBED_MEMBERS[name]) and not isinstance(value, bool)
 
 
 def reset_env(

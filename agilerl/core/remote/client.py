@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agilerl.core.client import EnvClient
-from agilerl.core.protocol import StepResult
+from agilerl.core.protocol import StepResult, has_member_type
 from agilerl.core.remote.frames import ErrorCode, decode, encode
 from agilerl.core.remote.loop import client_session, shared_loop
 from agilerl.core.remote.observations import (
@@ -121,34 +121,34 @@ class RemoteEnvClient(EnvClient):
 
     @property
     def max_turns(self) -> int | None:
-        return self._described("max_turns", int)
+        return self._described("max_turns")
 
     @property
     def system_prompt(self) -> str | None:
-        return self._described("system_prompt", str)
+        return self._described("system_prompt")
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
-        return self._described("tools", list)
+        return self._described("tools")
 
     @property
     def dataset_size(self) -> int | None:
-        return self._described("dataset_size", int)
+        return self._described("dataset_size")
 
     @property
     def eval_dataset_size(self) -> int | None:
-        return self._described("eval_dataset_size", int)
+        return self._described("eval_dataset_size")
 
     @property
     def max_reward(self) -> float | None:
-        return self._described("max_reward", (int, float))
+        return self._described("max_reward")
 
-    def _described(self, name: str, kind: type | tuple[type, ...]) -> Any:
+    def _described(self, name: str) -> Any:
         """One field of ``/metadata`` (read once per client); None when the server does not say,
         as OpenEnv servers do not."""
         metadata = self._metadata_cache if self._metadata_cache is not None else self.server_metadata()
         value = metadata.get(name)
-        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+        return value if has_member_type(name, value) else None
 
     # -- the same, as coroutines (await them from any event loop) ------------------------------
 
