@@ -113,9 +113,8 @@ class ChatRenderer:
         if body is None:
             body = self._warmed.pop(key, None)
             if body is None:
-                body = self.encode(self.assistant_close + self.message_text(role, observation))
-                if len(observation) <= _CACHED_OBSERVATION_CHARS:
-                    _remember(self._bodies, key, body)
+                body = self.encode(self._body_text(role, observation))
+                self._store_body(key, body)
         return body if final else body + self._generation_ids
 
     def warm(
@@ -138,17 +137,26 @@ class ChatRenderer:
         bodies: dict[tuple[str, str], str] = {}
         for role, observation in observations:
             if (role, observation) not in self._bodies:
-                bodies[role, observation] = self.assistant_close + self.message_text(role, observation)
+                bodies[role, observation] = self._body_text(role, observation)
         if len(prompts) + len(bodies) < 2 or self._backend is None:
             return  # nothing to share a call with
         encoded = self._backend.encode_batch([*prompts.values(), *bodies.values()], add_special_tokens=False)
         for prompt_key, encoding in zip(prompts, encoded):
             _remember(self._prompt_cache, prompt_key, encoding.ids)
         for body_key, encoding in zip(bodies, encoded[len(prompts) :]):
-            if len(body_key[1]) <= _CACHED_OBSERVATION_CHARS:
-                _remember(self._bodies, body_key, encoding.ids)
-            else:
-                self._warmed[body_key] = encoding.ids
+            if not self._store_body(body_key, encoding.ids):
+                self._warmed[body_key] = encoding.ids  # too long to keep: used once, then dropped
+
+    def _body_text(self, role: str, observation: str) -> str:
+        """The assistant turn's close and the observation's message, as one text to encode."""
+        return self.assistant_close + self.message_text(role, observation)
+
+    def _store_body(self, key: tuple[str, str], ids: list[int]) -> bool:
+        """Memoise a short observation's ids (envs repeat those); False for a long one."""
+        if len(key[1]) > _CACHED_OBSERVATION_CHARS:
+            return False
+        _remember(self._bodies, key, ids)
+        return True
 
     def message_text(self, role: str, content: str) -> str:
         """The text one appended message adds to any conversation."""
