@@ -140,7 +140,9 @@ class ChatRenderer:
                 bodies[role, observation] = self._body_text(role, observation)
         if len(prompts) + len(bodies) < 2 or self._backend is None:
             return  # nothing to share a call with
-        encoded = self._backend.encode_batch([*prompts.values(), *bodies.values()], add_special_tokens=False)
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets: about 15% less
+        encode_batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
+        encoded = encode_batch([*prompts.values(), *bodies.values()], add_special_tokens=False)
         for prompt_key, encoding in zip(prompts, encoded):
             _remember(self._prompt_cache, prompt_key, encoding.ids)
         for body_key, encoding in zip(bodies, encoded[len(prompts) :]):
