@@ -4,6 +4,11 @@ The ideal is the env latency alone (5 x 20 ms) plus the measured generation time
 else (threads, tokenizing, bookkeeping) is overhead. A sequential loop over the same slots,
 in the same run, is the baseline the concurrency must beat. Scripted policy: no model.
 
+Two floors, also measured in the same run, show what this machine itself costs before any
+collector code runs: the same env calls made straight on the collector's worker threads (no
+harness, no tokenizer), and bare aiohttp WebSocket round trips to a server that only sleeps
+(no env, no harness, no protocol models). Each collector line also gives its ratio to its floor.
+
     python bench/collector.py [--repeats 7] [--batch-size 16 --group-size 4] [--latency-ms 20]
                               [--fresh-observations] [--no-remote]
 """
@@ -11,23 +16,29 @@ in the same run, is the baseline the concurrency must beat. Scripted policy: no 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
+import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from agilerl.builtins.tiny_model import build_tiny_tokenizer
 from agilerl.core.collect.collector import RolloutCollector
+from agilerl.core.collect.concurrency import run_in_threads
 from agilerl.core.collect.policy import SamplingParams, ScriptedPolicy
 from agilerl.core.harness import RolloutHarness
 from agilerl.core.remote.client import RemoteEnvClient
+from agilerl.core.threads import WorkerThreads
 
 TURNS = 5
 LATENCY_S = float(os.environ.get("BENCH_LATENCY_MS", "20")) / 1000  # the server process reads it too
@@ -62,7 +73,9 @@ def _report(name: str, wall_s: float, ideal_s: float, extra: str = "") -> None:
           f"ratio to ideal: {wall_s / ideal_s:.2f}{extra}")
 
 
-def bench_collector(name: str, factory: Any, tokenizer: Any, slots: tuple[int, int], repeats: int) -> float:
+def bench_collector(
+    name: str, factory: Any, tokenizer: Any, slots: tuple[int, int], repeats: int, floor_s: float
+) -> float:
     """Median wall time of ``repeats`` batches; also reports the best batch (least disturbed)."""
     policy = ScriptedPolicy(tokenizer, "5")
     settings = {"batch_size": slots[0], "group_size": slots[1], "max_turns": TURNS, "seed": 0}
@@ -72,8 +85,66 @@ def bench_collector(name: str, factory: Any, tokenizer: Any, slots: tuple[int, i
     best, median = runs[0], runs[len(runs) // 2]
     ratio = best.wall_time_s / (TURNS * LATENCY_S + best.generation_time_s)
     ideal = TURNS * LATENCY_S + median.generation_time_s
-    _report(name, median.wall_time_s, ideal, f"   (best batch: {ratio:.2f}; env phases {median.env_time_s * 1000:.1f} ms)")
+    over_floor = median.wall_time_s / (floor_s + median.generation_time_s)
+    _report(name, median.wall_time_s, ideal, f"   (best batch: {ratio:.2f}; env phases "
+            f"{median.env_time_s * 1000:.1f} ms; ratio to its floor: {over_floor:.2f})")
     return median.wall_time_s
+
+
+def bench_threads_floor(slots: tuple[int, int], repeats: int) -> float:
+    """The env calls of a batch alone, on the collector's own worker threads: the in-process floor."""
+    envs = [SleepyEnv() for _ in range(slots[0] * slots[1])]
+    threads = WorkerThreads("floor")
+
+    def batch() -> float:
+        start = time.perf_counter()
+        run_in_threads(threads, [partial(env.reset, seed) for seed, env in enumerate(envs)], None, "reset")
+        for _ in range(TURNS):
+            run_in_threads(threads, [partial(env.step, "5") for env in envs], None, "step")
+        return time.perf_counter() - start
+
+    batch()  # warm-up: start the threads
+    wall = statistics.median(batch() for _ in range(repeats))
+    threads.shutdown()
+    _report("floor: env calls alone, on threads", wall, TURNS * LATENCY_S)
+    return wall
+
+
+async def _bare_round_trips(url: str, sessions: int, repeats: int) -> float:
+    import aiohttp
+    from ws_server import (  # bench/: the script's directory (agilerl serve
+        RESET_FRAME,
+        STEP_FRAME,
+    )
+    # loads this file by path, without it on sys.path, so not at the top)
+
+    async with aiohttp.ClientSession() as http:
+        sockets = [await http.ws_connect(f"{url}/ws", compress=0, autoping=False) for _ in range(sessions)]
+
+        async def round_trip(ws: Any, frame: str) -> None:
+            await ws.send_str(frame)
+            json.loads((await ws.receive()).data)
+
+        async def batch() -> float:
+            start = time.perf_counter()
+            await asyncio.gather(*(round_trip(ws, RESET_FRAME) for ws in sockets))
+            for _ in range(TURNS):
+                await asyncio.gather(*(round_trip(ws, STEP_FRAME) for ws in sockets))
+            return time.perf_counter() - start
+
+        await batch()  # warm-up
+        walls = [await batch() for _ in range(repeats)]
+        for ws in sockets:
+            await ws.close()
+    return statistics.median(walls)
+
+
+def bench_websocket_floor(sessions: int, repeats: int) -> float:
+    """A batch's round trips over bare aiohttp WebSockets, one per session: the remote floor."""
+    with env_server(sessions, bare=True) as url:
+        wall = asyncio.run(_bare_round_trips(url, sessions, repeats))
+    _report("floor: bare WebSocket round trips", wall, TURNS * LATENCY_S)
+    return wall
 
 
 def bench_sequential(tokenizer: Any, slots: tuple[int, int]) -> float:
@@ -97,13 +168,18 @@ def bench_sequential(tokenizer: Any, slots: tuple[int, int]) -> float:
 
 
 @contextmanager
-def env_server(sessions: int) -> Iterator[str]:
-    """``agilerl serve`` of ``SleepyEnv`` in its own process (as a real env server runs)."""
+def env_server(sessions: int, *, bare: bool = False) -> Iterator[str]:
+    """``agilerl serve`` of ``SleepyEnv`` in its own process (as a real env server runs), or
+    with ``bare`` bench/ws_server.py's echo server, sleeping as long before each step's answer."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "agilerl", "serve", f"{Path(__file__).resolve()}:SleepyEnv",
-               "--port", str(port), "--max-concurrent-envs", str(sessions)]
+    if bare:
+        command = [sys.executable, str(Path(__file__).resolve().with_name("ws_server.py")), "--echo-server",
+                   str(port), "--echo-step-latency-ms", str(LATENCY_S * 1000)]
+    else:
+        command = [sys.executable, "-m", "agilerl", "serve", f"{Path(__file__).resolve()}:SleepyEnv",
+                   "--port", str(port), "--max-concurrent-envs", str(sessions)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -144,12 +220,17 @@ def main() -> None:
     tokenizer = build_tiny_tokenizer("chatml")
     print(f"{slots[0]} x {slots[1]} slots, {TURNS} turns, env latency {LATENCY_S * 1000:.0f} ms, "
           f"{'fresh' if FRESH else 'repeated'} observations, median of {args.repeats}")
-    in_process = bench_collector("collector, in-process envs", SleepyEnv, tokenizer, slots, args.repeats)
+    threads_floor = bench_threads_floor(slots, args.repeats)
+    in_process = bench_collector(
+        "collector, in-process envs", SleepyEnv, tokenizer, slots, args.repeats, threads_floor
+    )
     remote = None
     if not args.no_remote:
+        websocket_floor = bench_websocket_floor(slots[0] * slots[1], args.repeats)
         with env_server(slots[0] * slots[1] + 1) as url:
             remote = bench_collector(
-                "collector, remote envs (WebSocket)", lambda: RemoteEnvClient(url), tokenizer, slots, args.repeats
+                "collector, remote envs (WebSocket)", lambda: RemoteEnvClient(url), tokenizer, slots,
+                args.repeats, websocket_floor,
             )
     sequential = bench_sequential(tokenizer, slots)
     print(f"in-process collector vs sequential loop: {sequential / in_process:.1f}x faster")

@@ -71,8 +71,9 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 '''
 
 
-def echo_server(port: int) -> None:
-    """A bare aiohttp WebSocket server answering each frame with a fixed observation frame."""
+def echo_server(port: int, step_latency_s: float = 0.0) -> None:
+    """A bare aiohttp WebSocket server answering each frame with a fixed observation frame (a
+    step frame after ``step_latency_s``: bench/collector.py's floor for a slow env)."""
     from aiohttp import WSMsgType, web
 
     reply = json.dumps({"type": "observation", "data": {
@@ -84,6 +85,8 @@ def echo_server(port: int) -> None:
         await ws.prepare(request)
         async for msg in ws:
             if msg.type is WSMsgType.TEXT:
+                if step_latency_s and json.loads(msg.data)["type"] == "step":
+                    await asyncio.sleep(step_latency_s)
                 await ws.send_str(reply)
         return ws
 
@@ -254,9 +257,10 @@ def main() -> None:
     parser.add_argument("--sessions", default="1,16,64,256")
     parser.add_argument("--rounds", type=int, default=3, help="Runs per level; medians are shown.")
     parser.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--echo-step-latency-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.echo_server:
-        echo_server(args.echo_server)
+        echo_server(args.echo_server, args.echo_step_latency_ms / 1000)
         return
     if not OPENENV_PYTHON.exists():
         sys.exit(f"{OPENENV_PYTHON} is missing: create it with `python -m venv .venv-openenv && "
