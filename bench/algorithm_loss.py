@@ -2,14 +2,16 @@
 
 The baseline is what any trainer pays anyway: one forward pass, token log-probs, a masked mean
 and backward. The ratio is what advantages, ratios, GAE and value heads add on top. Also times
-``collate_trajectories`` against the baseline step. Run: ``python bench/algorithm_loss.py``.
+``collate_trajectories`` against the baseline step. Run: ``python bench/algorithm_loss.py [--rounds 9]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -20,7 +22,6 @@ from agilerl.core.train.logprobs import masked_mean, policy_logprobs
 from agilerl.core.trajectory import Trajectory
 
 BATCH, GROUP, TURNS, PROMPT, COMPLETION, OBSERVATION = 16, 8, 6, 64, 40, 12
-ROUNDS = 9
 
 
 def rollouts(vocab: int) -> list[Trajectory]:
@@ -45,15 +46,23 @@ def seconds(step) -> float:
     return time.perf_counter() - start
 
 
-def paired(step, baseline) -> tuple[float, float]:
+def loss_step(algorithm, policy, batch, reference) -> None:
+    policy.zero_grad()
+    algorithm.loss(policy, batch, reference)[0].backward()
+
+
+def paired(step, baseline, rounds: int) -> tuple[float, float]:
     """Median time of ``step`` and median of its per-round ratio to ``baseline``, interleaved
     so that load from other processes hits both alike."""
     step(), baseline()  # warm-up
-    rounds = [(seconds(step), seconds(baseline)) for _ in range(ROUNDS)]
-    return statistics.median(t for t, _ in rounds), statistics.median(t / b for t, b in rounds)
+    timings = [(seconds(step), seconds(baseline)) for _ in range(rounds)]
+    return statistics.median(t for t, _ in timings), statistics.median(t / b for t, b in timings)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9, help="timed rounds per algorithm")
+    rounds = parser.parse_args().rounds
     torch.manual_seed(0)
     torch.set_num_threads(2)
     tokenizer = build_tiny_tokenizer("chatml")
@@ -67,8 +76,8 @@ def main() -> None:
         logprobs = policy_logprobs(model, batch.input_ids, batch.attention_mask)
         (-masked_mean(logprobs, batch.loss_mask)).backward()
 
-    base, _ = paired(baseline, baseline)
-    collate, collate_ratio = paired(lambda: collate_trajectories(trajs, pad_id=0), baseline)
+    base, _ = paired(baseline, baseline, rounds)
+    collate, collate_ratio = paired(lambda: collate_trajectories(trajs, pad_id=0), baseline, rounds)
     print(f"batch {tuple(batch.input_ids.shape)}, {int(batch.loss_mask.sum())} action tokens")
     print(f"baseline NLL step: {base * 1e3:.1f} ms")
     print(f"collate_trajectories: {collate * 1e3:.2f} ms ({collate_ratio:.3f}x baseline)")
@@ -85,11 +94,7 @@ def main() -> None:
         algorithm = build_algorithm(section)
         policy = algorithm.prepare_policy(model)
 
-        def step() -> None:
-            policy.zero_grad()
-            algorithm.loss(policy, batch, reference)[0].backward()
-
-        took, ratio = paired(step, baseline)
+        took, ratio = paired(partial(loss_step, algorithm, policy, batch, reference), baseline, rounds)
         label = ", ".join(f"{k}={v}" for k, v in section.items() if k != "name")
         name = f"{section['name']} ({label})" if label else section["name"]
         print(f"| {name} | {took * 1e3:.1f} | {ratio:.2f}x |")

@@ -1,0 +1,91 @@
+"""Every benchmark under bench/ still runs, at its smallest size, and prints the lines its numbers
+in bench/README.md come from.
+
+No timing is asserted (the numbers of a tiny run mean nothing); what is checked is that a
+benchmark has not rotted: it starts its servers, runs every setting and reports each ratio.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_remote_openenv import openenv_python  # noqa: F401 - the fixture ws_server.py needs
+
+ROOT = Path(__file__).resolve().parent.parent
+RATIO = r"\d+\.\d+x"
+
+
+def run_bench(script: str, *args: str, timeout_s: float = 120) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert done.returncode == 0, f"bench/{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def assert_lines(output: str, *patterns: str) -> None:
+    for pattern in patterns:
+        assert re.search(pattern, output, re.MULTILINE), f"no line matches {pattern!r} in:\n{output}"
+
+
+def test_collector_reports_every_setting_against_its_ideal_and_its_floor() -> None:
+    out = run_bench("collector.py", "--repeats", "1", "--batch-size", "2", "--group-size", "2", "--latency-ms", "2")
+    ratio = r"ratio to ideal: \d+\.\d\d"
+    assert_lines(
+        out,
+        rf"^floor: env calls alone, on threads .* {ratio}$",
+        rf"^collector, in-process envs .* {ratio} .*ratio to its floor: \d+\.\d\d\)$",
+        rf"^floor: bare WebSocket round trips .* {ratio}$",
+        rf"^collector, remote envs \(WebSocket\) .* {ratio} .*ratio to its floor: \d+\.\d\d\)$",
+        rf"^sequential loop \(4 slots\) .* {ratio}$",
+        r"^in-process collector vs sequential loop: \d+\.\dx faster$",
+        r"^remote collector vs sequential loop: \d+\.\dx faster$",
+    )
+
+
+def test_harness_turns_reports_first_and_last_turn_costs() -> None:
+    out = run_bench("harness_turns.py")
+    assert_lines(out, r"^raw baseline", rf"^200 turns: .* last/first {RATIO}, last/raw {RATIO}$")
+
+
+def test_dataset_env_reports_memory_and_speed_against_raw_rows() -> None:
+    out = run_bench("dataset_env.py", "--rows", "2000", "--envs", "4", "--resets", "200")
+    assert_lines(out, r"^memory, RSS: .* -> \d+\.\d+x$", r"^each extra env: ", r"^reset \+ step .*baseline\)$")
+
+
+def test_plugin_discovery_reports_cold_starts_against_python_and_pluggy() -> None:
+    out = run_bench("plugin_discovery.py", "--plugins", "3", "--repeats", "1")
+    assert_lines(out, rf"^agilerl --help .* {RATIO} +{RATIO}$", r"^plugins list with 3 plugins: \d+\.\d+ s")
+
+
+def test_algorithm_loss_reports_every_algorithm_against_the_nll_step() -> None:
+    out = run_bench("algorithm_loss.py", "--rounds", "1")
+    for name in ("grpo", "cispo", "gspo", "llmppo", "llmreinforce"):
+        assert_lines(out, rf"^\| {name}\b.* \| \d+\.\d \| {RATIO} \|$")
+
+
+def test_train_step_reports_our_step_and_trl_when_installed() -> None:
+    out = run_bench("train_step.py", "--models", "tiny", "--steps", "2")
+    assert_lines(out, r"^tiny +ours +\d+ +\d+ ")
+    if importlib.util.find_spec("trl") is not None:
+        assert_lines(out, r"^tiny +trl +\d+ +\d+ ", rf"^tiny: ours/trl generation {RATIO}")
+    else:
+        assert_lines(out, r"^TRL unavailable")
+
+
+@pytest.mark.usefixtures("openenv_python")
+def test_ws_server_compares_ours_with_openenv_core_and_bare_aiohttp() -> None:
+    out = run_bench("ws_server.py", "--sessions", "2", "--seconds", "0.3", "--warmup", "0.1", "--rounds", "1")
+    for server in ("openenv-core", "agilerl", "aiohttp-echo"):
+        assert_lines(out, rf"^ +2 +{server} +\d+ ")
