@@ -30,8 +30,9 @@ def test_defaults_and_aliases():
     assert spec.chat_template_kwargs == {} and spec.env_config == {} and spec.max_turns is None
 
 
-def test_env_type_is_required():
-    assert "environment.env_type: Field required" in _error({"entrypoint": "a:b"})
+def test_env_type_is_required_and_the_error_names_the_line_to_add():
+    assert "environment: 'env_type' is required: add 'env_type: rollout'" in _error({"entrypoint": "a:b"})
+    assert "add 'env_type: dataset'" in _error({"dataset": "d.jsonl", "objective": "sft"})
 
 
 @pytest.mark.parametrize(

@@ -161,6 +161,18 @@ class EnvironmentSpec(_Section):
     def _section_name(cls) -> str:
         return "environment"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _env_type_given(cls, data: Any) -> Any:
+        """A missing env_type gets the line to add, not pydantic's bare 'Field required'."""
+        if isinstance(data, dict) and "env_type" not in data:
+            guess = "dataset" if data.get("objective") else "rollout"
+            raise ValueError(
+                f"'env_type' is required: add 'env_type: {guess}' ('rollout': the model acts and "
+                "an env answers; 'dataset': SFT or preference data, with 'objective')."
+            )
+        return data
+
     @field_validator("env_type", mode="before")
     @classmethod
     def _retired_env_types(cls, value: Any) -> Any:

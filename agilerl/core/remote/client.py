@@ -310,7 +310,11 @@ class RemoteEnvClient(EnvClient):
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
                 errors.append(f"{url}: {exc}")
         if not found:
-            raise RemoteEnvError(f"no replica answered GET /metadata: {'; '.join(errors)}")
+            raise RemoteEnvError(
+                f"no env server answered GET /metadata: {'; '.join(errors)}. Check that the server "
+                "is running (agilerl serve ENTRYPOINT --port PORT) and that env_url names its host "
+                "and port."
+            )
         if len(self._urls) == 1:
             return found[0]
         total = sum(m.get("max_concurrent_envs") or 0 for m in found)
