@@ -209,6 +209,35 @@ def test_model_from_a_local_folder_and_a_missing_hub_id(tmp_path):
     assert "Use 'tiny'" in result.stderr
 
 
+def test_model_from_a_gguf_file_loads_exactly_and_trains(tmp_path, capsys):
+    import torch
+
+    from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+    from tests.tiny_gguf import write_tiny_gguf
+
+    tokenizer = build_tiny_tokenizer()
+    original = build_tiny_model(tokenizer, seed=3)
+    write_tiny_gguf(tmp_path / "tiny.gguf", original, tokenizer)
+    model, loaded = load_model_and_tokenizer(ModelSettings(name_or_path="tiny.gguf"), base_dir=tmp_path)
+    text = "<|im_start|>user\nGuess 1234, then 56!<|im_end|>\n<|im_start|>assistant\n"
+    assert loaded(text).input_ids == tokenizer(text).input_ids
+    assert loaded.chat_template == tokenizer.chat_template and loaded.eos_token == "<|im_end|>"
+    ids = torch.tensor([tokenizer(text).input_ids])
+    torch.testing.assert_close(model(ids).logits, original(ids).logits)
+
+    manifest = tmp_path / "gguf.yaml"
+    manifest.write_text(
+        f"environment:\n  env_type: rollout\n  entrypoint: {EXAMPLES / 'guess' / 'guess_env.py'}:GuessEnv\n"
+        "model:\n  name_or_path: tiny.gguf\n"
+        "training:\n  batch_size: 2\n  group_size: 2\n  max_new_tokens: 3\n"
+    )
+    out = tmp_path / "run"
+    code = main(["train", str(manifest), "--max-steps", "1", "--output-dir", str(out), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    saved, _ = load_model_and_tokenizer(ModelSettings(), checkpoint=out / "checkpoints" / "step-000001")
+    assert saved.config.model_type == "qwen2" and saved.config.vocab_size == 512
+
+
 def test_training_against_remote_env_replicas(tmp_path):
     from agilerl.core.train.from_manifest import train_from_manifest
     from agilerl.llm_envs.openenv_server import resolve_env
