@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -29,7 +30,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENENV_PYTHON = ROOT / ".venv-openenv" / "bin" / "python"
-SERVER_CPU, CLIENT_CPU = 0, 1
+_CPUS = sorted(os.sched_getaffinity(0))
+# The servers share one CPU and the load client gets another (the first two this process may use:
+# a container's CPU ids need not start at 0). With a single CPU nothing is pinned.
+SERVER_CPU, CLIENT_CPU = (_CPUS[0], _CPUS[1]) if len(_CPUS) > 1 else (None, None)
 STEP_FRAME = json.dumps({"type": "step", "data": {"message": "ping"}})
 RESET_FRAME = json.dumps({"type": "reset", "data": {"seed": 0}})
 
@@ -120,7 +124,8 @@ _PRIORITY: list[str] = []
 
 def _start(name: str, max_sessions: int) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    pin = ["taskset", "-c", str(SERVER_CPU)] + _PRIORITY
+    pinned = SERVER_CPU is not None and shutil.which("taskset")
+    pin = (["taskset", "-c", str(SERVER_CPU)] if pinned else []) + _PRIORITY
     if name == "agilerl":
         cmd = [sys.executable, "-m", "agilerl", "serve", f"{__file__}:TrivialEnv", "--port", str(port),
                "--max-concurrent-envs", str(max_sessions)]
@@ -265,7 +270,8 @@ def main() -> None:
     if not OPENENV_PYTHON.exists():
         sys.exit(f"{OPENENV_PYTHON} is missing: create it with `python -m venv .venv-openenv && "
                  ".venv-openenv/bin/pip install openenv-core==0.3.0` (the interop tests do this).")
-    os.sched_setaffinity(0, {CLIENT_CPU})
+    if CLIENT_CPU is not None:
+        os.sched_setaffinity(0, {CLIENT_CPU})
     _PRIORITY[:] = _raise_priority()
     levels = [int(n) for n in args.sessions.split(",")]
     servers = ("openenv-core", "agilerl", "aiohttp-echo")
