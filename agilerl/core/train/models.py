@@ -70,10 +70,9 @@ def _from_pretrained(source: str, gguf_file: str | None, settings: ModelSettings
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=getattr(torch, settings.dtype), **where, **_dequantized(gguf_file)
         )
-    except ImportError as exc:  # transformers' GGUF reader needs the gguf package
-        raise ModelLoadError(
-            f"model.name_or_path {settings.name_or_path!r}: {exc} Install it: pip install 'agilerl[gguf]'."
-        ) from None
+    except ImportError as exc:  # a package the model needs: gguf for a .gguf file, or the model's own
+        hint = " Install it: pip install 'agilerl[gguf]'." if gguf_file else ""
+        raise ModelLoadError(f"model.name_or_path {settings.name_or_path!r}: {exc}{hint}") from None
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"model.name_or_path {settings.name_or_path!r}: cannot load {source!r} ({exc}). "
