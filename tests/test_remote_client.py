@@ -20,6 +20,7 @@ from agilerl.core.remote.loop import LoopThread, shared_loop
 from agilerl.core.remote.observations import (
     ObservationError,
     default_text,
+    make_observation_reader,
     text_from_field,
 )
 from agilerl.core.remote.server import resolve_env
@@ -152,6 +153,14 @@ def test_default_rules_and_their_errors() -> None:
     with pytest.raises(ObservationError, match="no 'c' in the observation"):
         text_from_field({"a": {"b": 1}}, "a.c")
     assert text_from_field({"a": {"b": [1, {"c": 2}]}}, "a.b") == '[1,{"c":2}]'
+
+
+def test_code_output_processor_reads_an_execution_result() -> None:
+    read = make_observation_reader(observation_processor="code_output")
+    assert read({"stdout": "4\n", "stderr": "", "exit_code": 0, "metadata": {}}) == "stdout:\n4\nexit code: 0"
+    failed = {"stdout": "", "stderr": "Traceback ...\nNameError: x\n", "exit_code": 1}
+    assert read(failed) == "stderr:\nTraceback ...\nNameError: x\nexit code: 1"
+    assert read({"stdout": None}) == "(no output)"
 
 
 def test_bad_processors_are_reported(foreign_server: Any) -> None:
