@@ -304,3 +304,56 @@ def test_warming_many_turns_at_once_gives_the_same_ids(chatml_tokenizer):
     y = chatml_tokenizer.encode("y", add_special_tokens=False)
     warmed.warm(observations=[("user", long_text), ("user", "other")])
     assert head + y + warmed.turn_tail_ids("user", long_text, final=False) == full
+
+
+class _BrokenEnv:
+    """Answers ``reset`` or ``step`` with whatever the test puts in ``replies``."""
+
+    max_turns = 3
+
+    def __init__(self, replies):
+        self.replies = replies
+
+    def reset(self, seed=None):
+        return self.replies.get("reset", ("Guess.", {}))
+
+    def step(self, action):
+        return self.replies["step"]
+
+    def state(self):
+        return {"turn": 1}
+
+
+@pytest.mark.parametrize(
+    ("replies", "message"),
+    [
+        ({"reset": "Guess."}, r"_BrokenEnv\.reset\(\) must return \(prompt: str, info: dict\), got str 'Guess\.'"),
+        ({"reset": (1, {})}, r"reset\(\) must return .*got a tuple of 2 \(int, dict\)"),
+        ({"step": ("Too low!", 0.0, False, False)}, r"step\(\) must return \(observation, reward, terminated, "
+         r"truncated, info\), got a tuple of 4 \(str, float, bool, bool\)"),
+        ({"step": (7, 0.0, False, False, {})}, r"step\(\) observation must be str, got int"),
+        ({"step": ("x", float("nan"), False, False, {})}, r"reward must be a finite number, got nan"),
+        ({"step": ("x", True, False, False, {})}, r"reward must be a finite number, got True"),
+        ({"step": ("x", "1", False, False, {})}, r"reward must be a finite number, got '1'"),
+    ],
+)
+def test_an_env_breaking_the_protocol_gets_an_error_naming_the_call_and_the_value(replies, message, chatml_tokenizer):
+    from agilerl.core.client import EnvProtocolError
+
+    harness = RolloutHarness.local(_BrokenEnv(replies), chatml_tokenizer)
+    with pytest.raises(EnvProtocolError, match=message):
+        harness.reset(seed=0)
+        harness.step("5")
+
+
+def test_in_process_client_reports_the_envs_state_and_closes_once(chatml_tokenizer):
+    closed = []
+    env = _BrokenEnv({"step": ("Too low!", 1, 0, 0, None)})
+    env.close = lambda: closed.append(True)
+    harness = RolloutHarness.local(env, chatml_tokenizer)
+    harness.reset(seed=0)
+    assert harness.client.state() == {"turn": 1}
+    assert harness.client.step("5") == ("Too low!", 1.0, False, False, {})  # normalised types
+    harness.close()
+    harness.close()
+    assert closed == [True]
