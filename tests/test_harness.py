@@ -357,3 +357,25 @@ def test_in_process_client_reports_the_envs_state_and_closes_once(chatml_tokeniz
     harness.close()
     harness.close()
     assert closed == [True]
+
+
+def test_a_prompt_is_a_view_that_later_turns_do_not_change(chatml_tokenizer):
+    from agilerl.core.harness import TokenView
+
+    harness = RolloutHarness.local(GuessEnv(), chatml_tokenizer)
+    prompt, _ = harness.reset(seed=0)
+    assert isinstance(prompt, TokenView)
+    frozen = prompt.tolist()
+    harness.step("5")  # appends to the same list the view reads
+    assert len(prompt) == len(frozen) and prompt == frozen and prompt == tuple(frozen)
+    assert prompt[0] == frozen[0] and prompt[-1] == frozen[-1] and prompt[1:3] == frozen[1:3]
+    with pytest.raises(IndexError):
+        prompt[len(frozen)]  # the next turn's tokens exist in the list, but not in this view
+    with pytest.raises(IndexError):
+        prompt[-len(frozen) - 1]
+    assert repr(prompt) == f"TokenView({frozen!r})" and prompt != "not ids"
+
+
+def test_max_turns_below_one_is_refused(chatml_tokenizer):
+    with pytest.raises(ValueError, match="max_turns must be >= 1, got 0"):
+        RolloutHarness(GuessEnv(), chatml_tokenizer, max_turns=0)

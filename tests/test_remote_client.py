@@ -254,3 +254,20 @@ def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     (example,) = re.findall(r"```python\n(.*?)```", doc, re.S)
     exec(compile(example, "docs/remote-envs.md", "exec"), {})
     assert capsys.readouterr().out.splitlines() == ["('Say something.', {})", "('HI', 1.0, True, False, {})"]
+
+
+def test_a_harness_built_from_a_url_plays_the_remote_env(chatml_tokenizer: Any) -> None:
+    from agilerl.core.harness import RolloutHarness
+
+    env_cls = fresh_env_class()
+    url, server = resolve_env(env_cls)
+    with server:
+        harness = RolloutHarness(url, chatml_tokenizer, max_turns=2)
+        assert isinstance(harness.client, RemoteEnvClient)
+        harness.reset(seed=4)
+        _, reward, terminated, truncated, info = harness.step("go")
+        assert (reward, terminated, truncated, info["turn"]) == (0.5, False, False, 1)
+        assert "start 4" in chatml_tokenizer.decode(harness.trajectory.token_ids)
+        assert "GO" in chatml_tokenizer.decode(harness.trajectory.token_ids)
+        harness.close()
+        assert_all_closed_once(server, env_cls, built=2)  # one to describe itself, one for the session
