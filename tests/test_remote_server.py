@@ -269,6 +269,49 @@ def test_factory_raising_answers_factory_error() -> None:
         assert server.server.envs_created == server.server.envs_closed == 0
 
 
+def test_many_clients_asking_a_fresh_server_for_metadata_build_one_env(env_cls: type[CountedEnv]) -> None:
+    """A collector's clients all read /metadata at once; a heavy env must not be built per client."""
+
+    class SlowToBuild(env_cls):  # type: ignore[valid-type, misc]
+        def __init__(self) -> None:
+            time.sleep(0.05)  # long enough for every request to arrive while the first build runs
+            super().__init__()
+
+    url, server = resolve_env(SlowToBuild)
+
+    async def ask(times: int) -> list[dict[str, Any]]:
+        async with aiohttp.ClientSession() as http:
+
+            async def get() -> dict[str, Any]:
+                async with http.get(url + "/metadata") as response:
+                    return await response.json()
+
+            return await asyncio.gather(*(get() for _ in range(times)))
+
+    with server:
+        answers = asyncio.run(ask(16))
+        assert {a["max_turns"] for a in answers} == {3} and len(env_cls.instances) == 1
+        asyncio.run(ask(4))  # described once: later requests build nothing
+        assert len(env_cls.instances) == 1
+    assert_all_closed_once(server, env_cls, built=1)
+
+
+def test_a_failed_describe_is_retried_not_remembered() -> None:
+    attempts = []
+
+    def flaky_factory() -> Any:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("warming up")
+        return fresh_env_class()()
+
+    url, server = resolve_env(flaky_factory)
+    with server:
+        get = lambda: json.loads(urllib.request.urlopen(url + "/metadata", timeout=5).read())
+        assert get()["factory_error"] == "RuntimeError: warming up"
+        assert get()["max_turns"] == 3 and "factory_error" not in get()
+
+
 def test_capacity_overflow_turns_away_only_the_extra_client(env_cls: type[CountedEnv]) -> None:
     url, server = resolve_env(env_cls, {"max_turns": 100}, max_concurrent_envs=2)
     with server:

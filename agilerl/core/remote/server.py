@@ -95,6 +95,7 @@ class EnvServer:
         self._closing: set[asyncio.Task[None]] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
         self._env_info: dict[str, Any] | None = None
+        self._describing: asyncio.Task[dict[str, Any]] | None = None
         self._stopping = False
         self._counts = threading.Lock()
         self.envs_created = 0
@@ -174,13 +175,10 @@ class EnvServer:
 
     async def _metadata(self, request: web.Request) -> web.Response:
         info = self._env_info
-        if info is None:
-            try:  # no session has built an env yet: build one to describe
-                env = await self._build_env()
-                info = self._describe(env)
-                await self._close_env(env)
-            except Exception as exc:
-                info = {"description": "", "factory_error": f"{type(exc).__name__}: {exc}"}
+        if info is None:  # no session has built an env yet: build one to describe
+            if self._describing is None:  # one build, however many clients ask at once
+                self._describing = self._spawn(self._describe_a_new_env())  # stop() waits for it
+            info = await asyncio.shield(self._describing)
         return web.json_response(
             {
                 "name": self.name,
@@ -191,6 +189,17 @@ class EnvServer:
                 "protocol": "openenv-websocket",
             }
         )
+
+    async def _describe_a_new_env(self) -> dict[str, Any]:
+        try:
+            env = await self._build_env()
+            info = self._describe(env)
+            await self._close_env(env)
+            return info
+        except Exception as exc:
+            return {"description": "", "factory_error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self._describing = None  # after a failed build, the next request tries again
 
     def _describe(self, env: Any) -> dict[str, Any]:
         """What clients need to treat the env as a local one (``describe_env``), plus a summary."""
@@ -390,10 +399,11 @@ class EnvServer:
                     elif now - s.ping_sent > heartbeat / 2:
                         self._spawn(self._end(s, WSCloseCode.GOING_AWAY, "no pong to a heartbeat ping"))
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+        return task
 
 
 class _Claim:
