@@ -158,6 +158,24 @@ def test_third_party_algorithm_plugin_trains_through_a_manifest(tmp_path):
     assert json.loads((result.checkpoint / "trainer_state.json").read_text())["algorithm"] == "ScaledReinforce"
 
 
+def test_python_api_mismatches_are_named_before_any_step(chatml_tokenizer, tiny_model):
+    from agilerl.core.collect.collector import RolloutCollector
+    from agilerl.core.collect.policy import SamplingParams
+    from agilerl.core.manifest import parse_env_spec
+    from agilerl.core.train.loops import train_llm_rollout
+    from agilerl.errors import AgileRLError
+
+    hot = SamplingParams(temperature=0.7, max_new_tokens=2)
+    with RolloutCollector.from_spec(
+        parse_env_spec(GUESS), chatml_tokenizer, base_dir=EXAMPLES / "guess", batch_size=1, group_size=2, sampling=hot
+    ) as collector:
+        with pytest.raises(AgileRLError, match=r"samples at temperature 0.7 but GRPO scores at 1.0; .*"
+                           r"SamplingParams\(temperature=1.0"):
+            train_llm_rollout(tiny_model, chatml_tokenizer, collector, "grpo", {"max_steps": 1}, show_progress=False)
+        with pytest.raises(AgileRLError, match=r"SFT trains on dataset batches: use train_llm_dataset"):
+            train_llm_rollout(tiny_model, chatml_tokenizer, collector, "sft", {"max_steps": 1}, show_progress=False)
+
+
 def test_sections_are_typed_and_misspelt_keys_are_errors():
     manifest = load_manifest(EXAMPLES / "guess" / "manifest.yaml")
     assert manifest.model.name_or_path == "tiny" and manifest.training.group_size == 8
