@@ -271,3 +271,50 @@ def test_a_harness_built_from_a_url_plays_the_remote_env(chatml_tokenizer: Any) 
         assert "GO" in chatml_tokenizer.decode(harness.trajectory.token_ids)
         harness.close()
         assert_all_closed_once(server, env_cls, built=2)  # one to describe itself, one for the session
+
+
+def test_a_crashed_server_ends_the_episode_and_the_next_reset_reconnects(tmp_path: Any) -> None:
+    """kill -9 of the server process mid-episode: the step fails clearly; once a server is back on
+    the same address, the same client's next reset starts a new session."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    serve = [sys.executable, "-m", "agilerl", "serve", "tests.test_remote_server:CountedEnv", "--port", str(port)]
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).close()
+                return proc
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.1)
+
+    first = start()
+    client = RemoteEnvClient(url, retry_budget_s=30)
+    try:
+        assert client.reset(seed=1)[0] == "start 1"
+        assert client.step("go")[0] == "GO"
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        with pytest.raises(RemoteEnvError, match=r"ended mid-episode .*the next reset\(\) reconnects"):
+            client.step("go")
+        second = start()
+        try:
+            assert client.reset(seed=2)[0] == "start 2"
+            assert client.step("go") == ("GO", 0.5, False, False, {"turn": 1})  # a fresh env
+        finally:
+            client.close()
+            second.terminate()
+            second.wait(20)
+    finally:
+        if first.poll() is None:
+            first.kill()
