@@ -379,3 +379,60 @@ def test_a_prompt_is_a_view_that_later_turns_do_not_change(chatml_tokenizer):
 def test_max_turns_below_one_is_refused(chatml_tokenizer):
     with pytest.raises(ValueError, match="max_turns must be >= 1, got 0"):
         RolloutHarness(GuessEnv(), chatml_tokenizer, max_turns=0)
+
+
+# Like Qwen3's template, in brief: a finished answer after the last user message gets an (empty)
+# think block, earlier answers lose their thinking, and the generation prompt opens no think block
+# unless ``think`` is false.
+_HISTORY_REWRITING_TEMPLATE = (
+    "{%- set last = namespace(user=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set last.user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{%- set answer = m.content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- if loop.index0 > last.user %}{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + answer }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + answer }}{%- endif %}{{- '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if think is defined and not think %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+def _with_template(base, template):
+    return base.__class__(
+        tokenizer_object=base.backend_tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        chat_template=template,
+    )
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"think": False}])
+def test_a_template_that_rewrites_history_gives_append_only_trajectories(kwargs, chatml_tokenizer):
+    """Qwen3-style templates drop old thinking: a full render never shows what the model saw, so
+    the trajectory is each prompt plus what the model generated, turn after turn, thinking kept."""
+    tokenizer = _with_template(chatml_tokenizer, _HISTORY_REWRITING_TEMPLATE)
+    with pytest.warns(UserWarning, match="appended turn by turn"):
+        harness = RolloutHarness.local(GuessEnv(), tokenizer, chat_template_kwargs=kwargs)
+    assert not harness.renderer.full_render_identical
+    prompt, _ = harness.reset(seed=3)
+    opening = [{"role": "user", "content": "Guess a number between 1 and 10."}]
+    assert list(prompt) == _full_render(tokenizer, opening, add_generation_prompt=True, **kwargs)
+    for guess in ("10", "1"):
+        completion = tokenizer.encode(f"<think>\nmaybe {guess}\n</think>\n\n{guess}", add_special_tokens=False)
+        completion.append(harness.renderer.end_of_turn_id)
+        before = list(prompt)
+        prompt, *_ = harness.step(completion)
+        obs = "Too low!"  # GuessEnv reads the whole answer, thinking and all, as no number
+        tail = f"\n<|im_start|>user\n{obs}<|im_end|>\n{harness.renderer.generation_prompt}"
+        assert list(prompt) == before + completion + tokenizer.encode(tail, add_special_tokens=False)
+        assert f"maybe {guess}" in tokenizer.decode(list(prompt))  # the model's thinking stays
+    mask = harness.trajectory.action_mask
+    generated = [t for t, m in zip(harness.trajectory.token_ids, mask) if m]
+    assert tokenizer.decode(generated).count("<think>") == 2
+
+
+def test_a_template_that_hides_assistant_content_is_refused(chatml_tokenizer):
+    from agilerl.core.chat import ChatTemplateError
+
+    hiding = _DEFAULT_SYSTEM_TEMPLATE.replace("message.content + '<|im_end|>", "'[hidden]<|im_end|>")
+    with pytest.raises(ChatTemplateError, match="does not render an assistant message's content as given"):
+        RolloutHarness.local(GuessEnv(), _with_template(chatml_tokenizer, hiding))

@@ -9,10 +9,15 @@ context: still constant work per turn.
 
 A conversation's opening (system and user messages) is filled into the template's learned text
 the same way, so a new prompt costs one encode, not a template render.
+
+Some templates rewrite earlier turns as a conversation goes on (Qwen3 drops old thinking and
+empty think blocks). No full render then shows what the model saw at each turn; conversations
+are built append-only, which is what the model saw and generated, and a warning says so.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,14 +57,24 @@ class ChatRenderer:
         self._openings: dict[tuple[str, ...], list[str] | None] = {}
         self._clean_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
         self.generation_prompt = self._delta(self.render_text(_BASE, add_generation_prompt=True))
-        opened = self.generation_prompt + "x"
-        asst_delta = self._delta(self.render_text([*_BASE, {"role": "assistant", "content": "x"}]))
-        if not asst_delta.startswith(opened):
+        asst_delta = self._delta(self.render_text([*_BASE, {"role": "assistant", "content": _SENTINEL}]))
+        if asst_delta.count(_SENTINEL) != 1:
             raise ChatTemplateError(
-                "the chat template's generation prompt does not open an assistant message the way "
-                "a rendered assistant message does; it cannot be used for multi-turn rollouts"
+                "the chat template does not render an assistant message's content as given, so "
+                "where a completion ends cannot be learned; it cannot be used for multi-turn rollouts"
             )
-        self.assistant_close = asst_delta[len(opened) :]
+        assistant_open, self.assistant_close = asst_delta.split(_SENTINEL)
+        self.full_render_identical = self._appending_is_rendering(assistant_open)
+        """False for templates that rewrite earlier turns as a conversation goes on (Qwen3 drops
+        old thinking and empty think blocks from history): conversations are then append-only,
+        exactly the tokens the model saw and generated, which no full render reproduces."""
+        if not self.full_render_identical:
+            warnings.warn(
+                "the chat template renders earlier turns differently as the conversation goes on "
+                "(as Qwen3's drops old thinking): trajectories are the tokens the model saw and "
+                "generated, appended turn by turn, not a full render of the conversation.",
+                stacklevel=2,
+            )
         self._close_ids = self.encode(self.assistant_close)
         self._generation_ids = self.encode(self.generation_prompt)
         self.end_of_turn_id: int | None = self._close_ids[0] if self._close_ids else None
@@ -198,6 +213,17 @@ class ChatRenderer:
         probes = [_PROBE.replace("probe", f"probe{i}") for i in range(len(roles))]
         probe = self.render_text([{"role": r, "content": c} for r, c in zip(roles, probes)], add_generation_prompt=True)
         return pieces if probe == _interleave(pieces, probes) else None
+
+    def _appending_is_rendering(self, assistant_open: str) -> bool:
+        """Whether a two-turn conversation built turn by turn equals its one full render."""
+        if assistant_open != self.generation_prompt:
+            return False
+        turns = [*_BASE, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
+        appended = (
+            self._base_text + self.generation_prompt + "a" + self.assistant_close
+            + self.message_text("user", "b") + self.generation_prompt
+        )
+        return self.render_text(turns, add_generation_prompt=True) == appended
 
     def _delta(self, text: str) -> str:
         if not text.startswith(self._base_text):
