@@ -436,3 +436,53 @@ def test_a_template_that_hides_assistant_content_is_refused(chatml_tokenizer):
     hiding = _DEFAULT_SYSTEM_TEMPLATE.replace("message.content + '<|im_end|>", "'[hidden]<|im_end|>")
     with pytest.raises(ChatTemplateError, match="does not render an assistant message's content as given"):
         RolloutHarness.local(GuessEnv(), _with_template(chatml_tokenizer, hiding))
+
+
+_ALTERNATE = (
+    "{%- for m in messages %}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
+)
+# Gemma 2 in brief: no system role, roles alternate, content trimmed, the assistant is "model".
+_NO_SYSTEM_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- raise_exception('System role not supported') }}{%- endif %}"
+    + _ALTERNATE
+    + "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "{{- '<|im_start|>' + role + '\\n' + m['content'] | trim + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>model\\n' }}{%- endif %}"
+)
+# Early Mistral in brief: roles alternate, [INST] around user turns, no generation prompt at all.
+_INST_TEMPLATE = (
+    _ALTERNATE
+    + "{%- if m['role'] == 'user' %}{{- '[INST] ' + m['content'] + ' [/INST]' }}"
+    "{%- elif m['role'] == 'assistant' %}{{- m['content'] + eos_token }}"
+    "{%- else %}{{- raise_exception('Only user and assistant roles are supported!') }}{%- endif %}{%- endfor %}"
+)
+
+
+@pytest.mark.parametrize("template", [_NO_SYSTEM_TEMPLATE, _INST_TEMPLATE], ids=["no-system", "inst"])
+def test_templates_that_insist_on_alternating_roles_render_incrementally(template, chatml_tokenizer):
+    tokenizer = _with_template(chatml_tokenizer, template)
+    harness = RolloutHarness.local(GuessEnv(), tokenizer)
+    assert harness.renderer.full_render_identical
+    prompt, info = harness.reset(seed=3)
+    messages = [{"role": "user", "content": "Guess a number between 1 and 10."}]
+    assert list(prompt) == _full_render(tokenizer, messages, add_generation_prompt=True)
+    for guess in ("10", "1", str(info["target"])):
+        completion = tokenizer.encode(guess, add_special_tokens=False) + [harness.renderer.end_of_turn_id]
+        prompt, _, terminated, *_ = harness.step(completion)
+        obs = "Correct!" if int(guess) == info["target"] else ("Too high!" if int(guess) > info["target"] else "Too low!")
+        messages += [{"role": "assistant", "content": guess}, {"role": "user", "content": obs}]
+        if terminated:
+            break
+        assert list(prompt) == _full_render(tokenizer, messages, add_generation_prompt=True)
+    assert harness.trajectory.token_ids == _full_render(tokenizer, messages)
+
+
+def test_a_system_prompt_the_template_refuses_is_a_clear_error(chatml_tokenizer):
+    from agilerl.core.chat import ChatTemplateError
+
+    harness = RolloutHarness.local(
+        GuessEnv(), _with_template(chatml_tokenizer, _NO_SYSTEM_TEMPLATE), system_prompt="Be brief."
+    )
+    with pytest.raises(ChatTemplateError, match=r"refused a conversation of roles \[system, user\]: System role"):
+        harness.reset(seed=0)

@@ -10,6 +10,9 @@ context: still constant work per turn.
 A conversation's opening (system and user messages) is filled into the template's learned text
 the same way, so a new prompt costs one encode, not a template render.
 
+Templates that refuse a system message or insist on alternating roles (Gemma 2, early Mistral)
+are learned against a conversation they accept, with observations after an answer.
+
 Some templates rewrite earlier turns as a conversation goes on (Qwen3 drops old thinking and
 empty think blocks). No full render then shows what the model saw at each turn; conversations
 are built append-only, which is what the model saw and generated, and a warning says so.
@@ -23,7 +26,13 @@ from typing import Any
 
 from agilerl.errors import AgileRLError
 
-_BASE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+# Conversations to learn the template against, ending in a user turn; the first the template
+# accepts is used (Gemma 2 and early Mistral templates refuse a system message).
+_BASES = (
+    [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+    [{"role": "user", "content": "u"}],
+)
+_ANSWER = {"role": "assistant", "content": "a"}
 _SENTINEL = "\x00AGILERL_CONTENT\x00"
 _PROBE = "  probe\n text  "
 _PROMPT_CACHE_SIZE = 4096
@@ -49,15 +58,16 @@ class ChatRenderer:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.tools = tools or None
         self.template_kwargs = dict(chat_template_kwargs or {})
-        self._base_text = self.render_text(_BASE)
+        self._base = self._accepted_base()
+        self._base_text = self.render_text(self._base)
         self._wrappers: dict[str, tuple[str, str] | None] = {}
         self._prompt_cache: dict[tuple[tuple[str, str], ...], list[int]] = {}
         self._bodies: dict[tuple[str, str], list[int]] = {}  # (role, observation): close + message
         self._warmed: dict[tuple[str, str], list[int]] = {}  # long observations, encoded ahead once
         self._openings: dict[tuple[str, ...], list[str] | None] = {}
         self._clean_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
-        self.generation_prompt = self._delta(self.render_text(_BASE, add_generation_prompt=True))
-        asst_delta = self._delta(self.render_text([*_BASE, {"role": "assistant", "content": _SENTINEL}]))
+        self.generation_prompt = self._after(self._base, add_generation_prompt=True)
+        asst_delta = self._after(self._base, {"role": "assistant", "content": _SENTINEL})
         if asst_delta.count(_SENTINEL) != 1:
             raise ChatTemplateError(
                 "the chat template does not render an assistant message's content as given, so "
@@ -81,13 +91,21 @@ class ChatRenderer:
 
     def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
         """The template's text for ``messages`` (one full render)."""
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tools=self.tools,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **self.template_kwargs,
-        )
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=self.tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **self.template_kwargs,
+            )
+        except Exception as exc:
+            from jinja2 import TemplateError
+
+            if not isinstance(exc, TemplateError):
+                raise
+            roles = ", ".join(str(m.get("role")) for m in messages)
+            raise ChatTemplateError(f"the chat template refused a conversation of roles [{roles}]: {exc}") from None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text; the template already holds any special tokens it wants."""
@@ -181,7 +199,7 @@ class ChatRenderer:
             self._wrappers[role] = self._learn_wrapper(role)
         wrapper = self._wrappers[role]
         if wrapper is None:
-            return self._delta(self.render_text([*_BASE, {"role": role, "content": content}]))
+            return self._appended({"role": role, "content": content})
         return wrapper[0] + content + wrapper[1]
 
     def _opening_text(self, messages: list[dict[str, Any]], key: tuple[tuple[str, str], ...] | None) -> str:
@@ -218,28 +236,53 @@ class ChatRenderer:
         """Whether a two-turn conversation built turn by turn equals its one full render."""
         if assistant_open != self.generation_prompt:
             return False
-        turns = [*_BASE, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
+        turns = [*self._base, _ANSWER, {"role": "user", "content": "b"}]
         appended = (
             self._base_text + self.generation_prompt + "a" + self.assistant_close
             + self.message_text("user", "b") + self.generation_prompt
         )
         return self.render_text(turns, add_generation_prompt=True) == appended
 
-    def _delta(self, text: str) -> str:
-        if not text.startswith(self._base_text):
+    def _accepted_base(self) -> list[dict[str, str]]:
+        for base in _BASES:
+            try:
+                self.render_text([*base, _ANSWER])
+                return base
+            except ChatTemplateError as exc:
+                refused = exc
+        raise refused
+
+    def _after(
+        self, context: list[dict[str, Any]], message: dict[str, Any] | None = None, *, add_generation_prompt: bool = False
+    ) -> str:
+        """The text ``message`` (or the generation prompt) adds to the rendered ``context``."""
+        before = self.render_text(context)
+        text = self.render_text([*context, message] if message else context, add_generation_prompt=add_generation_prompt)
+        if not text.startswith(before):
             raise ChatTemplateError(
                 "the chat template renders earlier messages differently once a message is appended; "
                 "it cannot be rendered incrementally"
             )
-        return text[len(self._base_text) :]
+        return text[len(before) :]
+
+    def _appended(self, message: dict[str, Any]) -> str:
+        """The text an observation ``message`` adds after a user turn or, for templates that
+        insist on alternating roles, after an answer (where observations really sit)."""
+        try:
+            return self._after(self._base, message)
+        except ChatTemplateError as after_user:
+            try:
+                return self._after([*self._base, _ANSWER], message)
+            except ChatTemplateError:
+                raise after_user from None
 
     def _learn_wrapper(self, role: str) -> tuple[str, str] | None:
         """(prefix, suffix) around a message's content, or None when the template alters content."""
-        delta = self._delta(self.render_text([*_BASE, {"role": role, "content": _SENTINEL}]))
+        delta = self._appended({"role": role, "content": _SENTINEL})
         if delta.count(_SENTINEL) != 1:
             return None
         prefix, suffix = delta.split(_SENTINEL)
-        probe = self._delta(self.render_text([*_BASE, {"role": role, "content": _PROBE}]))
+        probe = self._appended({"role": role, "content": _PROBE})
         return (prefix, suffix) if probe == prefix + _PROBE + suffix else None
 
 
