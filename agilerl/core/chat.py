@@ -44,6 +44,28 @@ class ChatTemplateError(AgileRLError, ValueError):
     """The tokenizer's chat template cannot be rendered incrementally."""
 
 
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = False,
+    **template_kwargs: Any,
+) -> str:
+    """``apply_chat_template`` as text; a template's refusal (``raise_exception``, an undefined
+    variable) is a ``ChatTemplateError`` naming the roles, not a bare jinja error."""
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
+        )
+    except Exception as exc:
+        from jinja2 import TemplateError
+
+        if not isinstance(exc, TemplateError):
+            raise
+        roles = ", ".join(str(m.get("role")) for m in messages)
+        raise ChatTemplateError(f"the chat template refused a conversation of roles [{roles}]: {exc}") from None
+
+
 class ChatRenderer:
     """Turns messages into token ids with a tokenizer's chat template, one increment at a time."""
 
@@ -91,21 +113,9 @@ class ChatRenderer:
 
     def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
         """The template's text for ``messages`` (one full render)."""
-        try:
-            return self.tokenizer.apply_chat_template(
-                messages,
-                tools=self.tools,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **self.template_kwargs,
-            )
-        except Exception as exc:
-            from jinja2 import TemplateError
-
-            if not isinstance(exc, TemplateError):
-                raise
-            roles = ", ".join(str(m.get("role")) for m in messages)
-            raise ChatTemplateError(f"the chat template refused a conversation of roles [{roles}]: {exc}") from None
+        return render_chat(
+            self.tokenizer, messages, tools=self.tools, add_generation_prompt=add_generation_prompt, **self.template_kwargs
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text; the template already holds any special tokens it wants."""

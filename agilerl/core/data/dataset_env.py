@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from agilerl.core.chat import render_chat
 from agilerl.core.data.tables import DatasetLoadError, load_spec_table, split_table
 from agilerl.core.data.templates import PromptTemplate, with_system_prompt
 
@@ -266,12 +267,7 @@ class DatasetEnv:
         return full[len(prompt) :]
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **self.chat_template_kwargs,
-        )
+        return render_chat(self.tokenizer, messages, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs)
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         if not texts:
