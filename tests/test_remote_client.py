@@ -25,7 +25,11 @@ from agilerl.core.remote.observations import (
 )
 from agilerl.core.remote.server import resolve_env
 from agilerl.errors import AgileRLError
-from tests.test_remote_server import assert_all_closed_once, fresh_env_class
+from tests.test_remote_server import (
+    assert_all_closed_once,
+    fresh_env_class,
+    wait_for_health,
+)
 
 Reply = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -279,7 +283,6 @@ def test_a_crashed_server_ends_the_episode_and_the_next_reset_reconnects(tmp_pat
     import signal
     import subprocess
     import sys
-    import urllib.request
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -289,14 +292,8 @@ def test_a_crashed_server_ends_the_episode_and_the_next_reset_reconnects(tmp_pat
 
     def start() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1).close()
-                return proc
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.1)
+        wait_for_health(url, proc)
+        return proc
 
     first = start()
     client = RemoteEnvClient(url, retry_budget_s=30)

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,11 @@ import pytest
 
 from agilerl.core.remote.client import RemoteEnvClient
 from agilerl.core.remote.server import resolve_env
-from tests.test_remote_server import assert_all_closed_once, fresh_env_class
+from tests.test_remote_server import (
+    assert_all_closed_once,
+    fresh_env_class,
+    wait_for_health,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-openenv"
@@ -139,15 +142,8 @@ def openenv_server(openenv_python: Path, tmp_path: Path) -> Iterator[object]:
         proc = subprocess.Popen([str(openenv_python), str(script), kind, str(port)], stdout=log, stderr=log)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1).read()
-                return url
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError((tmp_path / f"{kind}.log").read_text()[-3000:]) from None
-                time.sleep(0.2)
+        wait_for_health(url, proc, tmp_path / f"{kind}.log")
+        return url
 
     yield start
     for proc in procs:

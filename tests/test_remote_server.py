@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
@@ -67,6 +68,21 @@ def wait_until(predicate: Any, timeout: float = 15.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.02)
+
+
+def wait_for_health(url: str, proc: subprocess.Popen[Any], log: Path | None = None) -> None:
+    """Return once a server process answers ``GET /health``; fail if it exits or stays silent
+    for 60 s (with the tail of its ``log``)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text()[-3000:] if log is not None else ""
+                raise AssertionError(f"the server at {url} did not start\n{tail}") from None
+            time.sleep(0.1)
 
 
 def assert_all_closed_once(server: Any, env_cls: type[CountedEnv], built: int | None = None) -> None:
