@@ -398,6 +398,17 @@ _HISTORY_REWRITING_TEMPLATE = (
 )
 
 
+# DeepSeek-R1 in brief: earlier answers keep only what follows their thinking.
+_DROPS_OLD_THINKING_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{%- set answer = m.content if loop.last else m.content.split('</think>')[-1] %}"
+    "{{- '<|im_start|>assistant\n' + answer + '<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
 def _with_template(base, template):
     return base.__class__(
         tokenizer_object=base.backend_tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
@@ -405,11 +416,16 @@ def _with_template(base, template):
     )
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"think": False}])
-def test_a_template_that_rewrites_history_gives_append_only_trajectories(kwargs, chatml_tokenizer):
-    """Qwen3-style templates drop old thinking: a full render never shows what the model saw, so
-    the trajectory is each prompt plus what the model generated, turn after turn, thinking kept."""
-    tokenizer = _with_template(chatml_tokenizer, _HISTORY_REWRITING_TEMPLATE)
+@pytest.mark.parametrize(
+    ("template", "kwargs"),
+    [(_HISTORY_REWRITING_TEMPLATE, {}), (_HISTORY_REWRITING_TEMPLATE, {"think": False}),
+     (_DROPS_OLD_THINKING_TEMPLATE, {})],
+    ids=["qwen3-like", "qwen3-like-no-think", "r1-like"],
+)
+def test_a_template_that_rewrites_history_gives_append_only_trajectories(template, kwargs, chatml_tokenizer):
+    """Qwen3- and R1-style templates drop old thinking: a full render never shows what the model
+    saw, so the trajectory is each prompt plus what the model generated, thinking kept."""
+    tokenizer = _with_template(chatml_tokenizer, template)
     with pytest.warns(UserWarning, match="appended turn by turn"):
         harness = RolloutHarness.local(GuessEnv(), tokenizer, chat_template_kwargs=kwargs)
     assert not harness.renderer.full_render_identical

@@ -243,15 +243,19 @@ class ChatRenderer:
         return pieces if probe == _interleave(pieces, probes) else None
 
     def _appending_is_rendering(self, assistant_open: str) -> bool:
-        """Whether a two-turn conversation built turn by turn equals its one full render."""
+        """Whether a two-turn conversation built turn by turn equals its one full render, for a
+        plain answer and one that thinks first (templates that drop old thinking differ there)."""
         if assistant_open != self.generation_prompt:
             return False
-        turns = [*self._base, _ANSWER, {"role": "user", "content": "b"}]
-        appended = (
-            self._base_text + self.generation_prompt + "a" + self.assistant_close
-            + self.message_text("user", "b") + self.generation_prompt
-        )
-        return self.render_text(turns, add_generation_prompt=True) == appended
+        for answer in ("a", "<think>\nt\n</think>\n\na"):
+            turns = [*self._base, {"role": "assistant", "content": answer}, {"role": "user", "content": "b"}]
+            appended = (
+                self._base_text + self.generation_prompt + answer + self.assistant_close
+                + self.message_text("user", "b") + self.generation_prompt
+            )
+            if self.render_text(turns, add_generation_prompt=True) != appended:
+                return False
+        return True
 
     def _accepted_base(self) -> list[dict[str, str]]:
         for base in _BASES:
