@@ -87,6 +87,7 @@ class ChatRenderer:
         self._bodies: dict[tuple[str, str], list[int]] = {}  # (role, observation): close + message
         self._warmed: dict[tuple[str, str], list[int]] = {}  # long observations, encoded ahead once
         self._openings: dict[tuple[str, ...], list[str] | None] = {}
+        self._contexts: dict[str, tuple[list[dict[str, Any]], str]] = {}  # role: what it follows
         self._clean_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
         self.generation_prompt = self._after(self._base, add_generation_prompt=True)
         asst_delta = self._after(self._base, {"role": "assistant", "content": _SENTINEL})
@@ -258,19 +259,26 @@ class ChatRenderer:
         return True
 
     def _accepted_base(self) -> list[dict[str, str]]:
+        refusals = []
         for base in _BASES:
             try:
                 self.render_text([*base, _ANSWER])
                 return base
             except ChatTemplateError as exc:
-                refused = exc
-        raise refused
+                refusals.append(exc)
+        raise refusals[0]
 
     def _after(
-        self, context: list[dict[str, Any]], message: dict[str, Any] | None = None, *, add_generation_prompt: bool = False
+        self,
+        context: list[dict[str, Any]],
+        message: dict[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = False,
+        before: str | None = None,
     ) -> str:
-        """The text ``message`` (or the generation prompt) adds to the rendered ``context``."""
-        before = self.render_text(context)
+        """The text ``message`` (or the generation prompt) adds to ``context`` (rendered as
+        ``before``, when the caller has it)."""
+        before = self.render_text(context) if before is None else before
         text = self.render_text([*context, message] if message else context, add_generation_prompt=add_generation_prompt)
         if not text.startswith(before):
             raise ChatTemplateError(
@@ -280,15 +288,25 @@ class ChatRenderer:
         return text[len(before) :]
 
     def _appended(self, message: dict[str, Any]) -> str:
-        """The text an observation ``message`` adds after a user turn or, for templates that
-        insist on alternating roles, after an answer (where observations really sit)."""
-        try:
-            return self._after(self._base, message)
-        except ChatTemplateError as after_user:
+        """The text an observation ``message`` adds to a conversation (one render: the context
+        it follows is rendered once per role)."""
+        role = message["role"]
+        if role not in self._contexts:
+            self._contexts[role] = self._context_for(message)
+        context, before = self._contexts[role]
+        return self._after(context, message, before=before)
+
+    def _context_for(self, message: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+        """A conversation ``message`` can follow, and its text: one ending in a user turn or, for
+        templates that insist on alternating roles, in an answer (where observations really sit)."""
+        refusals = []
+        for context in (self._base, [*self._base, _ANSWER]):
             try:
-                return self._after([*self._base, _ANSWER], message)
-            except ChatTemplateError:
-                raise after_user from None
+                self._after(context, message)
+                return context, self.render_text(context)
+            except ChatTemplateError as exc:
+                refusals.append(exc)
+        raise refusals[0]
 
     def _learn_wrapper(self, role: str) -> tuple[str, str] | None:
         """(prefix, suffix) around a message's content, or None when the template alters content."""
