@@ -502,3 +502,18 @@ def test_a_system_prompt_the_template_refuses_is_a_clear_error(chatml_tokenizer)
     )
     with pytest.raises(ChatTemplateError, match=r"refused a conversation of roles \[system, user\]: System role"):
         harness.reset(seed=0)
+
+
+def test_a_new_observation_costs_one_render_when_the_template_alters_content(llama3_tokenizer, monkeypatch):
+    """Llama 3 trims content, so each new observation is rendered; the conversation it follows
+    is rendered once, not per observation."""
+    from agilerl.core.chat import ChatRenderer
+
+    renderer = ChatRenderer(llama3_tokenizer)
+    renderer.message_text("user", "first")  # learns the role
+    renders = []
+    original = renderer.render_text
+    monkeypatch.setattr(renderer, "render_text", lambda *a, **k: renders.append(1) or original(*a, **k))
+    texts = [renderer.message_text("user", f" obs {i} ") for i in range(5)]
+    assert len(renders) == 5
+    assert texts[0] == "<|start_header_id|>user<|end_header_id|>\n\nobs 0<|eot_id|>"
