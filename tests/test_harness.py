@@ -517,3 +517,11 @@ def test_a_new_observation_costs_one_render_when_the_template_alters_content(lla
     texts = [renderer.message_text("user", f" obs {i} ") for i in range(5)]
     assert len(renders) == 5
     assert texts[0] == "<|start_header_id|>user<|end_header_id|>\n\nobs 0<|eot_id|>"
+
+
+def test_a_tokenizer_without_a_chat_template_is_a_clear_error(chatml_tokenizer):
+    from agilerl.core.chat import ChatTemplateError
+
+    base_model_tokenizer = _with_template(chatml_tokenizer, None)
+    with pytest.raises(ChatTemplateError, match=r"no chat template \(is it a base model's\?\)"):
+        RolloutHarness.local(GuessEnv(), base_model_tokenizer)

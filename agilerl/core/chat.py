@@ -53,6 +53,11 @@ def render_chat(
 ) -> str:
     """``apply_chat_template`` as text; a template's refusal (``raise_exception``, an undefined
     variable) is a ``ChatTemplateError`` naming the roles, not a bare jinja error."""
+    if getattr(tokenizer, "chat_template", None) is None and "chat_template" not in template_kwargs:
+        raise ChatTemplateError(
+            "the tokenizer has no chat template (is it a base model's?): use an instruct model, or "
+            "set tokenizer.chat_template to the template the model should see"
+        )
     try:
         return tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
