@@ -475,8 +475,22 @@ _INST_TEMPLATE = (
 )
 
 
-@pytest.mark.parametrize("template", [_NO_SYSTEM_TEMPLATE, _INST_TEMPLATE], ids=["no-system", "inst"])
-def test_templates_that_insist_on_alternating_roles_render_incrementally(template, chatml_tokenizer):
+# Phi-3 in brief: a conversation that does not end in a generation prompt ends with a trailer.
+_TRAILER_TEMPLATE = _DEFAULT_SYSTEM_TEMPLATE.replace(
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- else %}{{- '<|endoftext|>' }}{%- endif %}",
+)
+
+
+@pytest.mark.parametrize(
+    "template", [_NO_SYSTEM_TEMPLATE, _INST_TEMPLATE, _TRAILER_TEMPLATE], ids=["no-system", "inst", "trailer"]
+)
+def test_templates_that_insist_on_alternating_roles_or_end_with_a_trailer_render_incrementally(
+    template, chatml_tokenizer
+):
+    """The trajectory is the full render of the conversation (less a trailer the template adds after
+    the last turn, which belongs to no turn)."""
+    assert template.count("<|endoftext|>") == (1 if template is _TRAILER_TEMPLATE else 0)
     tokenizer = _with_template(chatml_tokenizer, template)
     harness = RolloutHarness.local(GuessEnv(), tokenizer)
     assert harness.renderer.full_render_identical
@@ -491,7 +505,8 @@ def test_templates_that_insist_on_alternating_roles_render_incrementally(templat
         if terminated:
             break
         assert list(prompt) == _full_render(tokenizer, messages, add_generation_prompt=True)
-    assert harness.trajectory.token_ids == _full_render(tokenizer, messages)
+    trailer = tokenizer.encode("<|endoftext|>", add_special_tokens=False) if template is _TRAILER_TEMPLATE else []
+    assert harness.trajectory.token_ids + trailer == _full_render(tokenizer, messages)
 
 
 def test_a_system_prompt_the_template_refuses_is_a_clear_error(chatml_tokenizer):

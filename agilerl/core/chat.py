@@ -11,7 +11,8 @@ A conversation's opening (system and user messages) is filled into the template'
 the same way, so a new prompt costs one encode, not a template render.
 
 Templates that refuse a system message or insist on alternating roles (Gemma 2, early Mistral)
-are learned against a conversation they accept, with observations after an answer.
+are learned against a conversation they accept, with observations after an answer. A trailer
+some templates put after a finished conversation (Phi-3's eos) belongs to no turn: it is left out.
 
 Some templates rewrite earlier turns as a conversation goes on (Qwen3 drops old thinking and
 empty think blocks). No full render then shows what the model saw at each turn; conversations
@@ -86,7 +87,8 @@ class ChatRenderer:
         self.tools = tools or None
         self.template_kwargs = dict(chat_template_kwargs or {})
         self._base = self._accepted_base()
-        self._base_text = self.render_text(self._base)
+        self._trailer = self._learn_trailer()
+        self._base_text = self._closed_text(self._base)
         self._wrappers: dict[str, tuple[str, str] | None] = {}
         self._prompt_cache: dict[tuple[tuple[str, str], ...], list[int]] = {}
         self._bodies: dict[tuple[str, str], list[int]] = {}  # (role, observation): close + message
@@ -263,6 +265,24 @@ class ChatRenderer:
                 return False
         return True
 
+    def _learn_trailer(self) -> str:
+        """What the template puts after a conversation that does not end in a generation prompt
+        (Phi-3's eos), found among the special tokens; it belongs to no turn."""
+        closed = self.render_text(self._base)
+        extended = self.render_text([*self._base, _ANSWER])
+        if extended.startswith(closed):
+            return ""
+        specials = sorted(set(getattr(self.tokenizer, "all_special_tokens", None) or []), key=len, reverse=True)
+        for trailer in specials:
+            if closed.endswith(trailer) and extended.endswith(trailer) and extended.startswith(closed[: -len(trailer)]):
+                return trailer
+        return ""  # no trailer explains it: the template rewrites earlier messages (an error later)
+
+    def _closed_text(self, messages: list[dict[str, Any]]) -> str:
+        """The template's text for ``messages`` without the end-of-conversation trailer."""
+        text = self.render_text(messages)
+        return text[: -len(self._trailer)] if self._trailer and text.endswith(self._trailer) else text
+
     def _accepted_base(self) -> list[dict[str, str]]:
         refusals = []
         for base in _BASES:
@@ -283,8 +303,13 @@ class ChatRenderer:
     ) -> str:
         """The text ``message`` (or the generation prompt) adds to ``context`` (rendered as
         ``before``, when the caller has it)."""
-        before = self.render_text(context) if before is None else before
-        text = self.render_text([*context, message] if message else context, add_generation_prompt=add_generation_prompt)
+        before = self._closed_text(context) if before is None else before
+        extended = [*context, message] if message else context
+        text = (
+            self.render_text(extended, add_generation_prompt=True)
+            if add_generation_prompt
+            else self._closed_text(extended)
+        )
         if not text.startswith(before):
             raise ChatTemplateError(
                 "the chat template renders earlier messages differently once a message is appended; "
@@ -308,7 +333,7 @@ class ChatRenderer:
         for context in (self._base, [*self._base, _ANSWER]):
             try:
                 self._after(context, message)
-                return context, self.render_text(context)
+                return context, self._closed_text(context)
             except ChatTemplateError as exc:
                 refusals.append(exc)
         raise refusals[0]
