@@ -475,6 +475,17 @@ _INST_TEMPLATE = (
 )
 
 
+# Mistral v0.3 in brief: the system message goes into the newest user turn; roles alternate.
+_SYSTEM_LAST_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}"
+    "{%- set turns = messages[1:] %}{%- else %}{%- set turns = messages %}{%- endif %}"
+    "{%- for m in turns %}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
+    "{%- if m['role'] == 'user' %}{%- if loop.last and system is defined %}"
+    "{{- '[INST] ' + system + '\\n\\n' + m['content'] + '[/INST]' }}"
+    "{%- else %}{{- '[INST] ' + m['content'] + '[/INST]' }}{%- endif %}"
+    "{%- else %}{{- ' ' + m['content'] + eos_token }}{%- endif %}{%- endfor %}"
+)
 # Phi-3 in brief: a conversation that does not end in a generation prompt ends with a trailer.
 _TRAILER_TEMPLATE = _DEFAULT_SYSTEM_TEMPLATE.replace(
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
@@ -540,3 +551,19 @@ def test_a_tokenizer_without_a_chat_template_is_a_clear_error(chatml_tokenizer):
     base_model_tokenizer = _with_template(chatml_tokenizer, None)
     with pytest.raises(ChatTemplateError, match=r"no chat template \(is it a base model's\?\)"):
         RolloutHarness.local(GuessEnv(), base_model_tokenizer)
+
+
+def test_a_system_prompt_a_template_moves_forward_stays_where_the_model_saw_it(chatml_tokenizer):
+    """Mistral v0.3 puts the system prompt into the newest user turn (and a space before each
+    answer that its generation prompt lacks): the conversation is built append-only, so each
+    turn's prompt holds the system prompt where the model was shown it."""
+    tokenizer = _with_template(chatml_tokenizer, _SYSTEM_LAST_TEMPLATE)
+    with pytest.warns(UserWarning, match="appended turn by turn"):
+        harness = RolloutHarness.local(GuessEnv(), tokenizer, system_prompt="Be brief.")
+    prompt, _ = harness.reset(seed=0)
+    opening = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Guess a number between 1 and 10."}]
+    assert list(prompt) == _full_render(tokenizer, opening, add_generation_prompt=True)
+    before = list(prompt)
+    prompt, *_ = harness.step("10")
+    text = tokenizer.decode(list(prompt)[len(before):])
+    assert text == "10<|im_end|>[INST] Too high![/INST]"  # the answer as generated; no system prompt moved here

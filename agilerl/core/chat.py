@@ -27,8 +27,9 @@ from typing import Any
 
 from agilerl.errors import AgileRLError
 
-# Conversations to learn the template against, ending in a user turn; the first the template
-# accepts is used (Gemma 2 and early Mistral templates refuse a system message).
+# Conversations to learn the template against, ending in a user turn; the first that works is
+# used (Gemma 2 and early Mistral templates refuse a system message; Mistral v0.3 moves it to the
+# newest user turn).
 _BASES = (
     [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
     [{"role": "user", "content": "u"}],
@@ -86,24 +87,20 @@ class ChatRenderer:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.tools = tools or None
         self.template_kwargs = dict(chat_template_kwargs or {})
-        self._base = self._accepted_base()
-        self._trailer = self._learn_trailer()
-        self._base_text = self._closed_text(self._base)
-        self._wrappers: dict[str, tuple[str, str] | None] = {}
         self._prompt_cache: dict[tuple[tuple[str, str], ...], list[int]] = {}
         self._bodies: dict[tuple[str, str], list[int]] = {}  # (role, observation): close + message
         self._warmed: dict[tuple[str, str], list[int]] = {}  # long observations, encoded ahead once
         self._openings: dict[tuple[str, ...], list[str] | None] = {}
-        self._contexts: dict[str, tuple[list[dict[str, Any]], str]] = {}  # role: what it follows
         self._clean_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
-        self.generation_prompt = self._after(self._base, add_generation_prompt=True)
-        asst_delta = self._after(self._base, {"role": "assistant", "content": _SENTINEL})
-        if asst_delta.count(_SENTINEL) != 1:
-            raise ChatTemplateError(
-                "the chat template does not render an assistant message's content as given, so "
-                "where a completion ends cannot be learned; it cannot be used for multi-turn rollouts"
-            )
-        assistant_open, self.assistant_close = asst_delta.split(_SENTINEL)
+        refusals = []
+        for base in _BASES:
+            try:
+                assistant_open = self._learn(base)
+                break
+            except ChatTemplateError as exc:
+                refusals.append(exc)
+        else:
+            raise refusals[0]
         self.full_render_identical = self._appending_is_rendering(assistant_open)
         """False for templates that rewrite earlier turns as a conversation goes on (Qwen3 drops
         old thinking and empty think blocks from history): conversations are then append-only,
@@ -265,6 +262,26 @@ class ChatRenderer:
                 return False
         return True
 
+    def _learn(self, base: list[dict[str, str]]) -> str:
+        """Learn the template against ``base`` (a conversation ending in a user turn): the
+        generation prompt, how an answer closes, how an observation follows it. Returns the text
+        that opens a finished answer; ChatTemplateError when ``base`` does not work."""
+        self._base = base
+        self._trailer = self._learn_trailer()
+        self._base_text = self._closed_text(base)
+        self._wrappers: dict[str, tuple[str, str] | None] = {}
+        self._contexts: dict[str, tuple[list[dict[str, Any]], str]] = {}  # role: what it follows
+        self.generation_prompt = self._after(base, add_generation_prompt=True)
+        asst_delta = self._after(base, {"role": "assistant", "content": _SENTINEL})
+        if asst_delta.count(_SENTINEL) != 1:
+            raise ChatTemplateError(
+                "the chat template does not render an assistant message's content as given, so "
+                "where a completion ends cannot be learned; it cannot be used for multi-turn rollouts"
+            )
+        assistant_open, self.assistant_close = asst_delta.split(_SENTINEL)
+        self.message_text("user", "o")  # an observation must be able to follow an answer
+        return assistant_open
+
     def _learn_trailer(self) -> str:
         """What the template puts after a conversation that does not end in a generation prompt
         (Phi-3's eos), found among the special tokens; it belongs to no turn."""
@@ -282,16 +299,6 @@ class ChatRenderer:
         """The template's text for ``messages`` without the end-of-conversation trailer."""
         text = self.render_text(messages)
         return text[: -len(self._trailer)] if self._trailer and text.endswith(self._trailer) else text
-
-    def _accepted_base(self) -> list[dict[str, str]]:
-        refusals = []
-        for base in _BASES:
-            try:
-                self.render_text([*base, _ANSWER])
-                return base
-            except ChatTemplateError as exc:
-                refusals.append(exc)
-        raise refusals[0]
 
     def _after(
         self,
