@@ -102,14 +102,15 @@ class ChatRenderer:
         else:
             raise refusals[0]
         self.full_render_identical = self._appending_is_rendering(assistant_open)
-        """False for templates that rewrite earlier turns as a conversation goes on (Qwen3 drops
-        old thinking and empty think blocks from history): conversations are then append-only,
-        exactly the tokens the model saw and generated, which no full render reproduces."""
+        """False for templates whose render of a whole conversation differs from the turns
+        appended (Qwen3 drops old thinking and empty think blocks from history): conversations are
+        then append-only, exactly the tokens the model saw and generated."""
         if not self.full_render_identical:
             warnings.warn(
-                "the chat template renders earlier turns differently as the conversation goes on "
-                "(as Qwen3's drops old thinking): trajectories are the tokens the model saw and "
-                "generated, appended turn by turn, not a full render of the conversation.",
+                "the chat template renders a conversation differently from how it is built turn by "
+                "turn (Qwen3's drops old thinking; Mistral's puts a space before answers that its "
+                "generation prompt lacks): trajectories are the tokens the model saw and generated, "
+                "appended turn by turn, not a full render of the conversation.",
                 stacklevel=2,
             )
         self._close_ids = self.encode(self.assistant_close)
