@@ -291,7 +291,9 @@ def test_a_crashed_server_ends_the_episode_and_the_next_reset_reconnects(tmp_pat
     serve = [sys.executable, "-m", "agilerl", "serve", "tests.test_remote_server:CountedEnv", "--port", str(port)]
 
     def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(  # from the repo root, where `tests.` imports
+            serve, cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         wait_for_health(url, proc)
         return proc
 
