@@ -17,21 +17,21 @@ hookimpl = pluggy.HookimplMarker("agilerl")
 """Decorator for plugin hook implementations: ``@hookimpl def register_envs(register): ...``."""
 
 _LAZY = {
-    "RolloutHarness": "agilerl.core.harness",
-    "InProcessEnvClient": "agilerl.core.client",
-    "TextEnv": "agilerl.core.protocol",
-    "check_env": "agilerl.core.checker",
-    "load_manifest": "agilerl.core.manifest",
+    "RolloutHarness": "agilerl.rollout.harness",
+    "InProcessEnvClient": "agilerl.envs.client",
+    "TextEnv": "agilerl.protocol",
+    "check_env": "agilerl.envs.checker",
+    "load_manifest": "agilerl.manifest.spec",
 }
 
 __all__ = ["__version__", "hookimpl", *_LAZY]
 
 if TYPE_CHECKING:
-    from agilerl.core.checker import check_env
-    from agilerl.core.client import InProcessEnvClient
-    from agilerl.core.harness import RolloutHarness
-    from agilerl.core.manifest import load_manifest
-    from agilerl.core.protocol import TextEnv
+    from agilerl.envs.checker import check_env
+    from agilerl.envs.client import InProcessEnvClient
+    from agilerl.rollout.harness import RolloutHarness
+    from agilerl.manifest.spec import load_manifest
+    from agilerl.protocol import TextEnv
 
 
 def __getattr__(name: str) -> Any:

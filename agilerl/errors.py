@@ -1,5 +1,193 @@
-"""The one base class for errors a user can fix; the CLI prints these without a traceback."""
+"""Every error agilerl raises on purpose, in one tree under :class:`AgileRLError`.
+
+The CLI prints these as one message without a traceback. Catch a branch (``EnvError``,
+``PluginError``, ...) to handle a family; errors about a bad value are ``ValueError`` too, so code
+that catches the built-in kinds keeps working.
+
+    AgileRLError
+    ├── InvalidArgument (ValueError)            a Python call got a value it cannot use
+    │   ├── ConfigError                           settings given in Python are invalid
+│   ├── ChatTemplateError                     the tokenizer's template cannot be used
+    │   └── TrajectoryShapeError                  a trajectory's per-token lists disagree
+    ├── MissingExtra (ImportError)              an optional dependency is not installed
+    ├── ManifestError (ValueError)              a manifest file is invalid (manifests only)
+    ├── PluginError                             finding, naming, loading or installing plugins
+    │   ├── RegistrationError, ScaffoldError, EnvPackagesError, StrictPluginsError
+    │   └── LoadError → ModuleNotImportable, NameNotRegistered, NameConflict
+    ├── EnvError                                an env (local or remote) misbehaved
+    │   ├── EnvProtocolError → EnvCheckError      it broke the text-env protocol
+    │   ├── EnvTimeoutError (TimeoutError)        a call did not finish in time
+    │   ├── RemoteEnvError → RemoteEnvTimeout     the server failed or went silent
+    │   ├── ObservationError                      no prompt text in an observation
+    │   └── HarnessStateError, EpisodeError       used out of order
+    ├── DataError → DatasetLoadError, RubricError, TemplateError
+    └── TrainingError → CollectionError, CheckpointError, ModelLoadError, PlotUnavailable
+"""
+
+from __future__ import annotations
 
 
 class AgileRLError(Exception):
     """An error whose message names what went wrong and how to fix it."""
+
+
+class InvalidArgument(AgileRLError, ValueError):
+    """A Python call got an argument it cannot use; the message names it, its value and the fix."""
+
+
+class ChatTemplateError(InvalidArgument):
+    """The tokenizer's chat template cannot be rendered incrementally."""
+
+
+class TrajectoryShapeError(InvalidArgument):
+    """A trajectory's per-token lists disagree in length."""
+
+
+class ConfigError(InvalidArgument):
+    """Settings passed to a Python call are invalid; ``errors`` holds one ``path: message`` line each."""
+
+    def __init__(self, errors: list[str], what: str = "settings") -> None:
+        self.errors = errors
+        super().__init__(f"invalid {what}:\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+class MissingExtra(AgileRLError, ImportError):
+    """An optional dependency is missing; the message is the one line to install it."""
+
+    def __init__(self, extra: str, what: str, missing: str) -> None:
+        self.extra = extra
+        super().__init__(
+            f"{what} needs the '{extra}' extra ({missing} is not installed): "
+            f"pip install 'agilerl-envlayer[{extra}]'"
+        )
+
+
+class ManifestError(AgileRLError, ValueError):
+    """A manifest is invalid; ``errors`` holds one ``path: message`` line per problem."""
+
+    def __init__(self, errors: list[str], source: str | None = None) -> None:
+        self.errors = errors
+        self.source = source
+        head = f"invalid manifest {source}" if source else "invalid manifest"
+        super().__init__(head + ":\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+class PluginError(AgileRLError):
+    """Something about plugins: their names, their loading, their installs."""
+
+
+class RegistrationError(PluginError):
+    """A plugin called ``register`` with an invalid name or target."""
+
+
+class ScaffoldError(PluginError):
+    """The plugin name is invalid or the target folder already exists."""
+
+
+class EnvPackagesError(PluginError):
+    """``env_packages`` could not be installed alongside the trainer."""
+
+
+class StrictPluginsError(PluginError):
+    """``AGILERL_STRICT_PLUGINS=1`` and a plugin is broken or conflicts with another."""
+
+
+class LoadError(PluginError):
+    """A reference could not be imported; the message names the reference and the fix."""
+
+
+class ModuleNotImportable(LoadError):
+    """The module of a ``module:attr`` reference is not installed (``env_packages`` can fix it)."""
+
+    def __init__(self, message: str, module: str) -> None:
+        super().__init__(message)
+        self.module = module
+
+
+class NameNotRegistered(LoadError):
+    """No plugin registered the name; the message lists close matches."""
+
+
+class NameConflict(LoadError):
+    """Two plugins registered the same name; the message names both distributions."""
+
+
+class EnvError(AgileRLError):
+    """An env, in process or remote, misbehaved or was used out of order."""
+
+
+class EnvProtocolError(EnvError):
+    """An env returned something the text-env protocol does not allow."""
+
+
+class EnvCheckError(EnvProtocolError):
+    """The env breaks the text-env protocol; the message lists every problem found."""
+
+    def __init__(self, env_name: str, problems: list[str]) -> None:
+        self.problems = problems
+        listing = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{env_name} does not follow the text-env protocol:\n{listing}")
+
+
+class EnvTimeoutError(EnvError, TimeoutError):
+    """An env call did not finish within the collector's ``env_timeout_s``."""
+
+
+class RemoteEnvError(EnvError):
+    """The remote env failed; ``code`` is the server's error code when it sent one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RemoteEnvTimeout(RemoteEnvError):
+    """No reply within ``request_timeout_s``; the session was dropped."""
+
+
+class ObservationError(EnvError):
+    """A remote observation has no text the configured rules can find."""
+
+
+class HarnessStateError(EnvError):
+    """The harness was used out of order (step before reset, step after the episode ended)."""
+
+
+class EpisodeError(EnvError):
+    """``reset``/``step`` was called out of order or with a row that does not exist."""
+
+
+class DataError(AgileRLError):
+    """A dataset, its prompt template or its rubric cannot be used."""
+
+
+class DatasetLoadError(DataError):
+    """A dataset could not be loaded, renamed or split; the message says the fix."""
+
+
+class RubricError(DataError):
+    """A rubric cannot be bound, raised, or returned something that is not a reward."""
+
+
+class TemplateError(DataError):
+    """A prompt_template is malformed or names a column the dataset lacks."""
+
+
+class TrainingError(AgileRLError):
+    """Training cannot go on."""
+
+
+class CollectionError(TrainingError):
+    """Collection cannot go on (every rollout failed, a policy broke its contract, ...)."""
+
+
+class CheckpointError(TrainingError):
+    """A checkpoint to resume from is missing or incomplete."""
+
+
+class ModelLoadError(TrainingError):
+    """The model or tokenizer named in ``model.name_or_path`` cannot be loaded."""
+
+
+class PlotUnavailable(TrainingError):
+    """matplotlib is not installed; the run goes on without its plot."""

@@ -16,10 +16,10 @@ from functools import partial
 import torch
 
 from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
-from agilerl.core.train.algorithm import build_algorithm
-from agilerl.core.train.batch import collate_trajectories
-from agilerl.core.train.logprobs import masked_mean, policy_logprobs
-from agilerl.core.trajectory import Trajectory
+from agilerl.train.algorithm import build_algorithm
+from agilerl.train.batch import collate_trajectories
+from agilerl.train.logprobs import masked_mean, policy_logprobs
+from agilerl.rollout.trajectory import Trajectory
 
 BATCH, GROUP, TURNS, PROMPT, COMPLETION, OBSERVATION = 16, 8, 6, 64, 40, 12
 

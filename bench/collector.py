@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.builtins.tiny_model import build_tiny_tokenizer
-from agilerl.core.collect.collector import RolloutCollector
-from agilerl.core.collect.concurrency import run_in_threads
-from agilerl.core.collect.policy import SamplingParams, ScriptedPolicy
-from agilerl.core.harness import RolloutHarness
-from agilerl.core.remote.client import RemoteEnvClient
-from agilerl.core.threads import WorkerThreads
+from agilerl.rollout.collector import RolloutCollector
+from agilerl.rollout.phases import run_in_threads
+from agilerl.rollout.policy import SamplingParams, ScriptedPolicy
+from agilerl.rollout.harness import RolloutHarness
+from agilerl.remote.client import RemoteEnvClient
+from agilerl.concurrency import WorkerThreads
 
 TURNS = 5
 LATENCY_S = float(os.environ.get("BENCH_LATENCY_MS", "20")) / 1000  # the server process reads it too

@@ -10,7 +10,7 @@ import statistics
 import time
 
 from agilerl.builtins.tiny_model import build_tiny_tokenizer
-from agilerl.core.harness import RolloutHarness
+from agilerl.rollout.harness import RolloutHarness
 
 OBSERVATION = "Too high! Your guess was above the target, try a lower number."
 

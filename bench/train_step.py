@@ -40,8 +40,8 @@ SMOLLM2_CACHE = Path.home() / ".cache" / "agilerl" / "smollm2-135m-instruct"
 
 def load(name: str) -> tuple[Any, Any]:
     """The model and tokenizer for ``tiny`` or ``smollm2`` (read from its GGUF once, then cached)."""
-    from agilerl.core.train.config import ModelSettings
-    from agilerl.core.train.models import load_model_and_tokenizer
+    from agilerl.manifest.settings import ModelSettings
+    from agilerl.assembly.models import load_model_and_tokenizer
 
     if name == "tiny":
         return load_model_and_tokenizer(ModelSettings(name_or_path="tiny"))
@@ -63,10 +63,10 @@ def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[flo
     import torch
 
     from agilerl.builtins.algorithms.grpo import GRPO
-    from agilerl.core.collect.policy import SamplingParams, TransformersPolicy
-    from agilerl.core.train.batch import collate_trajectories
-    from agilerl.core.train.loops import build_optimizer
-    from agilerl.core.trajectory import Trajectory
+    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
+    from agilerl.train.batch import collate_trajectories
+    from agilerl.train.loops import build_optimizer
+    from agilerl.rollout.trajectory import Trajectory
 
     policy = TransformersPolicy(model, tokenizer)
     policy.eos_id = None  # fixed lengths: nothing stops early (TRL side: min_new_tokens)

@@ -14,11 +14,11 @@ import torch
 
 from agilerl import hookimpl
 from agilerl.builtins.registrations import ALGORITHMS
-from agilerl.core.manifest import ManifestError, parse_env_spec
-from agilerl.core.train.algorithm import Algorithm, build_algorithm
-from agilerl.core.train.batch import collate_trajectories
-from agilerl.core.train.logprobs import policy_logprobs
-from agilerl.core.trajectory import Trajectory
+from agilerl.manifest.spec import ManifestError, parse_env_spec
+from agilerl.train.algorithm import Algorithm, build_algorithm
+from agilerl.train.batch import collate_trajectories
+from agilerl.train.logprobs import policy_logprobs
+from agilerl.rollout.trajectory import Trajectory
 from agilerl.errors import AgileRLError
 
 ROLLOUT = ["grpo", "cispo", "gspo", "llmppo", "llmreinforce"]
@@ -140,7 +140,7 @@ def test_ppo_wraps_the_model_with_a_value_head(tiny_model):
 def dataset_env(tokenizer, objective: str):
     from datasets import Dataset
 
-    from agilerl.core.data.dataset_env import DatasetEnv
+    from agilerl.data.dataset_env import DatasetEnv
 
     rows = {
         "prompt": [f"What is {i} + 1?" for i in range(4)],

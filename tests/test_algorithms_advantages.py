@@ -18,8 +18,8 @@ from agilerl.builtins.algorithms.advantages import (
     turn_action_bounds,
 )
 from agilerl.builtins.algorithms.grpo import GRPO
-from agilerl.core.train.batch import TrajectoryShapeError, collate_trajectories
-from agilerl.core.trajectory import Trajectory
+from agilerl.train.batch import TrajectoryShapeError, collate_trajectories
+from agilerl.rollout.trajectory import Trajectory
 
 EPS = 1e-4
 

@@ -13,9 +13,9 @@ from agilerl.builtins.algorithms.dpo import DPO, dpo_loss
 from agilerl.builtins.algorithms.grpo import GRPO
 from agilerl.builtins.algorithms.gspo import GSPO
 from agilerl.builtins.algorithms.sft import SFT
-from agilerl.core.train.batch import collate_trajectories
-from agilerl.core.train.logprobs import token_logprobs
-from agilerl.core.trajectory import Trajectory
+from agilerl.train.batch import collate_trajectories
+from agilerl.train.logprobs import token_logprobs
+from agilerl.rollout.trajectory import Trajectory
 
 LOG4 = math.log(4)
 A = 0.5 / (0.5 + 1e-4)  # the group-normalised advantage of rewards (1, 0)

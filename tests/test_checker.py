@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agilerl.core.checker import EnvCheckError, check_env
+from agilerl.envs.checker import EnvCheckError, check_env
 
 
 class Good:

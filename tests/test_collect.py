@@ -10,15 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agilerl.core.collect.collector import CollectionError, RolloutCollector
-from agilerl.core.collect.policy import (
+from agilerl.rollout.collector import CollectionError, RolloutCollector
+from agilerl.rollout.policy import (
     Generation,
     SamplingParams,
     ScriptedPolicy,
     TransformersPolicy,
 )
-from agilerl.core.manifest import parse_env_spec, parse_manifest
-from agilerl.core.train.batch import collate_trajectories
+from agilerl.manifest.spec import parse_env_spec, parse_manifest
+from agilerl.train.batch import collate_trajectories
 from agilerl.errors import AgileRLError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agilerl.core.collect.assigner import Task, TaskAssigner
+from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.errors import AgileRLError
 
 

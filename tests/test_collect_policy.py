@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agilerl.core.collect.policy import (
+from agilerl.rollout.policy import (
     Policy,
     SamplingParams,
     ScriptedPolicy,
     TransformersPolicy,
 )
-from agilerl.core.train.logprobs import token_logprobs
+from agilerl.train.logprobs import token_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from agilerl.core.collect.collector import CollectionError, RolloutCollector
-from agilerl.core.collect.policy import ScriptedPolicy
-from agilerl.core.remote.client import RemoteEnvClient
-from agilerl.core.remote.server import resolve_env
+from agilerl.rollout.collector import CollectionError, RolloutCollector
+from agilerl.rollout.policy import ScriptedPolicy
+from agilerl.remote.client import RemoteEnvClient
+from agilerl.remote.server import resolve_env
 
 
 class GuessEnv:
@@ -100,7 +100,7 @@ class SlowOnSeed0Env(GuessEnv):
 
 
 def test_a_remote_step_past_the_timeout_is_cancelled_and_reported(chatml_tokenizer):
-    from agilerl.core.collect.assigner import TaskAssigner
+    from agilerl.rollout.assigner import TaskAssigner
 
     SlowOnSeed0Env.hang_seed = TaskAssigner(9, seed=0).assign(1, 1)[0].seed  # batch item 0's seed
     url, server = resolve_env(SlowOnSeed0Env, max_concurrent_envs=8)

@@ -8,9 +8,9 @@ import pytest
 import torch
 import yaml
 
-from agilerl.core.data.dataset_env import DatasetEnv
-from agilerl.core.data.tables import DatasetLoadError, load_table
-from agilerl.core.manifest import load_manifest
+from agilerl.data.dataset_env import DatasetEnv
+from agilerl.data.tables import DatasetLoadError, load_table
+from agilerl.manifest.spec import load_manifest
 
 ROWS = [
     {"prompt": f"question {i}?", "response": "answer " * (i % 4 + 1), "chosen": f"yes {i}", "rejected": "no " * (i % 3 + 1)}
@@ -95,7 +95,7 @@ def test_preference_batch_shares_the_prompt(table, chatml_tokenizer):
 
 
 def env_rows(table, fraction):
-    from agilerl.core.data.tables import split_table
+    from agilerl.data.tables import split_table
 
     splits = split_table(table, fraction, 0)
     return list(splits.train), list(splits.test)

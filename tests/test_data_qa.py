@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from agilerl.core.data.qa_dataset import EpisodeError, QADatasetEnv, qa_env_factory
-from agilerl.core.data.rubric import RubricError
-from agilerl.core.data.tables import DatasetLoadError
-from agilerl.core.data.templates import PromptTemplate, TemplateError
-from agilerl.core.manifest import load_manifest
+from agilerl.data.qa_dataset import EpisodeError, QADatasetEnv, qa_env_factory
+from agilerl.data.rubric import RubricError
+from agilerl.data.tables import DatasetLoadError
+from agilerl.data.templates import PromptTemplate, TemplateError
+from agilerl.manifest.spec import load_manifest
 
 N_ROWS = 20
 REWARD_PY = textwrap.dedent(
@@ -95,7 +95,7 @@ def test_template_renders_renamed_columns_through_a_real_chat_template(folder, c
 
 
 def test_harness_renders_the_env_messages(folder, chatml_tokenizer):
-    from agilerl.core.harness import RolloutHarness
+    from agilerl.rollout.harness import RolloutHarness
 
     spec, base_dir = make_spec(folder)
     harness = RolloutHarness.from_spec(spec, chatml_tokenizer, base_dir=base_dir)
@@ -252,7 +252,7 @@ def test_non_number_reward_names_the_row(folder):
 
 
 def test_component_that_is_not_a_number(folder):
-    from agilerl.core.data.rubric import Rubric
+    from agilerl.data.rubric import Rubric
 
     rubric = Rubric.bind(lambda completion: {"a": 1.0, "b": None}, name="bad")
     with pytest.raises(RubricError, match=r"component 'b' None"):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agilerl.core.factory import make_env_factory, resolve_max_turns
-from agilerl.core.harness import RolloutHarness
-from agilerl.core.manifest import load_manifest, parse_env_spec
+from agilerl.factory import make_env_factory, resolve_max_turns
+from agilerl.rollout.harness import RolloutHarness
+from agilerl.manifest.spec import load_manifest, parse_env_spec
 from agilerl.registry import LoadError, ModuleNotImportable, load_object
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

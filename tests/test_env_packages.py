@@ -12,7 +12,7 @@ import sys
 import importlib_metadata
 import pytest
 
-from agilerl.core.manifest import ManifestError, parse_env_spec
+from agilerl.manifest.spec import ManifestError, parse_env_spec
 from agilerl.llm_envs import RolloutHarness
 from agilerl.registry import reset_registry, resolve
 from agilerl.registry.install import (

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from agilerl.core.manifest import load_manifest
+from agilerl.manifest.spec import load_manifest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -33,8 +33,8 @@ def test_countdown_data_script_is_deterministic(tmp_path):
 
 
 def test_countdown_rolls_out_with_scripted_completions(chatml_tokenizer):
-    from agilerl.core.factory import make_env_factory
-    from agilerl.core.harness import RolloutHarness
+    from agilerl.factory import make_env_factory
+    from agilerl.rollout.harness import RolloutHarness
 
     manifest = load_manifest(EXAMPLES / "countdown" / "manifest.yaml")
     factory = make_env_factory(manifest.environment, base_dir=manifest.base_dir)
@@ -58,7 +58,7 @@ def test_countdown_rolls_out_with_scripted_completions(chatml_tokenizer):
 
 @pytest.mark.parametrize(("name", "keys"), [("sft", "labels"), ("dpo", "chosen_loss_mask")])
 def test_dataset_examples_batch(name, keys, chatml_tokenizer):
-    from agilerl.core.data.dataset_env import DatasetEnv
+    from agilerl.data.dataset_env import DatasetEnv
 
     manifest = load_manifest(EXAMPLES / name / "manifest.yaml")
     env = DatasetEnv.from_spec(

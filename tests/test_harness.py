@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agilerl.core.harness import HarnessStateError, RolloutHarness
+from agilerl.rollout.harness import HarnessStateError, RolloutHarness
 
 
 class GuessEnv:
@@ -280,7 +280,7 @@ def test_decoded_actions_match_the_tokenizers_decode(chatml_tokenizer):
 
 def test_warming_many_turns_at_once_gives_the_same_ids(chatml_tokenizer):
     """The collector tokenizes a batch's answers in one call; nothing may change but the speed."""
-    from agilerl.core.chat import ChatRenderer
+    from agilerl.chat import ChatRenderer
 
     long_text = "a long board " * 60  # over the memo's size limit: warmed once, used once
     observations = [("user", "Too high!"), ("user", "Too low!"), ("user", long_text), ("user", "")]
@@ -338,7 +338,7 @@ class _BrokenEnv:
     ],
 )
 def test_an_env_breaking_the_protocol_gets_an_error_naming_the_call_and_the_value(replies, message, chatml_tokenizer):
-    from agilerl.core.client import EnvProtocolError
+    from agilerl.envs.client import EnvProtocolError
 
     harness = RolloutHarness.local(_BrokenEnv(replies), chatml_tokenizer)
     with pytest.raises(EnvProtocolError, match=message):
@@ -360,7 +360,7 @@ def test_in_process_client_reports_the_envs_state_and_closes_once(chatml_tokeniz
 
 
 def test_a_prompt_is_a_view_that_later_turns_do_not_change(chatml_tokenizer):
-    from agilerl.core.harness import TokenView
+    from agilerl.rollout.harness import TokenView
 
     harness = RolloutHarness.local(GuessEnv(), chatml_tokenizer)
     prompt, _ = harness.reset(seed=0)
@@ -447,7 +447,7 @@ def test_a_template_that_rewrites_history_gives_append_only_trajectories(templat
 
 
 def test_a_template_that_hides_assistant_content_is_refused(chatml_tokenizer):
-    from agilerl.core.chat import ChatTemplateError
+    from agilerl.chat import ChatTemplateError
 
     hiding = _DEFAULT_SYSTEM_TEMPLATE.replace("message.content + '<|im_end|>", "'[hidden]<|im_end|>")
     with pytest.raises(ChatTemplateError, match="does not render an assistant message's content as given"):
@@ -521,7 +521,7 @@ def test_templates_that_insist_on_alternating_roles_or_end_with_a_trailer_render
 
 
 def test_a_system_prompt_the_template_refuses_is_a_clear_error(chatml_tokenizer):
-    from agilerl.core.chat import ChatTemplateError
+    from agilerl.chat import ChatTemplateError
 
     harness = RolloutHarness.local(
         GuessEnv(), _with_template(chatml_tokenizer, _NO_SYSTEM_TEMPLATE), system_prompt="Be brief."
@@ -533,7 +533,7 @@ def test_a_system_prompt_the_template_refuses_is_a_clear_error(chatml_tokenizer)
 def test_a_new_observation_costs_one_render_when_the_template_alters_content(llama3_tokenizer, monkeypatch):
     """Llama 3 trims content, so each new observation is rendered; the conversation it follows
     is rendered once, not per observation."""
-    from agilerl.core.chat import ChatRenderer
+    from agilerl.chat import ChatRenderer
 
     renderer = ChatRenderer(llama3_tokenizer)
     renderer.message_text("user", "first")  # learns the role
@@ -546,7 +546,7 @@ def test_a_new_observation_costs_one_render_when_the_template_alters_content(lla
 
 
 def test_a_tokenizer_without_a_chat_template_is_a_clear_error(chatml_tokenizer):
-    from agilerl.core.chat import ChatTemplateError
+    from agilerl.chat import ChatTemplateError
 
     base_model_tokenizer = _with_template(chatml_tokenizer, None)
     with pytest.raises(ChatTemplateError, match=r"no chat template \(is it a base model's\?\)"):

@@ -39,7 +39,7 @@ def test_retired_name_is_gone(name):
 
 
 def test_harness_from_the_documented_path_is_the_core_one():
-    from agilerl.core.harness import RolloutHarness
+    from agilerl.rollout.harness import RolloutHarness
     from agilerl.llm_envs import RolloutHarness as Documented
 
     assert Documented is RolloutHarness

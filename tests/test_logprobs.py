@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agilerl.core.train.logprobs import logits_to_keep, policy_logprobs
+from agilerl.train.logprobs import logits_to_keep, policy_logprobs
 
 
 def test_trimmed_logits_score_the_masked_tokens_exactly(tiny_model):

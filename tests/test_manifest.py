@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from agilerl.core.manifest import ManifestError, ManifestWarning, load_manifest, parse_env_spec
+from agilerl.manifest.spec import ManifestError, ManifestWarning, load_manifest, parse_env_spec
 
 ROLLOUT = {"env_type": "rollout", "entrypoint": "guess_env.py:GuessEnv"}
 
@@ -197,7 +197,7 @@ def test_cli_validate_missing_file_exits_2(tmp_path):
 def test_cli_schema_matches_the_model():
     import json
 
-    from agilerl.core.manifest import EnvironmentSpec
+    from agilerl.manifest.spec import EnvironmentSpec
 
     result = _cli("manifest", "schema")
     schema = json.loads(result.stdout)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agilerl.cli.main import main
-from agilerl.core.manifest import parse_env_spec
+from agilerl.manifest.spec import parse_env_spec
 from agilerl.llm_envs import RolloutHarness
 from agilerl.registry import reset_registry
 from agilerl.registry.testing import build_wheel, write_distribution

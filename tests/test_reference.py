@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from agilerl.core.train.config import LoraSettings, ModelSettings
-from agilerl.core.train.logprobs import policy_logprobs
-from agilerl.core.train.models import load_model_and_tokenizer
-from agilerl.core.train.reference import frozen_reference
+from agilerl.manifest.settings import LoraSettings, ModelSettings
+from agilerl.train.logprobs import policy_logprobs
+from agilerl.assembly.models import load_model_and_tokenizer
+from agilerl.train.reference import frozen_reference
 
 
 def _logprobs(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:

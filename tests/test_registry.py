@@ -20,7 +20,7 @@ from agilerl.registry import (
     LoadError,
     NameConflict,
     NameNotRegistered,
-    PluginError,
+    StrictPluginsError,
     get_plugin_manager,
     get_registry,
     hookspecs,
@@ -183,7 +183,7 @@ def test_a_broken_plugin_is_recorded_and_the_rest_still_work(site, monkeypatch, 
     with pytest.raises(NameNotRegistered, match=re.escape(CAUSES[broken])):
         resolve("env", "half-done")
     monkeypatch.setenv("AGILERL_STRICT_PLUGINS", "1")
-    with pytest.raises(PluginError, match=re.escape(CAUSES[broken])):
+    with pytest.raises(StrictPluginsError, match=re.escape(CAUSES[broken])):
         get_registry()
 
 
@@ -199,7 +199,7 @@ def test_a_name_two_plugins_register_is_a_conflict_naming_both_distributions(sit
         resolve("env", "shared")
     assert "agilerl-env-first 1.0" in str(err.value) and "agilerl-env-second 1.0" in str(err.value)
     monkeypatch.setenv("AGILERL_STRICT_PLUGINS", "1")
-    with pytest.raises(PluginError, match="also registered by plugin 'second'"):
+    with pytest.raises(StrictPluginsError, match="also registered by plugin 'second'"):
         get_registry()
 
 
@@ -213,7 +213,7 @@ def test_two_distributions_with_one_entry_point_name_are_reported(site, monkeypa
     assert "also used by distribution agilerl-env-alpha" in infos[1].error
     assert "agilerl-env-beta" in infos[1].error
     monkeypatch.setenv("AGILERL_STRICT_PLUGINS", "1")
-    with pytest.raises(PluginError, match="entry-point name 'same'"):
+    with pytest.raises(StrictPluginsError, match="entry-point name 'same'"):
         get_registry()
 
 

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from aiohttp import WSMsgType, web
 
-from agilerl.core.remote.client import RemoteEnvClient, RemoteEnvError
-from agilerl.core.remote.loop import LoopThread, shared_loop
-from agilerl.core.remote.observations import (
+from agilerl.remote.client import RemoteEnvClient, RemoteEnvError
+from agilerl.remote.loop import LoopThread, shared_loop
+from agilerl.remote.observations import (
     ObservationError,
     default_text,
     make_observation_reader,
     text_from_field,
 )
-from agilerl.core.remote.server import resolve_env
+from agilerl.remote.server import resolve_env
 from agilerl.errors import AgileRLError
 from tests.test_remote_server import (
     assert_all_closed_once,
@@ -261,7 +261,7 @@ def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_a_harness_built_from_a_url_plays_the_remote_env(chatml_tokenizer: Any) -> None:
-    from agilerl.core.harness import RolloutHarness
+    from agilerl.rollout.harness import RolloutHarness
 
     env_cls = fresh_env_class()
     url, server = resolve_env(env_cls)

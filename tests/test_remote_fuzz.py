@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agilerl.core.remote.client import RemoteEnvClient
-from agilerl.core.remote.loop import client_session, shared_loop
-from agilerl.core.remote.server import resolve_env
+from agilerl.remote.client import RemoteEnvClient
+from agilerl.remote.loop import client_session, shared_loop
+from agilerl.remote.server import resolve_env
 from tests.test_remote_server import assert_all_closed_once, fresh_env_class
 
 json_values = st.recursive(

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agilerl.core.remote.client import RemoteEnvClient
-from agilerl.core.remote.server import resolve_env
+from agilerl.remote.client import RemoteEnvClient
+from agilerl.remote.server import resolve_env
 from tests.test_remote_server import (
     assert_all_closed_once,
     fresh_env_class,

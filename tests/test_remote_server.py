@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import aiohttp
 import pytest
 
-from agilerl.core.remote.client import RemoteEnvClient, RemoteEnvError, RemoteEnvTimeout
-from agilerl.core.remote.server import resolve_env
+from agilerl.remote.client import RemoteEnvClient, RemoteEnvError, RemoteEnvTimeout
+from agilerl.remote.server import resolve_env
 from agilerl.errors import AgileRLError
 
 
@@ -176,9 +176,9 @@ class ToolQuizEnv:
 
 
 def test_metadata_describes_the_env_so_a_remote_harness_renders_like_a_local_one(chatml_tokenizer: Any) -> None:
-    from agilerl.core.factory import make_env_factory, resolve_max_turns
-    from agilerl.core.harness import RolloutHarness
-    from agilerl.core.manifest import parse_env_spec
+    from agilerl.factory import make_env_factory, resolve_max_turns
+    from agilerl.rollout.harness import RolloutHarness
+    from agilerl.manifest.spec import parse_env_spec
 
     url, server = resolve_env(ToolQuizEnv)
     with server, RemoteEnvClient(url) as client:
@@ -209,8 +209,8 @@ class BareEnv:
 
 
 def test_metadata_leaves_out_what_the_env_does_not_declare_usably() -> None:
-    from agilerl.core.factory import make_env_factory, resolve_max_turns
-    from agilerl.core.manifest import parse_env_spec
+    from agilerl.factory import make_env_factory, resolve_max_turns
+    from agilerl.manifest.spec import parse_env_spec
 
     url, server = resolve_env(BareEnv)
     with server, RemoteEnvClient(url) as client:
@@ -422,7 +422,7 @@ def test_clients_that_vanish_mid_episode_free_their_sessions(env_cls: type[Count
     script = tmp_path / "vanish.py"
     script.write_text(textwrap.dedent(f"""
         import asyncio, os
-        from agilerl.core.remote.client import RemoteEnvClient
+        from agilerl.remote.client import RemoteEnvClient
 
         async def main():
             clients = [RemoteEnvClient({url!r}) for _ in range(500)]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agilerl.core.threads import LoopCalls, WorkerThreads
+from agilerl.concurrency import LoopCalls, WorkerThreads
 
 
 def _run_all(threads: WorkerThreads, count: int, fn) -> list[object]:

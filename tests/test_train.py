@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from agilerl.cli.main import main
-from agilerl.core.manifest import ManifestError, load_manifest, parse_manifest
-from agilerl.core.train.config import ModelSettings
-from agilerl.core.train.metrics import read_metrics
-from agilerl.core.train.models import load_model_and_tokenizer
+from agilerl.manifest.spec import ManifestError, load_manifest, parse_manifest
+from agilerl.manifest.settings import ModelSettings
+from agilerl.train.metrics import read_metrics
+from agilerl.assembly.models import load_model_and_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 GUESS = {"env_type": "rollout", "entrypoint": "guess_env.py:GuessEnv", "env_config": {"target": 7}}
@@ -87,7 +87,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
 
 
 def test_lora_trains_only_the_adapters_and_resumes(tmp_path):
-    from agilerl.core.train.from_manifest import train_from_manifest
+    from agilerl.assembly.from_manifest import train_from_manifest
 
     manifest = parse_manifest(
         {"environment": GUESS, "model": {"name_or_path": "tiny", "lora": {"r": 4}},
@@ -108,14 +108,14 @@ def test_lora_trains_only_the_adapters_and_resumes(tmp_path):
 
 
 def test_third_party_algorithm_plugin_trains_through_a_manifest(tmp_path):
-    from agilerl.core.train.from_manifest import train_from_manifest
+    from agilerl.assembly.from_manifest import train_from_manifest
     from agilerl.registry import get_plugin_manager
 
     (tmp_path / "my_algo.py").write_text(textwrap.dedent(
         """
         from agilerl import hookimpl
-        from agilerl.core.train.algorithm import Algorithm, AlgorithmConfig
-        from agilerl.core.train.logprobs import masked_mean, policy_logprobs
+        from agilerl.train.algorithm import Algorithm, AlgorithmConfig
+        from agilerl.train.logprobs import masked_mean, policy_logprobs
 
         class ScaledConfig(AlgorithmConfig):
             scale: float = 1.0
@@ -159,10 +159,10 @@ def test_third_party_algorithm_plugin_trains_through_a_manifest(tmp_path):
 
 
 def test_python_api_mismatches_are_named_before_any_step(chatml_tokenizer, tiny_model):
-    from agilerl.core.collect.collector import RolloutCollector
-    from agilerl.core.collect.policy import SamplingParams
-    from agilerl.core.manifest import parse_env_spec
-    from agilerl.core.train.loops import train_llm_rollout
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.manifest.spec import parse_env_spec
+    from agilerl.train.loops import train_llm_rollout
     from agilerl.errors import AgileRLError
 
     hot = SamplingParams(temperature=0.7, max_new_tokens=2)
@@ -257,7 +257,7 @@ def test_model_from_a_gguf_file_loads_exactly_and_trains(tmp_path, capsys):
 
 
 def test_training_against_remote_env_replicas(tmp_path):
-    from agilerl.core.train.from_manifest import train_from_manifest
+    from agilerl.assembly.from_manifest import train_from_manifest
     from agilerl.llm_envs.openenv_server import resolve_env
     from agilerl.registry import load_object
 
@@ -286,7 +286,7 @@ def test_training_against_remote_env_replicas(tmp_path):
 def test_docs_table_every_setting_and_the_python_example_runs(tmp_path, monkeypatch):
     import re
 
-    from agilerl.core.train.config import TrainingSettings
+    from agilerl.manifest.settings import TrainingSettings
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
     for settings in (TrainingSettings, ModelSettings):
@@ -301,8 +301,8 @@ def test_docs_table_every_setting_and_the_python_example_runs(tmp_path, monkeypa
 def test_micro_batches_accumulate_to_the_whole_batch_step(tmp_path):
     import torch
 
-    from agilerl.core.data.dataset_env import DatasetEnv
-    from agilerl.core.train.loops import train_llm_dataset
+    from agilerl.data.dataset_env import DatasetEnv
+    from agilerl.train.loops import train_llm_dataset
 
     manifest = load_manifest(EXAMPLES / "dpo" / "manifest.yaml")
     runs = {}
@@ -325,7 +325,7 @@ def test_micro_batches_accumulate_to_the_whole_batch_step(tmp_path):
 def test_an_added_value_head_is_checkpointed_and_restored(tmp_path):
     import torch
 
-    from agilerl.core.train.from_manifest import train_from_manifest
+    from agilerl.assembly.from_manifest import train_from_manifest
 
     manifest = parse_manifest(
         {"environment": {**GUESS, "max_turns": 2}, "algorithm": {"name": "llmppo"},

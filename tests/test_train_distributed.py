@@ -18,12 +18,12 @@ RANK_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import torch
-    from agilerl.core.collect.collector import RolloutCollector
-    from agilerl.core.collect.policy import SamplingParams
-    from agilerl.core.manifest import load_manifest
-    from agilerl.core.train.distributed import init_world
-    from agilerl.core.train.loops import train_llm_rollout
-    from agilerl.core.train.models import load_model_and_tokenizer
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.manifest.spec import load_manifest
+    from agilerl.train.distributed import init_world
+    from agilerl.train.loops import train_llm_rollout
+    from agilerl.assembly.models import load_model_and_tokenizer
 
     manifest_path, sft_path, out = sys.argv[1], sys.argv[2], sys.argv[3]
     manifest = load_manifest(manifest_path)
@@ -49,8 +49,8 @@ RANK_SCRIPT = textwrap.dedent(
     moved = sum(float((p.detach() - q).abs().sum()) for p, q in zip(model.parameters(), initial))
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
-    from agilerl.core.data.dataset_env import DatasetEnv
-    from agilerl.core.train.loops import train_llm_dataset
+    from agilerl.data.dataset_env import DatasetEnv
+    from agilerl.train.loops import train_llm_dataset
 
     sft = load_manifest(sft_path)
     sft_model, _ = load_model_and_tokenizer(sft.model)

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agilerl.core.manifest import load_manifest
+from agilerl.manifest.spec import load_manifest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def test_grpo_learns_the_guess_example(tmp_path):
-    from agilerl.core.collect.collector import RolloutCollector
-    from agilerl.core.collect.policy import SamplingParams
-    from agilerl.core.train.loops import train_llm_rollout
-    from agilerl.core.train.metrics import read_metrics
-    from agilerl.core.train.models import load_model_and_tokenizer
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.train.loops import train_llm_rollout
+    from agilerl.train.metrics import read_metrics
+    from agilerl.assembly.models import load_model_and_tokenizer
 
     manifest = load_manifest(EXAMPLES / "guess" / "manifest.yaml")
     training = manifest.training.model_copy(
@@ -39,10 +39,10 @@ def test_grpo_learns_the_guess_example(tmp_path):
 
 
 def test_sft_lowers_the_held_out_loss(tmp_path):
-    from agilerl.core.data.dataset_env import DatasetEnv
-    from agilerl.core.train.loops import train_llm_dataset
-    from agilerl.core.train.metrics import read_metrics
-    from agilerl.core.train.models import load_model_and_tokenizer
+    from agilerl.data.dataset_env import DatasetEnv
+    from agilerl.train.loops import train_llm_dataset
+    from agilerl.train.metrics import read_metrics
+    from agilerl.assembly.models import load_model_and_tokenizer
 
     manifest = load_manifest(EXAMPLES / "sft" / "manifest.yaml")
     training = manifest.training.model_copy(

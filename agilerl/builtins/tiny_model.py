@@ -92,7 +92,7 @@ def build_tiny_tokenizer(
     elif template == "llama3":
         eos, chat_template = "<|eot_id|>", LLAMA3_TEMPLATE
     else:
-        raise ValueError(f"template must be 'chatml' or 'llama3', got {template!r}")
+        raise InvalidArgument(f"template must be 'chatml' or 'llama3', got {template!r}")
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|begin_of_text|>",

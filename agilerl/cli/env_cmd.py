@@ -34,7 +34,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _spec_for(args: argparse.Namespace) -> tuple[Any, Path | None]:
-    from agilerl.core.manifest import load_manifest, parse_env_spec
+    from agilerl.manifest.spec import load_manifest, parse_env_spec
 
     path = Path(args.source)
     if path.suffix in (".yaml", ".yml") and path.is_file():
@@ -51,9 +51,9 @@ def _spec_for(args: argparse.Namespace) -> tuple[Any, Path | None]:
 
 def _check(args: argparse.Namespace) -> int:
     from agilerl.builtins.tiny_model import build_tiny_tokenizer
-    from agilerl.core.checker import check_env
-    from agilerl.core.factory import make_env_factory, resolve_max_turns
-    from agilerl.core.harness import RolloutHarness
+    from agilerl.envs.checker import check_env
+    from agilerl.factory import make_env_factory, resolve_max_turns
+    from agilerl.rollout.harness import RolloutHarness
 
     if args.episodes < 0:
         raise AgileRLError(f"--episodes must be >= 0, got {args.episodes}")

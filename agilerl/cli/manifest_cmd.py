@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> None:
 
 def load_manifest_reporting_warnings(path: str) -> Any:
     """``load_manifest``, printing each ignored-key warning as one ``warning:`` line."""
-    from agilerl.core.manifest import load_manifest
+    from agilerl.manifest.spec import load_manifest
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -41,7 +41,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from agilerl.core.manifest import Manifest
+    from agilerl.manifest.spec import Manifest
 
     print(json.dumps(Manifest.model_json_schema(by_alias=False), indent=2))
     return 0

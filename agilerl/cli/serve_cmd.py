@@ -32,7 +32,7 @@ def add_parser(subparsers: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from agilerl.core.remote.server import build_server
+    from agilerl.remote.server import build_server
 
     server = build_server(
         args.entrypoint,

@@ -28,7 +28,7 @@ def add_parser(subparsers: Any) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from agilerl.cli.manifest_cmd import load_manifest_reporting_warnings
-    from agilerl.core.train.from_manifest import train_from_manifest
+    from agilerl.assembly.from_manifest import train_from_manifest
 
     manifest = load_manifest_reporting_warnings(args.manifest)
     overrides = {"max_steps": args.max_steps, "output_dir": args.output_dir, "seed": args.seed}

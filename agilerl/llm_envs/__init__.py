@@ -6,15 +6,15 @@ from importlib import import_module
 from typing import Any
 
 _LAZY = {
-    "RolloutHarness": "agilerl.core.harness",
-    "InProcessEnvClient": "agilerl.core.client",
-    "RemoteEnvClient": "agilerl.core.remote.client",
-    "QADatasetEnv": "agilerl.core.data.qa_dataset",
-    "DatasetEnv": "agilerl.core.data.dataset_env",
-    "RolloutCollector": "agilerl.core.collect.collector",
-    "TaskAssigner": "agilerl.core.collect.assigner",
-    "train_llm_rollout": "agilerl.core.train.loops",
-    "train_llm_dataset": "agilerl.core.train.loops",
+    "RolloutHarness": "agilerl.rollout.harness",
+    "InProcessEnvClient": "agilerl.envs.client",
+    "RemoteEnvClient": "agilerl.remote.client",
+    "QADatasetEnv": "agilerl.data.qa_dataset",
+    "DatasetEnv": "agilerl.data.dataset_env",
+    "RolloutCollector": "agilerl.rollout.collector",
+    "TaskAssigner": "agilerl.rollout.assigner",
+    "train_llm_rollout": "agilerl.train.loops",
+    "train_llm_dataset": "agilerl.train.loops",
 }
 
 __all__ = list(_LAZY)

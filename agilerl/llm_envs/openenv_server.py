@@ -1,5 +1,5 @@
 """Host any text env behind the OpenEnv WebSocket protocol."""
 
-from agilerl.core.remote.server import resolve_env
+from agilerl.remote.server import resolve_env
 
 __all__ = ["resolve_env"]

@@ -18,7 +18,7 @@ from agilerl.registry.registry import (
     Kind,
     NameConflict,
     NameNotRegistered,
-    PluginError,
+    StrictPluginsError,
     RegistrationError,
     Registry,
 )
@@ -37,7 +37,7 @@ __all__ = [
     "ModuleNotImportable",
     "NameConflict",
     "NameNotRegistered",
-    "PluginError",
+    "StrictPluginsError",
     "PluginInfo",
     "RegistrationError",
     "Registry",

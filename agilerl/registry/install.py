@@ -16,6 +16,7 @@ from pathlib import Path
 
 import importlib_metadata
 
+from agilerl.errors import EnvPackagesError
 from agilerl.errors import AgileRLError
 
 # pip option -> (uv flag, uv env vars that already set it). uv ignores pip's configuration, so
@@ -26,10 +27,6 @@ _PIP_INDEX_OPTIONS = {
     "find-links": ("--find-links", ("UV_FIND_LINKS",)),
 }
 _TRUE = ("1", "true", "yes", "on")
-
-
-class EnvPackagesError(AgileRLError):
-    """``env_packages`` could not be installed alongside the trainer."""
 
 
 def install_packages(requirements: Sequence[str]) -> None:

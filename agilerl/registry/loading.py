@@ -9,19 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agilerl.errors import LoadError, ModuleNotImportable
 from agilerl.errors import AgileRLError
-
-
-class LoadError(AgileRLError):
-    """A reference could not be imported; the message names the reference and the fix."""
-
-
-class ModuleNotImportable(LoadError):
-    """The module of a ``module:attr`` reference is not installed (``env_packages`` can fix it)."""
-
-    def __init__(self, message: str, module: str) -> None:
-        super().__init__(message)
-        self.module = module
 
 
 def is_reference(ref: str) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import pluggy
 
+from agilerl.errors import NameConflict, NameNotRegistered, RegistrationError, StrictPluginsError
 from agilerl.errors import AgileRLError
 from agilerl.registry.loading import LoadError, is_reference, load_object
 from agilerl.registry.plugins import (
@@ -33,22 +34,6 @@ HOOK_OF_KIND: dict[Kind, str] = {
 }
 KIND_OF_HOOK = {hook: kind for kind, hook in HOOK_OF_KIND.items()}
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._/-]*\Z")
-
-
-class RegistrationError(AgileRLError):
-    """A plugin called ``register`` with an invalid name or target."""
-
-
-class NameNotRegistered(LoadError):
-    """No plugin registered the name; the message lists close matches and the installed names."""
-
-
-class NameConflict(LoadError):
-    """Two plugins registered the same name; the message names both distributions."""
-
-
-class PluginError(AgileRLError):
-    """``AGILERL_STRICT_PLUGINS=1`` and a plugin is broken or conflicts with another."""
 
 
 @dataclass
@@ -180,7 +165,7 @@ def check_strict(registry: Registry) -> None:
     problems += [f"{p.name}: {c}" for p in registry.plugins for c in p.conflicts]
     if problems:
         causes = "; ".join(problem.rstrip(".") for problem in problems)
-        raise PluginError(f"{STRICT_ENV_VAR} is set and plugins failed: {causes}.")
+        raise StrictPluginsError(f"{STRICT_ENV_VAR} is set and plugins failed: {causes}.")
 
 
 def _run_hooks(pm: pluggy.PluginManager, plugin: object, info: PluginInfo) -> list[Entry]:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from agilerl.core.train.logprobs import masked_mean
+from agilerl.train.logprobs import masked_mean
 
 if TYPE_CHECKING:
-    from agilerl.core.train.batch import RolloutTensors
+    from agilerl.train.batch import RolloutTensors
 
 
 def group_normalize(

@@ -11,7 +11,7 @@ from pydantic import Field
 from torch import Tensor
 
 from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
-from agilerl.core.train.logprobs import masked_mean
+from agilerl.train.logprobs import masked_mean
 
 
 class CISPOConfig(GroupRelativeConfig):

@@ -7,8 +7,9 @@ from pydantic import Field
 from torch import Tensor
 from torch.nn import Module
 
-from agilerl.core.train.algorithm import Algorithm, AlgorithmConfig
-from agilerl.core.train.logprobs import policy_logprobs
+from agilerl.errors import InvalidArgument
+from agilerl.train.algorithm import Algorithm, AlgorithmConfig
+from agilerl.train.logprobs import policy_logprobs
 
 
 class DPOConfig(AlgorithmConfig):
@@ -32,7 +33,7 @@ class DPO(Algorithm[DPOConfig]):
         self, policy: Module, batch: dict[str, Tensor], reference: Module | None = None
     ) -> tuple[Tensor, dict[str, float]]:
         if reference is None:
-            raise ValueError("DPO needs the frozen reference model: pass reference=.")
+            raise InvalidArgument("DPO needs the frozen reference model: pass reference=.")
         input_ids, attention_mask, loss_mask = stack_pairs(batch)
         policy_sums = (policy_logprobs(policy, input_ids, attention_mask, mask=loss_mask) * loss_mask).sum(dim=1)
         with torch.no_grad():

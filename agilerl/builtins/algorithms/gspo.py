@@ -13,7 +13,7 @@ from torch import Tensor
 
 from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
 from agilerl.builtins.algorithms.policy_gradient import clipped_surrogate
-from agilerl.core.train.logprobs import masked_mean
+from agilerl.train.logprobs import masked_mean
 
 
 class GSPOConfig(GroupRelativeConfig):

@@ -12,9 +12,10 @@ from typing import Any, Literal, TypeVar
 import torch
 from pydantic import AliasChoices, Field
 
-from agilerl.core.train.algorithm import Algorithm, AlgorithmConfig
-from agilerl.core.train.batch import RolloutTensors
-from agilerl.core.train.logprobs import forward, masked_mean, policy_logprobs, token_logprobs
+from agilerl.errors import InvalidArgument
+from agilerl.train.algorithm import Algorithm, AlgorithmConfig
+from agilerl.train.batch import RolloutTensors
+from agilerl.train.logprobs import forward, masked_mean, policy_logprobs, token_logprobs
 
 GRANULARITY_KEYS = AliasChoices("advantage_granularity", "action_granularity")
 """``action_granularity`` is accepted as an alias of ``advantage_granularity``."""
@@ -84,7 +85,7 @@ class PolicyGradient(Algorithm[ConfigT]):
     ) -> torch.Tensor:
         """Per-token k3 estimate of KL(policy || reference): ``exp(d) - d - 1``, d = ref - pol."""
         if reference is None:
-            raise ValueError(
+            raise InvalidArgument(
                 f"{type(self).__name__} has beta={self.config.beta} and needs the reference model; "
                 "pass reference= (the trainer does when needs_reference is true)."
             )

@@ -22,8 +22,8 @@ from agilerl.builtins.algorithms.policy_gradient import (
     clipped_surrogate,
     old_logprobs,
 )
-from agilerl.core.train.batch import RolloutTensors
-from agilerl.core.train.logprobs import masked_mean
+from agilerl.train.batch import RolloutTensors
+from agilerl.train.logprobs import masked_mean
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -15,8 +15,8 @@ from agilerl.builtins.algorithms.advantages import (
     turn_action_bounds,
 )
 from agilerl.builtins.algorithms.policy_gradient import PolicyGradient, TurnOrTokenConfig
-from agilerl.core.train.batch import RolloutTensors
-from agilerl.core.train.logprobs import masked_mean
+from agilerl.train.batch import RolloutTensors
+from agilerl.train.logprobs import masked_mean
 
 
 class LLMREINFORCEConfig(TurnOrTokenConfig):

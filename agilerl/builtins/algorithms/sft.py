@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import Tensor
 from torch.nn import Module
 
-from agilerl.core.train.algorithm import Algorithm, AlgorithmConfig
-from agilerl.core.train.logprobs import masked_mean, policy_logprobs
+from agilerl.train.algorithm import Algorithm, AlgorithmConfig
+from agilerl.train.logprobs import masked_mean, policy_logprobs
 
 
 class SFTConfig(AlgorithmConfig):

@@ -10,15 +10,12 @@ import re
 from pathlib import Path
 from string import Template
 
+from agilerl.errors import ScaffoldError
 from agilerl.errors import AgileRLError
 
 _TEMPLATE_DIR = Path(__file__).parent / "template"
 _PLUGIN_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*\Z")
 _PREFIX = "agilerl-env-"
-
-
-class ScaffoldError(AgileRLError):
-    """The plugin name is invalid or the target folder already exists."""
 
 
 def scaffold_plugin(name: str, directory: str | Path = ".") -> Path:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from agilerl.builtins.tiny_model import build_tiny_tokenizer
-from agilerl.core.manifest import parse_env_spec
+from agilerl.manifest.spec import parse_env_spec
 from agilerl.llm_envs import RolloutHarness
 from agilerl.registry import get_registry, reset_registry
 

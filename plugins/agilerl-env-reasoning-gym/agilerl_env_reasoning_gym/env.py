@@ -12,8 +12,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from agilerl.core.data.qa_dataset import QADataset, QADatasetEnv
-from agilerl.core.data.rubric import Rubric
+from agilerl.data.qa_dataset import QADataset, QADatasetEnv
+from agilerl.data.rubric import Rubric
 from agilerl.errors import AgileRLError
 
 _lock = threading.RLock()

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from agilerl.builtins.tiny_model import build_tiny_tokenizer
-from agilerl.core.factory import make_env_factory
-from agilerl.core.manifest import parse_env_spec
+from agilerl.factory import make_env_factory
+from agilerl.manifest.spec import parse_env_spec
 from agilerl.llm_envs import RolloutHarness
 from agilerl.registry import get_registry, reset_registry, resolve
 
@@ -95,7 +95,7 @@ def test_other_datasets_score_their_own_answers(name):
 def test_rubric_scores_a_file_of_exported_entries(tmp_path):
     import reasoning_gym
 
-    from agilerl.core.data.qa_dataset import QADatasetEnv
+    from agilerl.data.qa_dataset import QADatasetEnv
 
     generated = reasoning_gym.create_dataset("leg_counting", size=6, seed=2)
     with open(tmp_path / "rg.jsonl", "w") as f:

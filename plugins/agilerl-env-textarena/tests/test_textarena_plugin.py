@@ -9,7 +9,7 @@ import pytest
 from agilerl_env_textarena.env import TextArenaEnv
 
 from agilerl.builtins.tiny_model import build_tiny_tokenizer
-from agilerl.core.manifest import parse_env_spec
+from agilerl.manifest.spec import parse_env_spec
 from agilerl.llm_envs import RolloutHarness
 from agilerl.registry import get_registry, reset_registry
 

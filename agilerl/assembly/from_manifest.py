@@ -1,0 +1,94 @@
+"""One training run from a manifest: what ``agilerl train`` does, callable from Python too."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from agilerl.errors import ConfigError, ManifestError
+from agilerl.manifest.spec import Manifest, format_validation_error
+from agilerl.manifest.settings import TrainingSettings
+from agilerl.train.loops import TrainResult
+
+
+def train_from_manifest(
+    manifest: Manifest,
+    *,
+    overrides: dict[str, Any] | None = None,
+    resume: str | None = None,
+    show_progress: bool = True,
+) -> TrainResult:
+    """Build model, algorithm and env from ``manifest`` and train.
+
+    ``overrides`` replace ``training:`` keys (the CLI's ``--max-steps``, ``--output-dir``);
+    ``output_dir`` defaults to ``runs/<the manifest's folder name>``.
+    ``resume`` (a checkpoint folder or ``latest``) wins over ``training.resume_from``.
+    """
+    import torch
+
+    from agilerl.train.algorithm import build_algorithm
+    from agilerl.train.checkpoint import find_checkpoint
+    from agilerl.train.distributed import init_world
+    from agilerl.assembly.models import load_model_and_tokenizer
+
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if "output_dir" not in manifest.training.model_fields_set:
+        # runs/<the manifest's folder>: runs of different examples never mix
+        overrides.setdefault("output_dir", str(Path("runs") / manifest.base_dir.name))
+    training = _with_overrides(manifest.training, overrides)
+    spec, base_dir = manifest.environment, manifest.base_dir
+    try:
+        algorithm = build_algorithm(manifest.algorithm.as_mapping(), base_dir=base_dir)
+        algorithm.check_environment(spec)
+    except ConfigError as exc:  # in a manifest run, the manifest is what to fix
+        raise ManifestError(exc.errors) from None
+    world = init_world()  # before the collector: ranks shard tasks
+    resume_ref = resume or training.resume_from
+    checkpoint = find_checkpoint(resume_ref, training.output_dir) if resume_ref else None
+    model, tokenizer = load_model_and_tokenizer(
+        manifest.model, base_dir=base_dir, seed=training.seed, checkpoint=checkpoint
+    )
+    if torch.cuda.is_available():
+        model.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
+    common: dict[str, Any] = {"resume_from": checkpoint, "show_progress": show_progress}
+    if spec.env_type == "dataset":
+        from agilerl.data.dataset_env import DatasetEnv
+        from agilerl.train.loops import train_llm_dataset
+
+        dataset = DatasetEnv.from_spec(
+            spec, tokenizer, base_dir=base_dir, max_context_length=training.max_context_length,
+            batch_size=training.batch_size, seed=training.seed,
+        )
+        return train_llm_dataset(model, tokenizer, dataset, algorithm, training, **common)
+
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.train.loops import train_llm_rollout
+
+    sampling = SamplingParams(
+        temperature=getattr(algorithm.config, "temperature", 1.0),
+        top_p=training.top_p,
+        top_k=training.top_k,
+        max_new_tokens=training.max_new_tokens,
+    )
+    with RolloutCollector.from_spec(
+        spec, tokenizer, batch_size=training.batch_size, group_size=training.group_size,
+        base_dir=base_dir, sampling=sampling, seed=training.seed,
+        rank=world.rank, world_size=world.world_size,
+    ) as collector:
+        return train_llm_rollout(
+            model, tokenizer, collector, algorithm, training,
+            max_model_len=manifest.model.max_model_len, **common,
+        )
+
+
+def _with_overrides(training: TrainingSettings, overrides: dict[str, Any]) -> TrainingSettings:
+    from pydantic import ValidationError
+
+    if not overrides:
+        return training
+    try:
+        return TrainingSettings.model_validate({**training.model_dump(), **overrides})
+    except ValidationError as exc:
+        raise ManifestError(format_validation_error(exc, "training")) from None

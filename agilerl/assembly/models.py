@@ -1,0 +1,114 @@
+"""Loading the model and tokenizer a manifest's ``model:`` section names.
+
+``tiny`` is built offline in a second (tests, examples, the README); anything else is a local
+folder, a local ``.gguf`` file (dequantised by transformers; needs ``gguf``) or a Hugging Face hub
+id. Optional LoRA adapters come from peft.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agilerl.errors import ModelLoadError
+from agilerl.manifest.settings import LoraSettings, ModelSettings
+from agilerl.errors import AgileRLError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+TINY = "tiny"
+
+
+def load_model_and_tokenizer(
+    settings: ModelSettings,
+    *,
+    base_dir: str | Path | None = None,
+    seed: int = 0,
+    checkpoint: str | Path | None = None,
+) -> tuple[PreTrainedModel, Any]:
+    """The model (with LoRA adapters when configured) and its tokenizer.
+
+    ``checkpoint`` (a folder ``save_checkpoint`` wrote) replaces the named weights, so a resumed
+    run continues from the saved ones; with LoRA it holds only the adapters.
+    """
+    if checkpoint is not None and settings.lora is None:
+        return _from_pretrained(str(checkpoint), None, settings)
+    if settings.name_or_path == TINY:
+        from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer("chatml")
+        model = build_tiny_model(tokenizer, seed=seed)
+    else:
+        model, tokenizer = _from_pretrained(*_locate(settings.name_or_path, base_dir), settings)
+    if settings.lora is not None:
+        model = _with_lora(model, settings.lora, checkpoint)
+    return model, tokenizer
+
+
+def _locate(name_or_path: str, base_dir: str | Path | None) -> tuple[str, str | None]:
+    """``(source, gguf_file)``: a local folder or ``.gguf`` file (relative to the manifest) if
+    one exists, else the hub id unchanged. transformers reads a GGUF file as a name in a folder."""
+    for candidate in (Path(base_dir or ".") / name_or_path, Path(name_or_path)):
+        if candidate.is_dir():
+            return str(candidate.resolve()), None
+        if candidate.is_file() and candidate.suffix == ".gguf":
+            return str(candidate.resolve().parent), candidate.name
+    return name_or_path, None
+
+
+def _from_pretrained(source: str, gguf_file: str | None, settings: ModelSettings) -> tuple[PreTrainedModel, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **where)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=getattr(torch, settings.dtype), **where, **_dequantized(gguf_file)
+        )
+    except ImportError as exc:  # a package the model needs: gguf for a .gguf file, or the model's own
+        hint = " Install it: pip install 'agilerl[gguf]'." if gguf_file else ""
+        raise ModelLoadError(f"model.name_or_path {settings.name_or_path!r}: {exc}{hint}") from None
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"model.name_or_path {settings.name_or_path!r}: cannot load {source!r} ({exc}). "
+            "Use 'tiny' (built in, offline), a local folder holding a saved model, a local .gguf "
+            "file, or a hub id that is in the local cache or downloadable (HF_HUB_OFFLINE=1 "
+            "forbids downloads)."
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _dequantized(gguf_file: str | None) -> dict[str, Any]:
+    """Plain trainable weights from a GGUF file. Without this, transformers >= 5 may keep them in
+    GGUF blocks (with a GGUF kernel), and marks the model quantized either way, and a quantized
+    model cannot be saved: every checkpoint would fail."""
+    if gguf_file is None:
+        return {}
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # transformers < 5 always dequantises
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def _with_lora(model: PreTrainedModel, lora: LoraSettings, checkpoint: str | Path | None) -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise ModelLoadError(
+            "model.lora needs peft: pip install 'agilerl[lora]' (or remove model.lora)."
+        ) from None
+    if checkpoint is not None:
+        return peft.PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
+    config = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return peft.get_peft_model(model, config)

@@ -1,1 +1,0 @@
-"""The core: the text-env protocol and everything that moves text and tokens."""

@@ -1,0 +1,130 @@
+"""Calling a rubric: by the keywords it declares, with its result checked and explained.
+
+A rubric is any callable taking some of ``completion``, ``answer``, ``question``, ``row`` and
+``info`` by name, so argument order can never be wrong. It returns a number, or a dict of named
+numbers (components) that are summed; components are reported for logging.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+from agilerl.errors import RubricError
+from agilerl.errors import AgileRLError
+
+RUBRIC_KEYWORDS = ("completion", "answer", "question", "row", "info")
+# Keywords read from a dataset column of the same name.
+_COLUMN_KEYWORDS = ("answer", "question")
+
+
+@dataclass(frozen=True)
+class Rubric:
+    """A callable plus the keywords it takes; ``score`` returns ``(reward, components)``."""
+
+    fn: Callable[..., Any]
+    keywords: tuple[str, ...]
+    name: str
+
+    @classmethod
+    def bind(cls, fn: Callable[..., Any], name: str | None = None) -> Rubric:
+        """Read the keywords ``fn`` declares; reject parameters we could never fill."""
+        name = name or getattr(fn, "__qualname__", None) or repr(fn)
+        if not callable(fn):
+            raise RubricError(f"rubric {name!r} is not callable (got {type(fn).__name__}).")
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError) as exc:
+            raise RubricError(f"rubric {name!r}: cannot read its signature ({exc}).") from None
+        keywords: list[str] = []
+        for param in params:
+            if param.kind is param.VAR_KEYWORD:
+                return cls(fn, RUBRIC_KEYWORDS, name)
+            if param.kind is param.VAR_POSITIONAL:
+                continue
+            if param.name in RUBRIC_KEYWORDS and param.kind is not param.POSITIONAL_ONLY:
+                keywords.append(param.name)
+            elif param.default is param.empty:
+                raise RubricError(
+                    f"rubric {name!r} requires parameter {param.name!r}, which is never passed; "
+                    f"a rubric takes any of {', '.join(RUBRIC_KEYWORDS)} by keyword."
+                )
+        if not keywords:
+            raise RubricError(
+                f"rubric {name!r} takes none of {', '.join(RUBRIC_KEYWORDS)}; declare at "
+                "least 'completion'."
+            )
+        return cls(fn, tuple(keywords), name)
+
+    def check_columns(self, columns: Iterable[str]) -> None:
+        """``answer``/``question`` come from columns of those names: fail early if absent."""
+        existing = list(columns)
+        for keyword in _COLUMN_KEYWORDS:
+            if keyword in self.keywords and keyword not in existing and self._requires(keyword):
+                raise RubricError(
+                    f"rubric {self.name!r} takes {keyword!r} but the dataset has no "
+                    f"{keyword!r} column; its columns are: {', '.join(existing)}. Rename one "
+                    "with 'columns: {source: " + keyword + "}'."
+                )
+
+    def _requires(self, keyword: str) -> bool:
+        param = inspect.signature(self.fn).parameters.get(keyword)
+        return param is not None and param.default is param.empty
+
+    def score(
+        self, completion: str, row: Mapping[str, Any], info: Mapping[str, Any], where: str
+    ) -> tuple[float, dict[str, float]]:
+        """Call the rubric; ``where`` (e.g. ``"train row 12"``) names the row in errors."""
+        available = {
+            "completion": completion,
+            "answer": row.get("answer"),
+            "question": row.get("question"),
+            "row": row,
+            "info": info,
+        }
+        kwargs = {k: available[k] for k in self.keywords}
+        try:
+            result = self.fn(**kwargs)
+        except Exception as exc:
+            raise RubricError(
+                f"rubric {self.name!r} raised {type(exc).__name__}: {exc} (on {where})."
+            ) from exc
+        return _as_reward(result, self.name, where)
+
+
+def _as_reward(result: Any, name: str, where: str) -> tuple[float, dict[str, float]]:
+    if isinstance(result, Mapping):
+        if not result:
+            raise RubricError(f"rubric {name!r} returned an empty dict on {where}.")
+        components = {
+            str(k): _as_number(v, name, where, f"component {k!r}") for k, v in result.items()
+        }
+        return math.fsum(components.values()), components
+    return _as_number(result, name, where, "result"), {}
+
+
+def _as_number(value: Any, name: str, where: str, what: str) -> float:
+    if not isinstance(value, Real):
+        raise RubricError(
+            f"rubric {name!r} returned {what} {value!r} ({type(value).__name__}) on {where}; "
+            "return a float or a dict of floats."
+        )
+    number = float(value)
+    if math.isnan(number):
+        raise RubricError(f"rubric {name!r} returned NaN as {what} on {where}.")
+    return number
+
+
+def load_rubric(
+    rubric_name: str, rubric_file_path: str | None = None, *, base_dir: str | Path | None = None
+) -> Rubric:
+    """Resolve ``rubric_file_path:rubric_name``, or a registered rubric name, and bind it."""
+    from agilerl.registry import resolve
+
+    ref = f"{rubric_file_path}:{rubric_name}" if rubric_file_path else rubric_name
+    return Rubric.bind(resolve("rubric", ref, base_dir=base_dir), name=ref)

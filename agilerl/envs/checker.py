@@ -1,0 +1,137 @@
+"""``check_env``: tell an env author precisely what is wrong with their env, all at once."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from agilerl.errors import EnvCheckError
+from agilerl.protocol import close_env
+from agilerl.errors import AgileRLError
+
+
+@dataclass
+class CheckReport:
+    """What ``check_env`` found: problems break the protocol, notes are worth knowing."""
+
+    env_name: str
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_env(env: Any, *, seed: int = 0, action: str = "1", raise_on_error: bool = True) -> CheckReport:
+    """Run one reset (twice, for reproducibility) and one step, and check every shape and type."""
+    report = CheckReport(type(env).__name__)
+    problems = report.problems
+    for name in ("reset", "step"):
+        if not callable(getattr(env, name, None)):
+            problems.append(f"missing method {name}()")
+    if problems:
+        return _finish(report, raise_on_error)
+    _check_optional_members(env, report)
+    first = _call(report, "reset", env.reset, seed=seed)
+    if first is not None and _check_reset_result(first, report):
+        again = _call(report, "reset (second time, same seed)", env.reset, seed=seed)
+        if again is not None and isinstance(again, tuple) and again[:1] != first[:1]:
+            problems.append(
+                f"reset(seed={seed}) is not reproducible: two calls gave different prompts "
+                f"({first[0]!r:.60} vs {again[0]!r:.60}); seed your random generator from `seed`"
+            )
+        result = _call(report, f"step({action!r})", env.step, action)
+        if result is not None:
+            _check_step_result(result, report)
+    close = getattr(env, "close", None)
+    if close is not None:
+        _call(report, "close", close_env, env)
+    return _finish(report, raise_on_error)
+
+
+def _finish(report: CheckReport, raise_on_error: bool) -> CheckReport:
+    if raise_on_error and report.problems:
+        raise EnvCheckError(report.env_name, report.problems)
+    return report
+
+
+def _call(report: CheckReport, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # an env author's bug: report it, keep checking
+        report.problems.append(f"{what} raised {type(exc).__name__}: {exc}")
+        return None
+
+
+def _check_reset_result(result: Any, report: CheckReport) -> bool:
+    if not isinstance(result, tuple) or len(result) != 2:
+        report.problems.append(
+            f"reset() must return a 2-tuple (prompt, info), got {_shape(result)}"
+        )
+        return False
+    prompt, info = result
+    ok = True
+    if not isinstance(prompt, str):
+        report.problems.append(f"reset() prompt must be str, got {type(prompt).__name__}")
+        ok = False
+    if not isinstance(info, dict):
+        report.problems.append(f"reset() info must be a dict, got {type(info).__name__}")
+        ok = False
+    return ok
+
+
+def _check_step_result(result: Any, report: CheckReport) -> None:
+    if not isinstance(result, tuple) or len(result) != 5:
+        report.problems.append(
+            "step() must return a 5-tuple (observation, reward, terminated, truncated, info), "
+            f"got {_shape(result)}"
+        )
+        return
+    observation, reward, terminated, truncated, info = result
+    if not isinstance(observation, str):
+        report.problems.append(f"step() observation must be str, got {type(observation).__name__}")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        report.problems.append(f"step() reward must be a number (int or float), got {reward!r}")
+    elif not math.isfinite(reward):
+        report.problems.append(f"step() reward must be finite, got {reward!r}")
+    for name, value in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(value, bool):
+            report.problems.append(f"step() {name} must be a bool, got {value!r}")
+    if not isinstance(info, dict):
+        report.problems.append(f"step() info must be a dict, got {type(info).__name__}")
+
+
+def _check_optional_members(env: Any, report: CheckReport) -> None:
+    tools = getattr(env, "tools", None)
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            report.problems.append("tools must be a list of JSON-schema dicts")
+        else:
+            for i, tool in enumerate(tools):
+                spec = tool.get("function", tool)
+                if "name" not in spec:
+                    report.problems.append(f"tools[{i}] has no 'name' (nor function.name)")
+    size = getattr(env, "dataset_size", None)
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            report.problems.append(f"dataset_size must be a non-negative int, got {size!r}")
+        params = inspect.signature(env.reset).parameters
+        missing = [k for k in ("row_index", "evaluation") if k not in params]
+        if missing and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            report.problems.append(
+                f"env has dataset_size, so reset() must accept {', '.join(missing)} as keywords"
+            )
+    max_turns = getattr(env, "max_turns", None)
+    if max_turns is None:
+        report.notes.append("no max_turns attribute: manifests must set max_turns")
+    elif not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+        report.problems.append(f"max_turns must be an int >= 1, got {max_turns!r}")
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"a {len(value)}-tuple"
+    return type(value).__name__

@@ -1,0 +1,111 @@
+"""From an ``environment:`` spec to a zero-argument env factory, and the spec's turn budget."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agilerl.manifest.spec import EnvironmentSpec
+from agilerl.protocol import close_env
+from agilerl.errors import AgileRLError
+from agilerl.registry import resolve
+
+EnvFactory = Callable[[], Any]
+
+_PROBED_MAX_TURNS: dict[tuple[str, str], int] = {}
+
+
+def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = None) -> EnvFactory:
+    """Resolve the spec's source once; each call of the result builds one fresh env (or client)."""
+    if spec.env_type != "rollout":
+        raise AgileRLError(
+            f"env_type {spec.env_type!r} has no env factory: it is data for "
+            "train_llm_dataset (DatasetEnv), not an env to roll out"
+        )
+    if spec.env_url:
+        from agilerl.remote.client import RemoteEnvClient
+
+        urls = spec.env_urls
+
+        def remote() -> Any:
+            return RemoteEnvClient(
+                urls if len(urls) > 1 else urls[0],
+                action_field=spec.action_field,
+                observation_field=spec.observation_field,
+                observation_processor=spec.observation_processor,
+                mcp_tool=spec.mcp_tool,
+                request_timeout_s=spec.request_timeout_s,
+                base_dir=base_dir,
+            )
+
+        return remote
+    if spec.dataset:
+        from agilerl.data.qa_dataset import qa_env_factory
+
+        return qa_env_factory(spec, base_dir=base_dir)
+    assert spec.entrypoint is not None  # the spec's own rules guarantee one source
+    return entrypoint_factory(
+        spec.entrypoint,
+        spec.env_config,
+        base_dir=base_dir,
+        install=spec.env_packages.packages if spec.env_packages else None,
+    )
+
+
+def entrypoint_factory(
+    entrypoint: str | Callable[..., Any],
+    env_config: dict[str, Any] | None = None,
+    *,
+    base_dir: str | Path | None = None,
+    install: list[str] | None = None,
+) -> EnvFactory:
+    """A factory calling ``entrypoint(**env_config)``; ``system_prompt`` is set after construction."""
+    target = entrypoint
+    if isinstance(entrypoint, str):
+        target = resolve("env", entrypoint, base_dir=base_dir, install=install)
+    if not callable(target):
+        raise AgileRLError(
+            f"entrypoint {entrypoint!r} resolved to {type(target).__name__}, which is not callable; "
+            "name an env class or a function that returns an env"
+        )
+    config = dict(env_config or {})
+    system_prompt = config.pop("system_prompt", None)
+
+    def build() -> Any:
+        env = target(**config)
+        if system_prompt is not None:
+            env.system_prompt = system_prompt
+        return env
+
+    return build
+
+
+def resolve_max_turns(spec: EnvironmentSpec, factory: EnvFactory) -> int:
+    """The spec's ``max_turns``, else probed off one throwaway env and cached per source."""
+    if spec.max_turns is not None:
+        return spec.max_turns
+    if spec.dataset:
+        return 1
+    source = str(spec.env_urls if spec.env_url else spec.entrypoint)
+    key = (source, json.dumps(spec.env_config, sort_keys=True, default=repr))
+    if key not in _PROBED_MAX_TURNS:
+        env = factory()
+        try:
+            max_turns = getattr(env, "max_turns", None)  # a remote client reads /metadata
+        finally:
+            close_env(env)
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            where = (
+                f"the server at {source} does not publish a usable max_turns in /metadata "
+                "(OpenEnv servers do not)"
+                if spec.env_url
+                else f"the env from {spec.entrypoint!r} has no usable max_turns attribute"
+            )
+            raise AgileRLError(
+                f"environment.max_turns is not set and {where} (got {max_turns!r}); set max_turns "
+                "in the manifest"
+            )
+        _PROBED_MAX_TURNS[key] = max_turns
+    return _PROBED_MAX_TURNS[key]

@@ -1,0 +1,1 @@
+"""The manifest: the environment spec and the typed model/algorithm/training sections."""

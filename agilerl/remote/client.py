@@ -1,0 +1,428 @@
+"""A text env that lives on a remote OpenEnv-protocol server (ours, or anyone's).
+
+Every client shares one background event loop and one ``aiohttp.ClientSession``, so hundreds
+of sessions cost one thread. The synchronous methods block on that loop; the ``a``-prefixed
+coroutines can be awaited from any event loop (they hop onto the shared one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import os
+import random
+import time
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agilerl.errors import RemoteEnvError, RemoteEnvTimeout
+from agilerl.envs.client import EnvClient
+from agilerl.protocol import StepResult, has_member_type
+from agilerl.remote.frames import ErrorCode, decode, encode
+from agilerl.remote.loop import client_session, shared_loop
+from agilerl.remote.observations import (
+    ObservationProcessor,
+    make_observation_reader,
+)
+from agilerl.errors import AgileRLError
+
+T = TypeVar("T")
+
+_RETRIED_AT_RESET = frozenset({ErrorCode.CAPACITY_REACHED.value, ErrorCode.SESSION_ERROR.value})
+_SERVER_CLOSES_AFTER = _RETRIED_AT_RESET | {ErrorCode.FACTORY_ERROR.value}
+_CLOSE_FRAME = encode({"type": "close"})
+_next_replica = itertools.count()
+
+
+class _ConnectionLost(Exception):
+    """The socket failed or closed; retried at reset, fatal to an episode in progress."""
+
+
+class RemoteEnvClient(EnvClient):
+    """The text-env interface (``reset``/``step``/``state``/``close``) over a WebSocket.
+
+    ``url`` may be a list of replica URLs: sessions start on different replicas and move on
+    when one is full or down. ``request_timeout_s`` bounds each message (0 disables);
+    connection failures and ``CAPACITY_REACHED`` at reset are retried with jittered backoff
+    for up to ``retry_budget_s``.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        *,
+        action_field: str = "message",
+        observation_field: str | None = None,
+        observation_processor: str | ObservationProcessor | None = None,
+        mcp_tool: str | None = None,
+        request_timeout_s: float = 300,
+        connect_timeout_s: float = 10,
+        retry_budget_s: float = 60,
+        token: str | None = None,
+        base_dir: str | Path | None = None,
+    ) -> None:
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise AgileRLError("RemoteEnvClient needs at least one URL (env_url is empty).")
+        self._urls = [_http_base(u) for u in urls]
+        self._first = next(_next_replica)  # spreads sessions across replicas
+        self.action_field = action_field
+        self.mcp_tool = mcp_tool
+        self.request_timeout_s = request_timeout_s or None
+        self.connect_timeout_s = connect_timeout_s
+        self.retry_budget_s = retry_budget_s
+        self._read = make_observation_reader(observation_field, observation_processor, base_dir=base_dir)
+        token = token or os.environ.get("AGILERL_ENV_TOKEN")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._loop = shared_loop()
+        self._conn: _Connection | None = None
+        self._metadata_cache: dict[str, Any] | None = None
+        self.url: str | None = None
+        """The replica this client's session is on (None before the first reset)."""
+
+    # -- the text-env interface (synchronous) --------------------------------------------------
+
+    def reset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode (connecting, or reconnecting, as needed)."""
+        return self._loop.run(self._reset(seed, row_index, evaluation))
+
+    def step(self, action: str) -> StepResult:
+        return self._loop.run(self._step(action))
+
+    def state(self) -> dict[str, Any]:
+        """The server's ``state`` reply (``episode_id``, ``step_count``, the env's own state)."""
+        return self._loop.run(self._state())
+
+    def close(self) -> None:
+        """End the session; the server closes its env. Safe to call more than once."""
+        self._loop.run(self._close())
+
+    def server_metadata(self) -> dict[str, Any]:
+        """``GET /metadata``; with replicas, ``max_concurrent_envs`` is their sum."""
+        self._metadata_cache = self._loop.run(self._metadata())
+        return self._metadata_cache
+
+    # -- what the server says about its env, as a local env would say it -----------------------
+
+    @property
+    def max_turns(self) -> int | None:
+        return self._described("max_turns")
+
+    @property
+    def system_prompt(self) -> str | None:
+        return self._described("system_prompt")
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return self._described("tools")
+
+    @property
+    def dataset_size(self) -> int | None:
+        return self._described("dataset_size")
+
+    @property
+    def eval_dataset_size(self) -> int | None:
+        return self._described("eval_dataset_size")
+
+    @property
+    def max_reward(self) -> float | None:
+        return self._described("max_reward")
+
+    def _described(self, name: str) -> Any:
+        """One field of ``/metadata`` (read once per client); None when the server does not say,
+        as OpenEnv servers do not."""
+        metadata = self._metadata_cache if self._metadata_cache is not None else self.server_metadata()
+        value = metadata.get(name)
+        return value if has_member_type(name, value) else None
+
+    # -- the same, as coroutines (await them from any event loop) ------------------------------
+
+    async def areset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        return await self._hop(self._reset(seed, row_index, evaluation))
+
+    async def astep(self, action: str) -> StepResult:
+        return await self._hop(self._step(action))
+
+    async def astate(self) -> dict[str, Any]:
+        return await self._hop(self._state())
+
+    async def aclose(self) -> None:
+        await self._hop(self._close())
+
+    async def aserver_metadata(self) -> dict[str, Any]:
+        return await self._hop(self._metadata())
+
+    def __enter__(self) -> RemoteEnvClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _hop(self, coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+        return self._loop.run_async(coro)
+
+    # -- on the shared loop --------------------------------------------------------------------
+
+    async def _reset(
+        self, seed: int | None, row_index: int | None, evaluation: bool | None
+    ) -> tuple[str, dict[str, Any]]:
+        data: dict[str, Any] = {"seed": seed}
+        if row_index is not None:
+            data["row_index"] = row_index
+        if evaluation is not None:
+            data["evaluation"] = evaluation
+        frame = encode({"type": "reset", "data": data})
+        deadline = time.monotonic() + self.retry_budget_s
+        for attempt in itertools.count():
+            try:
+                if self._conn is None or self._conn.closed:
+                    await self._connect(self._urls[(self._first + attempt) % len(self._urls)])
+                reply = await self._request(frame, "reset")
+                break
+            except (_ConnectionLost, RemoteEnvError) as exc:
+                if isinstance(exc, RemoteEnvError) and exc.code not in _RETRIED_AT_RESET:
+                    raise
+                await self._drop()
+                delay = random.uniform(0, min(2.0, 0.05 * 2**attempt))  # full jitter
+                if time.monotonic() + delay > deadline:
+                    raise RemoteEnvError(
+                        f"could not start an episode on {', '.join(self._urls)} within "
+                        f"retry_budget_s={self.retry_budget_s:g} s ({attempt + 1} attempts); last "
+                        f"error: {exc}",
+                        getattr(exc, "code", None),
+                    ) from exc
+                await asyncio.sleep(delay)
+        text, _, _, _, info = self._observation(reply)
+        return text, info
+
+    async def _step(self, action: str) -> StepResult:
+        if self._conn is None or self._conn.closed:
+            raise RemoteEnvError("step() before reset(), or after the session ended: call reset() first.")
+        if self.mcp_tool:
+            data: dict[str, Any] = {
+                "type": "call_tool",
+                "tool_name": self.mcp_tool,
+                "arguments": {self.action_field: action},
+            }
+        else:
+            data = {self.action_field: action}
+        try:
+            reply = await self._request(encode({"type": "step", "data": data}), "step")
+        except _ConnectionLost as exc:
+            await self._drop()
+            raise RemoteEnvError(
+                f"the session on {self.url} ended mid-episode ({exc}); this episode is over, "
+                "the next reset() reconnects."
+            ) from exc
+        return self._observation(reply)
+
+    async def _state(self) -> dict[str, Any]:
+        if self._conn is None or self._conn.closed:
+            raise RemoteEnvError("state() before reset(): there is no session yet.")
+        try:
+            reply = await self._request(encode({"type": "state"}), "state")
+        except _ConnectionLost as exc:
+            await self._drop()
+            raise RemoteEnvError(f"the session on {self.url} ended: {exc}") from exc
+        return reply if isinstance(reply, dict) else {}
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close(polite=True)
+
+    async def _connect(self, url: str) -> None:
+        self._conn = await _Connection.open(url, self._headers, self.connect_timeout_s)
+        self.url = url
+
+    async def _request(self, frame: bytes, what: str) -> Any:
+        assert self._conn is not None
+        try:
+            raw = await self._conn.request(frame, self.request_timeout_s)
+        except asyncio.TimeoutError:
+            await self._drop()
+            raise RemoteEnvTimeout(
+                f"{self.url} sent no reply to {what} within request_timeout_s="
+                f"{self.request_timeout_s:g} s; the session was dropped and this episode is over."
+            ) from None
+        reply = decode(raw)
+        if not isinstance(reply, dict):
+            raise RemoteEnvError(f"{self.url} sent a frame that is not a JSON object: {str(reply)[:200]}")
+        data = reply.get("data")
+        if reply.get("type") == "error":
+            data = data if isinstance(data, dict) else {}
+            code = data.get("code")
+            if code in _SERVER_CLOSES_AFTER:
+                await self._drop()
+            raise RemoteEnvError(f"{self.url} answered {what} with {code}: {data.get('message', '')}", code)
+        return data
+
+    def _observation(self, data: Any) -> StepResult:
+        """Read an observation reply; ``metadata`` may sit in the observation, beside it, or nowhere."""
+        if not isinstance(data, dict):
+            raise RemoteEnvError(f"{self.url} sent an observation frame without a data object: {data!r}"[:300])
+        observation = data.get("observation")
+        if not isinstance(observation, dict):
+            observation = {} if observation is None else {"observation": observation}
+        info: dict[str, Any] = {}
+        for metadata in (data.get("metadata"), observation.get("metadata")):
+            if isinstance(metadata, dict):
+                info.update(metadata)
+        truncated = bool(observation.get("truncated", data.get("truncated", False)))
+        done = bool(data.get("done", observation.get("done", False)))
+        reward = data.get("reward", observation.get("reward"))
+        text = self._read(observation)
+        return text, float(reward or 0.0), done and not truncated, truncated, info
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close(polite=False)
+
+    async def _metadata(self) -> dict[str, Any]:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s or None)
+        found: list[dict[str, Any]] = []
+        errors: list[str] = []
+        for url in self._urls:
+            try:
+                async with client_session().get(url + "/metadata", headers=self._headers, timeout=timeout) as resp:
+                    resp.raise_for_status()
+                    found.append(await resp.json())
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                errors.append(f"{url}: {exc}")
+        if not found:
+            raise RemoteEnvError(
+                f"no env server answered GET /metadata: {'; '.join(errors)}. Check that the server "
+                "is running (agilerl serve ENTRYPOINT --port PORT) and that env_url names its host "
+                "and port."
+            )
+        if len(self._urls) == 1:
+            return found[0]
+        total = sum(m.get("max_concurrent_envs") or 0 for m in found)
+        return {**found[0], "max_concurrent_envs": total, "replicas": found, "unreachable": errors}
+
+
+class _Connection:
+    """One WebSocket session. A reader task receives every frame, so the server's heartbeat
+    pings are answered while the client is idle (the model may generate for minutes), and
+    frames the server sends unasked (why it is closing) wait in order for the next request."""
+
+    def __init__(self, ws: Any, close_timeout_s: float) -> None:
+        self._ws = ws
+        self._close_timeout_s = close_timeout_s
+        self._inbox: collections.deque[str | bytes | _ConnectionLost] = collections.deque()
+        self._waiter: asyncio.Future[str | bytes | _ConnectionLost] | None = None
+        self._reader = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def open(cls, url: str, headers: dict[str, str], timeout_s: float) -> _Connection:
+        import aiohttp
+
+        try:
+            ws = await client_session().ws_connect(
+                url + "/ws",
+                headers=headers,
+                max_msg_size=0,
+                timeout=aiohttp.ClientWSTimeout(ws_close=timeout_s),
+                compress=0,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status == 401:
+                raise RemoteEnvError(
+                    f"{url} refused the connection: set the right token (AGILERL_ENV_TOKEN)."
+                ) from exc
+            raise _ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise _ConnectionLost(f"cannot connect to {url}: {exc}") from exc
+        return cls(ws, timeout_s)
+
+    @property
+    def closed(self) -> bool:
+        return self._reader.done() and not self._inbox
+
+    async def _read(self) -> None:
+        import aiohttp
+
+        ws = self._ws
+        try:
+            while True:
+                msg = await ws.receive()  # answers pings on the way
+                if msg.type is aiohttp.WSMsgType.TEXT or msg.type is aiohttp.WSMsgType.BINARY:
+                    self._deliver(msg.data)
+                    continue
+                reason = f"the server closed the connection (code {ws.close_code})"
+                if msg.type is aiohttp.WSMsgType.ERROR:
+                    reason = f"the connection failed: {msg.data}"
+                self._deliver(_ConnectionLost(reason))
+                return
+        except Exception as exc:  # the socket broke under the reader
+            self._deliver(_ConnectionLost(str(exc) or type(exc).__name__))
+
+    def _deliver(self, item: str | bytes | _ConnectionLost) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(item)
+        else:
+            self._inbox.append(item)
+
+    async def request(self, frame: bytes, timeout_s: float | None) -> str | bytes:
+        """Send one frame and return the next frame from the server."""
+        import aiohttp
+
+        if not self._inbox and not self._reader.done():
+            try:
+                await self._ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+            except (ConnectionError, RuntimeError, aiohttp.ClientError):
+                pass  # the reader reports why the connection ended
+        if self._inbox:
+            item = self._inbox.popleft()
+        else:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            # A bare timer, not ``wait_for``: that wraps every request in a task of its own.
+            expiry = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
+            try:
+                item = await waiter
+            finally:
+                if expiry is not None:
+                    expiry.cancel()
+        if isinstance(item, _ConnectionLost):
+            self._inbox.appendleft(item)  # every later request gets the same answer
+            raise item
+        return item
+
+    async def close(self, *, polite: bool) -> None:
+        """Politely: send a close frame and let the server close first; else just hang up."""
+        import aiohttp
+
+        try:
+            if polite and not self._reader.done():
+                await self._ws.send_frame(_CLOSE_FRAME, aiohttp.WSMsgType.TEXT)
+                await asyncio.wait_for(asyncio.shield(self._reader), timeout=self._close_timeout_s)
+            await asyncio.wait_for(self._ws.close(), timeout=5)
+        except (ConnectionError, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError):
+            pass  # the server ends the session (and closes its env) either way
+        self._reader.cancel()
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(asyncio.TimeoutError())
+
+
+def _http_base(url: str) -> str:
+    """``ws://h:p/ws``, ``http://h:p/`` and ``h:p`` all name the server ``http://h:p``."""
+    url = url.strip().rstrip("/")
+    url = url.removesuffix("/ws")
+    for ws_scheme, http_scheme in (("ws://", "http://"), ("wss://", "https://")):
+        if url.startswith(ws_scheme):
+            return http_scheme + url[len(ws_scheme):]
+    return url if "://" in url else "http://" + url

@@ -1,0 +1,584 @@
+"""Serve any text env over OpenEnv's WebSocket protocol (aiohttp), one fresh env per session.
+
+Env calls go through ``EnvCaller`` (inline while fast, on worker threads once slow); each session's
+env is closed exactly once, whatever ends the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import ipaddress
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from agilerl.protocol import close_env, describe_env
+from agilerl.remote.caller import EnvCaller
+from agilerl.remote.frames import (
+    ErrorCode,
+    FrameError,
+    ResetFrame,
+    StateFrame,
+    StepFrame,
+    error_frame,
+    observation_frame,
+    parse_client_frame,
+    schema,
+    state_frame,
+)
+from agilerl.remote.loop import LoopThread
+from agilerl.concurrency import WorkerThreads
+from agilerl.errors import AgileRLError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONCURRENT_ENVS = 64
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
+
+
+class _Session:
+    __slots__ = ("busy", "ending", "env", "episode_id", "last_active", "last_seen", "ping_sent", "steps", "ws")
+
+    def __init__(self, ws: web.WebSocketResponse, env: Any) -> None:
+        self.ws = ws
+        self.env = env
+        self.busy = self.ending = False
+        self.last_active = self.last_seen = time.monotonic()  # last frame / last frame or pong
+        self.ping_sent: float | None = None
+        self.steps = 0
+        self.episode_id: str | None = None
+
+
+class EnvServer:
+    """The aiohttp application: ``/ws`` sessions, ``/health``, ``/metadata``, ``/schema``."""
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_concurrent_envs: int = DEFAULT_MAX_CONCURRENT_ENVS,
+        session_timeout_s: float | None = None,
+        token: str | None = None,
+        heartbeat_s: float | None = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        inline_budget_s: float = 0.001,
+    ) -> None:
+        if max_concurrent_envs < 1:
+            raise AgileRLError(f"max_concurrent_envs must be at least 1 (got {max_concurrent_envs}).")
+        self.name = name
+        self.host, self.port = host, port
+        self.max_concurrent_envs = max_concurrent_envs
+        self.session_timeout_s = session_timeout_s or None
+        self._factory = factory
+        self._token = token
+        self._heartbeat_s = heartbeat_s
+        self._max_message_bytes = max_message_bytes
+        # One call in flight per session, plus env builds and closes around them.
+        self._threads = WorkerThreads("agilerl-env", max_workers=2 * max_concurrent_envs + 2)
+        self.caller = EnvCaller(self._threads, inline_budget_s)
+        self._active = 0
+        self._sessions: set[_Session] = set()
+        self._closing: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._env_info: dict[str, Any] | None = None
+        self._describing: asyncio.Task[dict[str, Any]] | None = None
+        self._stopping = False
+        self._counts = threading.Lock()
+        self.envs_created = 0
+        self.envs_closed = 0
+        self._runner: web.AppRunner | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    @property
+    def active_sessions(self) -> int:
+        """Sessions holding a slot: from the handshake until their env is closed."""
+        return self._active
+
+    @property
+    def url(self) -> str:
+        return f"http://{_url_host(self.host)}:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth] if self._token else [])
+        app.router.add_get("/ws", self._ws)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metadata", self._metadata)
+        app.router.add_get("/schema", self._schema)
+        return app
+
+    async def start(self) -> str:
+        """Bind and start serving; returns the base URL (the real port when ``port`` was 0)."""
+        if not _is_loopback(self.host) and not self._token:
+            log.warning(
+                "serving on %s without a token: anyone who can reach it can run the env. "
+                "Set --token or %s.", self.host, TOKEN_ENV_VAR,
+            )
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        if self.session_timeout_s or self._heartbeat_s:
+            self._watcher = asyncio.create_task(self._watch())
+        return self.url
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Close every session (each env exactly once), then the listener and the pool."""
+        self._stopping = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+        await asyncio.gather(
+            *(self._end(s, WSCloseCode.GOING_AWAY, "the server is stopping") for s in list(self._sessions))
+        )
+        pending = self._handlers | self._closing
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            if self._closing:
+                await asyncio.wait(self._closing, timeout=grace_s)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._threads.shutdown()
+
+    # -- HTTP routes ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self._token}".encode()):
+            return web.json_response(
+                {"error": "missing or wrong bearer token: send 'Authorization: Bearer <token>'."},
+                status=401,
+            )
+        return await handler(request)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "healthy"})
+
+    async def _schema(self, request: web.Request) -> web.Response:
+        return web.json_response(schema())
+
+    async def _metadata(self, request: web.Request) -> web.Response:
+        info = self._env_info
+        if info is None:  # no session has built an env yet: build one to describe
+            if self._describing is None:  # one build, however many clients ask at once
+                self._describing = self._spawn(self._describe_a_new_env())  # stop() waits for it
+            info = await asyncio.shield(self._describing)
+        return web.json_response(
+            {
+                "name": self.name,
+                **info,
+                "active_sessions": self._active,
+                "max_concurrent_envs": self.max_concurrent_envs,
+                "session_timeout_s": self.session_timeout_s,
+                "protocol": "openenv-websocket",
+            }
+        )
+
+    async def _describe_a_new_env(self) -> dict[str, Any]:
+        try:
+            env = await self._build_env()
+            info = self._describe(env)
+            await self._close_env(env)
+            return info
+        except Exception as exc:
+            return {"description": "", "factory_error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self._describing = None  # after a failed build, the next request tries again
+
+    def _describe(self, env: Any) -> dict[str, Any]:
+        """What clients need to treat the env as a local one (``describe_env``), plus a summary."""
+        doc = inspect.getdoc(type(env)) or ""
+        described = describe_env(env)
+        try:
+            json.dumps(described["tools"])
+        except (TypeError, ValueError):
+            log.warning("env.tools is not JSON; /metadata leaves it out")
+            described["tools"] = None
+        self._env_info = {"description": doc.splitlines()[0] if doc else "", **described}
+        return self._env_info
+
+    # -- WebSocket sessions --------------------------------------------------------------------
+
+    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(
+            timeout=2.0,  # for the peer's close reply; a silent peer must not hold the slot long
+            autoping=False,  # pings and pongs are ours: aiohttp's heartbeat costs ~10% per frame
+            max_msg_size=self._max_message_bytes,
+            compress=False,
+        )
+        if self._stopping or self._active >= self.max_concurrent_envs:
+            await ws.prepare(request)
+            why = (
+                "the server is stopping"
+                if self._stopping
+                else f"server at capacity: {self._active} of {self.max_concurrent_envs} sessions in "
+                "use; retry later or start the server with a larger --max-concurrent-envs."
+            )
+            await _send_quietly(ws, error_frame(
+                ErrorCode.CAPACITY_REACHED,
+                why,
+                active_sessions=self._active,
+                max_sessions=self.max_concurrent_envs,
+            ))
+            await ws.close(code=WSCloseCode.OK)
+            return ws
+        self._active += 1  # the slot is held from here until the env is closed
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        session: _Session | None = None
+        try:
+            await ws.prepare(request)
+            try:
+                env = await self._build_env()
+            except Exception as exc:
+                log.exception("env factory failed")
+                await _send_quietly(ws, error_frame(
+                    ErrorCode.FACTORY_ERROR, f"the env factory failed: {type(exc).__name__}: {exc}",
+                    factory_name=self.name,
+                ))
+                await ws.close(code=WSCloseCode.INTERNAL_ERROR)
+                return ws
+            if self._env_info is None:
+                self._describe(env)
+            session = _Session(ws, env)
+            self._sessions.add(session)
+            if self._stopping:  # stop() began while the env was being built
+                await self._end(session, WSCloseCode.GOING_AWAY, "the server is stopping")
+            else:
+                await self._serve(session)
+        finally:
+            self._handlers.discard(task)
+            if session is None:
+                self._active -= 1
+            else:
+                self._sessions.discard(session)
+                closing = asyncio.ensure_future(self._close_env(session.env, release=True))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+                try:
+                    await asyncio.shield(closing)
+                except asyncio.CancelledError:
+                    pass  # the close task carries on and releases the slot
+                if not ws.closed:
+                    await ws.close()
+        return ws
+
+    async def _serve(self, session: _Session) -> None:
+        ws = session.ws
+        while True:
+            msg = await ws.receive()
+            kind = msg.type
+            if kind is not WSMsgType.TEXT and kind is not WSMsgType.BINARY:
+                if kind is WSMsgType.PONG:
+                    session.last_seen = time.monotonic()
+                    continue
+                if kind is WSMsgType.PING:
+                    session.last_seen = time.monotonic()
+                    await ws.pong(msg.data)
+                    continue
+                return  # close, error, or the socket went away
+            session.busy = True
+            try:
+                reply = await self._reply(session, msg.data)
+            finally:
+                session.busy = False
+                session.last_active = session.last_seen = time.monotonic()
+            if reply is None:
+                await ws.close(code=WSCloseCode.OK)
+                return
+            if not await _send_quietly(ws, reply):
+                return
+
+    async def _reply(self, session: _Session, raw: str | bytes) -> bytes | None:
+        try:
+            frame = parse_client_frame(raw)
+            env = session.env
+            if type(frame) is StepFrame:
+                result = await self.caller.call("step", env.step, frame.data.message)
+                session.steps += 1
+                return observation_frame(*_step_result(result))
+            if type(frame) is ResetFrame:
+                data = frame.data
+                kwargs: dict[str, Any] = {"seed": data.seed}
+                if data.row_index is not None:
+                    kwargs["row_index"] = data.row_index
+                if data.evaluation is not None:
+                    kwargs["evaluation"] = data.evaluation
+                result = await self.caller.call("reset", env.reset, **kwargs)
+                session.steps = 0
+                session.episode_id = uuid.uuid4().hex
+                text, info = _reset_result(result)
+                return observation_frame(text, 0.0, False, False, info)
+            if type(frame) is StateFrame:
+                state = await self.caller.call("state", _env_state, env)
+                return state_frame({"episode_id": session.episode_id, "step_count": session.steps, **state})
+            return None  # close
+        except FrameError as exc:
+            return error_frame(exc.code, str(exc), **exc.extra)
+        except Exception as exc:
+            return error_frame(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}")
+
+    async def _build_env(self) -> Any:
+        """A fresh env from the factory, built on a worker thread. If the caller is cancelled
+        first (``stop()``'s grace ran out), the env is closed once it exists: none is left open."""
+        claim = _Claim()
+        try:
+            return await self.caller.in_thread(self._build_in_thread, claim)
+        except asyncio.CancelledError:
+            orphan = claim.abandon()
+            if orphan is not None:  # built, but its delivery was cancelled
+                self._threads.submit(lambda: self._close_in_thread(orphan))
+            raise
+
+    def _build_in_thread(self, claim: _Claim) -> Any:
+        env = self._factory()
+        with self._counts:
+            self.envs_created += 1
+        if not claim.deliver(env):
+            self._close_in_thread(env)
+        return env
+
+    async def _close_env(self, env: Any, *, release: bool = False) -> None:
+        try:
+            await self.caller.in_thread(self._close_in_thread, env)
+        finally:
+            if release:
+                self._active -= 1
+
+    def _close_in_thread(self, env: Any) -> None:
+        """Close an env; its failure is logged, never raised (the session is over either way)."""
+        try:
+            close_env(env)
+        except Exception:
+            log.exception("env.close() failed")
+        finally:
+            with self._counts:
+                self.envs_closed += 1
+
+    async def _end(self, session: _Session, code: int, why: str) -> None:
+        """End a session from the server side: tell the client why, then close the socket."""
+        if session.ending:
+            return
+        session.ending = True
+        await _send_quietly(session.ws, error_frame(ErrorCode.SESSION_ERROR, f"session ended: {why}"))
+        await session.ws.close(code=code, message=why[:120].encode())
+
+    async def _watch(self) -> None:
+        """End idle sessions; ping quiet ones and drop those whose pong never comes (half-open)."""
+        timeout, heartbeat = self.session_timeout_s, self._heartbeat_s
+        tick = min(t for t in (timeout and min(timeout / 4, 1.0), heartbeat and heartbeat / 4) if t)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for s in list(self._sessions):
+                if s.busy or s.ending or s.ws.closed:
+                    continue  # a busy session is not reading; its silence means nothing
+                if timeout and now - s.last_active > timeout:
+                    self._spawn(self._end(s, WSCloseCode.OK, f"idle for more than {timeout:g} s"))
+                elif heartbeat and now - s.last_seen > heartbeat:
+                    if s.ping_sent is None or s.ping_sent < s.last_seen:
+                        s.ping_sent = now
+                        self._spawn(_ping_quietly(s.ws))
+                    elif now - s.ping_sent > heartbeat / 2:
+                        self._spawn(self._end(s, WSCloseCode.GOING_AWAY, "no pong to a heartbeat ping"))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return task
+
+
+class _Claim:
+    """Hands a built env to the coroutine still waiting for it; once that gave up, the builder
+    thread closes the env itself."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._env: Any = None
+
+    def deliver(self, env: Any) -> bool:
+        with self._lock:
+            if self._abandoned:
+                return False
+            self._env = env
+            return True
+
+    def abandon(self) -> Any:
+        """Give up; returns the env when it was already built (the caller must close it)."""
+        with self._lock:
+            self._abandoned = True
+            env, self._env = self._env, None
+            return env
+
+
+def _step_result(result: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    try:
+        text, reward, terminated, truncated, info = result
+    except (TypeError, ValueError):
+        raise FrameError(
+            ErrorCode.EXECUTION_ERROR,
+            f"env.step returned {type(result).__name__}; it must return "
+            "(observation, reward, terminated, truncated, info).",
+        ) from None
+    return _text(text, "step"), float(reward), bool(terminated), bool(truncated), dict(info or {})
+
+
+def _reset_result(result: Any) -> tuple[str, dict[str, Any]]:
+    try:
+        text, info = result
+    except (TypeError, ValueError):
+        raise FrameError(
+            ErrorCode.EXECUTION_ERROR,
+            f"env.reset returned {type(result).__name__}; it must return (observation, info).",
+        ) from None
+    return _text(text, "reset"), dict(info or {})
+
+
+def _text(value: Any, method: str) -> str:
+    if not isinstance(value, str):
+        raise FrameError(
+            ErrorCode.EXECUTION_ERROR,
+            f"env.{method} returned a {type(value).__name__} observation; a text env returns str.",
+        )
+    return value
+
+
+def _env_state(env: Any) -> dict[str, Any]:
+    state: Any = getattr(env, "state", None)
+    if callable(state):
+        state = state()
+    if hasattr(state, "model_dump"):
+        state = state.model_dump()
+    return dict(state) if isinstance(state, dict) else {}
+
+
+async def _ping_quietly(ws: web.WebSocketResponse) -> None:
+    try:
+        await ws.ping()
+    except (ConnectionError, RuntimeError):
+        pass  # the session is ending anyway
+
+
+async def _send_quietly(ws: web.WebSocketResponse, frame: bytes) -> bool:
+    """Send one text frame; False when the peer is gone (that ends the session, not the server)."""
+    if ws.closed:
+        return False
+    try:
+        await ws.send_frame(frame, WSMsgType.TEXT)
+        return True
+    except (ConnectionError, RuntimeError):
+        return False
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+class RunningServer:
+    """An ``EnvServer`` on its own event-loop thread, for plain synchronous code."""
+
+    def __init__(self, server: EnvServer) -> None:
+        self.server = server
+        self._thread = LoopThread(f"agilerl-env-server-{server.name}")
+        try:
+            self.url = self._thread.run(server.start())
+        except BaseException:
+            self._thread.stop()
+            raise
+        self._stopped = False
+
+    @property
+    def active_sessions(self) -> int:
+        return self.server.active_sessions
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Close every session and env, free the port, end the thread (idempotent); handlers
+        still running after ``grace_s`` are cancelled."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._thread.run(self.server.stop(grace_s))
+        self._thread.stop()
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def resolve_env(
+    entrypoint: str | Callable[..., Any],
+    env_config: dict[str, Any] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_concurrent_envs: int = DEFAULT_MAX_CONCURRENT_ENVS,
+    session_timeout_s: float | None = None,
+    token: str | None = None,
+    base_dir: str | Path | None = None,
+    env_packages: list[str] | None = None,
+    **server_options: Any,
+) -> tuple[str, RunningServer]:
+    """Serve an env (resolved like a manifest's ``entrypoint``) in the background.
+
+    Returns ``(url, server)``; ``server.stop()`` (or ``with server:``) shuts it down.
+    ``server_options`` go to ``EnvServer`` (``heartbeat_s``, ``max_message_bytes``,
+    ``inline_budget_s``).
+    """
+    server = build_server(
+        entrypoint, env_config, host=host, port=port, max_concurrent_envs=max_concurrent_envs,
+        session_timeout_s=session_timeout_s, token=token, base_dir=base_dir,
+        env_packages=env_packages, **server_options,
+    )
+    running = RunningServer(server)
+    return running.url, running
+
+
+def build_server(
+    entrypoint: str | Callable[..., Any],
+    env_config: dict[str, Any] | None = None,
+    *,
+    base_dir: str | Path | None = None,
+    env_packages: list[str] | None = None,
+    token: str | None = None,
+    **options: Any,
+) -> EnvServer:
+    """An ``EnvServer`` for ``entrypoint``; the token defaults to ``$AGILERL_ENV_TOKEN``."""
+    from agilerl.factory import entrypoint_factory
+
+    factory = entrypoint_factory(entrypoint, env_config, base_dir=base_dir, install=env_packages)
+    name = entrypoint if isinstance(entrypoint, str) else getattr(entrypoint, "__qualname__", repr(entrypoint))
+    return EnvServer(factory, name=name, token=token or os.environ.get(TOKEN_ENV_VAR) or None, **options)

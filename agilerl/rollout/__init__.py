@@ -1,0 +1,1 @@
+"""Rollouts: the harness (text <-> tokens), trajectories, and the batched collector."""

@@ -1,0 +1,398 @@
+"""RolloutCollector: batches of grouped multi-turn rollouts, with the model and the envs kept busy.
+
+``batch_size * group_size`` slots each own one env (a ``RolloutHarness``), built once and
+reused until ``close()``. Every turn makes ONE batched ``policy.generate`` call for all live
+slots, then steps all their envs at once: blocking in-process envs on worker threads, remote
+sessions as coroutines on the shared event loop. A batch of 64 rollouts against a 50 ms env thus
+costs about ``turns x 50 ms`` of env time, not ``64 x turns x 50 ms``.
+
+A slot whose env raises or outlives ``env_timeout_s`` keeps its place in its group: its
+trajectory carries ``error`` (the training batch marks it invalid) and the failure is listed in
+``stats.failures``; the env is replaced for the next batch.
+
+    collector = RolloutCollector(factory, tokenizer, batch_size=8, group_size=4, max_turns=3)
+    batch = collector.collect(TransformersPolicy(model, tokenizer))
+    batch.groups        # 8 lists of 4 trajectories, each group on one task
+    batch.stats.metrics()
+    collector.evaluate(policy)   # greedy, over the held-out split
+    collector.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agilerl.rollout.assigner import Task, TaskAssigner
+from agilerl.rollout.phases import run_in_threads, run_on_loop
+from agilerl.rollout.policy import Generation, Policy, SamplingParams
+from agilerl.rollout.results import (
+    CollectionError,
+    EvalResult,
+    RolloutBatch,
+    Run,
+    end_of_last_action,
+)
+from agilerl.chat import ChatRenderer
+from agilerl.rollout.harness import RolloutHarness
+from agilerl.concurrency import WorkerThreads
+from agilerl.errors import AgileRLError
+
+if TYPE_CHECKING:
+    from agilerl.manifest.spec import EnvironmentSpec
+
+log = logging.getLogger(__name__)
+
+
+
+
+class RolloutCollector:
+    """Runs ``batch_size`` tasks x ``group_size`` rollouts per ``collect`` (see the module doc)."""
+
+    def __init__(
+        self,
+        env_factory: Callable[[], Any],
+        tokenizer: Any,
+        *,
+        batch_size: int,
+        group_size: int,
+        max_turns: int | None = None,
+        sampling: SamplingParams | None = None,
+        env_timeout_s: float | None = 300.0,
+        seed: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        max_reward: float | None = None,
+        system_prompt: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if batch_size < 1 or group_size < 1:
+            raise AgileRLError(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self.num_slots = batch_size * group_size
+        self.env_timeout_s = env_timeout_s
+        self.tokenizer = tokenizer
+        self._env_factory = env_factory
+        self._system_prompt = system_prompt
+        self._chat_template_kwargs = chat_template_kwargs
+        # Slots 0..num_slots-1 roll out; the last one, built at the first evaluation, evaluates.
+        self._slots: list[RolloutHarness | None] = [None] * (self.num_slots + 1)
+        self._renderer: ChatRenderer | None = None
+        self._closed = False
+        first = env_factory()
+        try:
+            metadata = _server_metadata(first)
+            check_capacity(metadata, self.num_slots)
+            self.max_turns = max_turns or _env_max_turns(first)
+            self._slots[0] = self._harness(first)
+        except BaseException:
+            _close_quietly(first)
+            raise
+        self._threads = WorkerThreads("agilerl-env", min_workers=self.num_slots)
+        try:
+            dataset_size = getattr(first, "dataset_size", None) or metadata.get("dataset_size")
+            self.assigner = TaskAssigner(dataset_size, seed=seed, rank=rank, world_size=world_size)
+            self._create_many(range(1, self.num_slots))
+        except BaseException:
+            self.close()
+            raise
+        self._async = _is_async(self._slots[0])
+        self.max_reward = max_reward if max_reward is not None else getattr(first, "max_reward", None)
+        base = sampling or SamplingParams()
+        stops = [self._harness_of(0).renderer.end_of_turn_id, tokenizer.eos_token_id, *base.stop_token_ids]
+        self.sampling = replace(base, stop_token_ids=tuple(dict.fromkeys(s for s in stops if s is not None)))
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: EnvironmentSpec,
+        tokenizer: Any,
+        *,
+        batch_size: int,
+        group_size: int,
+        base_dir: str | Path | None = None,
+        **kwargs: Any,
+    ) -> RolloutCollector:
+        """A collector over the envs a manifest's ``environment:`` section describes."""
+        from agilerl.factory import make_env_factory, resolve_max_turns
+
+        factory = make_env_factory(spec, base_dir=base_dir)
+        kwargs.setdefault("max_turns", resolve_max_turns(spec, factory))
+        kwargs.setdefault("chat_template_kwargs", spec.chat_template_kwargs)
+        kwargs.setdefault("max_reward", spec.max_reward)
+        kwargs.setdefault("env_timeout_s", spec.request_timeout_s or None)
+        return cls(factory, tokenizer, batch_size=batch_size, group_size=group_size, **kwargs)
+
+    # -- collection ---------------------------------------------------------------------------
+
+    def collect(self, policy: Policy) -> RolloutBatch:
+        """Play one batch to the end of every episode; see the module doc."""
+        start = time.perf_counter()
+        tasks = self.assigner.assign(self.batch_size, self.group_size)
+        run = self._play(dict(enumerate(tasks)), policy, self.sampling)
+        return run.batch(time.perf_counter() - start)
+
+    def _play(
+        self, tasks: dict[int, Task], policy: Policy, params: SamplingParams, evaluation: bool | None = None
+    ) -> Run:
+        """Play every given slot's task to the end: one generate call and one env phase per turn."""
+        if self._closed:
+            raise CollectionError("the collector is closed")
+        run = Run(tasks, self.group_size)
+        self._recreate_missing(run)
+        started = self._run_envs(
+            [s for s in tasks if s not in run.trajectories],
+            "reset",
+            lambda c, s: c.reset(tasks[s].seed, row_index=tasks[s].row_index, evaluation=evaluation),
+            lambda c, s: c.areset(tasks[s].seed, row_index=tasks[s].row_index, evaluation=evaluation),
+            lambda h, s, r: h.apply_reset(r, seed=tasks[s].seed, row_index=tasks[s].row_index),
+            run,
+            warm=lambda answers: self._warm(openings=[self._harness_of(s).opening_messages(*r) for s, r in answers]),
+        )
+        prompts = {s: result[0] for s, result in started.items()}
+        while prompts:
+            live = list(prompts)
+            gens = dict(zip(live, self._generate(policy, [prompts[s] for s in live], params, run)))
+            sizes = {s: len(self._harness_of(s).trajectory.token_ids) for s in live}
+            for s in live:
+                if gens[s].finish_reason == "context" and not gens[s].token_ids:  # no room left at all
+                    traj = self._harness_of(s).trajectory
+                    run.finish(s, traj, cut_at=end_of_last_action(traj))
+                    del prompts[s]
+            actions = {s: self._harness_of(s).prepare_step(gens[s].token_ids, logprobs=gens[s].logprobs) for s in prompts}
+            stepped = self._run_envs(
+                list(actions),
+                "step",
+                lambda c, s: c.step(actions[s]),  # noqa: B023 - called before the loop moves on
+                lambda c, s: c.astep(actions[s]),  # noqa: B023
+                lambda h, s, r: h.apply_step(r),
+                run,
+                warm=lambda answers: self._warm(
+                    observations=[(self._harness_of(s).observation_role, r[0]) for s, r in answers]
+                ),
+            )
+            for s in actions:
+                if s not in stepped:  # failed: already recorded
+                    del prompts[s]
+                    continue
+                harness = self._harness_of(s)
+                if gens[s].finish_reason == "context":
+                    run.finish(s, harness.trajectory, cut_at=sizes[s] + len(gens[s].token_ids))
+                    del prompts[s]
+                elif harness.done:
+                    run.finish(s, harness.trajectory)
+                    del prompts[s]
+                else:
+                    prompts[s] = stepped[s][0]
+        return run
+
+    def _generate(
+        self, policy: Policy, prompts: list[Sequence[int]], params: SamplingParams, run: Run
+    ) -> list[Generation]:
+        t0 = time.perf_counter()
+        generations = policy.generate(prompts, params)
+        run.generation_time_s += time.perf_counter() - t0
+        run.generation_calls += 1
+        if len(generations) != len(prompts):
+            raise CollectionError(
+                f"{type(policy).__name__}.generate returned {len(generations)} completions for "
+                f"{len(prompts)} prompts; it must return one per prompt, in order"
+            )
+        run.generated_tokens += sum(len(g.token_ids) for g in generations)
+        return generations
+
+    def _run_envs(
+        self,
+        slots: list[int],
+        phase: str,
+        call: Callable[[Any, int], Any],
+        acall: Callable[[Any, int], Awaitable[Any]],
+        apply: Callable[[RolloutHarness, int, Any], Any],
+        run: Run,
+        *,
+        warm: Callable[[list[tuple[int, Any]]], None],
+    ) -> dict[int, Any]:
+        """Make every slot's env call at once (``call``, or ``acall`` for async clients), then
+        ``apply`` each answer to its harness here, on one thread, after ``warm`` has seen all the
+        answers (to tokenize them in one batch). Failed slots are recorded and their envs
+        replaced; the rest map to what ``apply`` returned."""
+        if not slots:
+            return {}
+        clients = [self._harness_of(s).client for s in slots]
+        t0 = time.perf_counter()
+        if self._async:
+            from agilerl.remote.loop import shared_loop
+
+            acalls = [lambda c=c, s=s: acall(c, s) for c, s in zip(clients, slots)]
+            results = run_on_loop(shared_loop().run, acalls, self.env_timeout_s, phase)
+        else:
+            calls = [lambda c=c, s=s: call(c, s) for c, s in zip(clients, slots)]
+            results = run_in_threads(self._threads, calls, self.env_timeout_s, phase)
+        run.env_time_s += time.perf_counter() - t0
+        try:
+            warm([(s, r) for s, r in zip(slots, results) if not isinstance(r, BaseException)])
+        except Exception:  # noqa: BLE001 - only a speed-up: apply meets (and reports) the same error
+            log.debug("batch tokenization failed; tokenizing answer by answer", exc_info=True)
+        applied: dict[int, Any] = {}
+        for s, result in zip(slots, results):
+            harness = self._harness_of(s)
+            try:
+                if isinstance(result, BaseException):
+                    raise result
+                applied[s] = apply(harness, s, result)
+            except Exception as exc:  # noqa: BLE001 - one env's failure must not end the batch
+                run.fail(s, phase, exc, harness.trajectory if phase == "step" else None)
+                self._replace(s)
+        return applied
+
+    def _warm(self, **requests: Any) -> None:
+        if self._renderer is not None:
+            self._renderer.warm(**requests)
+
+    # -- env lifecycle ------------------------------------------------------------------------
+
+    def _harness(self, env: Any) -> RolloutHarness:
+        harness = RolloutHarness(
+            env,
+            self.tokenizer,
+            max_turns=self.max_turns,
+            system_prompt=self._system_prompt,
+            chat_template_kwargs=self._chat_template_kwargs,
+            renderer=self._renderer,
+        )
+        self._renderer = harness.renderer  # every slot runs the same kind of env: one renderer
+        return harness
+
+    def _harness_of(self, slot: int) -> RolloutHarness:
+        harness = self._slots[slot]
+        assert harness is not None, f"slot {slot} has no env"
+        return harness
+
+    def _create_many(self, slots: range) -> None:
+        """Build the envs of ``slots`` at once; raise the first failure."""
+        built = run_in_threads(self._threads, [lambda: self._harness(self._env_factory())] * len(slots), None, "creation")
+        for slot, result in zip(slots, built):
+            if not isinstance(result, BaseException):
+                self._slots[slot] = result
+        errors = [r for r in built if isinstance(r, BaseException)]
+        if errors:
+            raise CollectionError(f"could not build the rollout envs: {errors[0]}") from errors[0]
+
+    def _recreate_missing(self, run: Run) -> None:
+        """Rebuild the envs that failed earlier (or the evaluation env, at first use)."""
+        for slot in run.tasks:
+            if self._slots[slot] is None:
+                try:
+                    self._slots[slot] = self._harness(self._env_factory())
+                except Exception as exc:  # noqa: BLE001 - reported, retried next batch
+                    run.fail(slot, "create", exc, None)
+
+    def _replace(self, slot: int) -> None:
+        """Drop a failed env (closed in the background: it may still hang); rebuilt next time."""
+        old, self._slots[slot] = self._slots[slot], None
+        if old is not None:
+            threading.Thread(target=_close_quietly, args=(old,), daemon=True).start()
+
+    def close(self) -> None:
+        """Close every env exactly once; the collector cannot collect afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        for harness in self._slots:
+            if harness is not None:
+                _close_quietly(harness)
+        if hasattr(self, "_threads"):
+            self._threads.shutdown()
+
+    def __enter__(self) -> RolloutCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    def evaluate(self, policy: Policy, *, num_episodes: int | None = None) -> EvalResult:
+        """Greedy episodes, one at a time, on one extra env built at the first evaluation.
+
+        Dataset envs (with ``eval_dataset_size``) play their held-out rows, all of them or the
+        first ``num_episodes``; other envs play seeds ``0 .. num_episodes-1``, the same every time.
+        """
+        slot = self.num_slots
+        if self._slots[slot] is None:
+            self._slots[slot] = self._harness(self._env_factory())
+        held_out = getattr(self._harness_of(slot).client, "eval_dataset_size", None)
+        if num_episodes is None:
+            if held_out is None:
+                raise AgileRLError("this env has no held-out split (eval_dataset_size): pass num_episodes=")
+            num_episodes = held_out
+        if held_out is not None:
+            num_episodes = min(num_episodes, held_out)
+        if num_episodes < 1:
+            raise AgileRLError(f"evaluation needs at least one episode, got num_episodes={num_episodes}")
+        greedy = replace(self.sampling, temperature=0.0)
+        rewards: list[float] = []
+        failures = 0
+        for episode in range(num_episodes):
+            task = Task(episode, episode if held_out is not None else None)
+            run = self._play({slot: task}, policy, greedy, evaluation=True if held_out is not None else None)
+            traj = run.trajectories[slot]
+            if traj.error is None:
+                rewards.append(traj.total_reward)
+            else:
+                failures += 1
+        if not rewards:
+            raise CollectionError(f"every one of the {num_episodes} evaluation episodes failed")
+        mean = statistics.fmean(rewards)
+        accuracy = mean / self.max_reward if self.max_reward else None
+        return EvalResult(mean, accuracy, len(rewards), failures)
+
+
+def check_capacity(metadata: dict[str, Any], num_slots: int) -> None:
+    """Fail before the first batch when a server admits fewer sessions than the run holds:
+    one per slot, plus one for evaluation."""
+    limit = metadata.get("max_concurrent_envs")
+    needed = num_slots + 1
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit < needed:
+        raise CollectionError(
+            f"the env server admits {limit} concurrent sessions but this run needs {needed} "
+            f"(batch_size x group_size = {num_slots}, + 1 for evaluation); start the server with "
+            f"max_concurrent_envs >= {needed} or lower batch_size/group_size"
+        )
+
+
+def _server_metadata(env: Any) -> dict[str, Any]:
+    """A remote env's ``GET /metadata`` (session limit, dataset size); {} for in-process envs."""
+    if not hasattr(type(env), "server_metadata"):
+        return {}
+    metadata = env.server_metadata()
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _env_max_turns(env: Any) -> int:
+    max_turns = getattr(env, "max_turns", None)
+    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+        raise AgileRLError(
+            f"max_turns is not given and the env has no usable max_turns attribute (got {max_turns!r}); "
+            "pass max_turns= to RolloutCollector"
+        )
+    return max_turns
+
+
+def _is_async(harness: RolloutHarness | None) -> bool:
+    return harness is not None and hasattr(type(harness.client), "astep")
+
+
+def _close_quietly(env: Any) -> None:
+    """Close an env that may be broken; its error must not mask the one being reported."""
+    try:
+        env.close()
+    except Exception:
+        log.debug("closing a failed env raised", exc_info=True)

@@ -1,0 +1,252 @@
+"""RolloutHarness: a text env seen as tokens, the way a policy model sees it.
+
+It renders the conversation with the tokenizer's chat template, turns generated tokens into the
+env's action text and observations into the next user turn, enforces the turn budget, and records
+the trajectory training needs. Each turn renders and tokenizes only the new text, so a turn costs
+the same at turn 200 as at turn 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, overload
+
+from agilerl.errors import AgileRLError, HarnessStateError, InvalidArgument
+from agilerl.chat import ChatRenderer
+from agilerl.envs.client import EnvClient, InProcessEnvClient
+from agilerl.protocol import StepResult
+from agilerl.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agilerl.manifest.spec import EnvironmentSpec
+
+
+class TokenView(Sequence[int]):
+    """A read-only view of the first ``n`` conversation tokens: handing out a prompt copies nothing."""
+
+    __slots__ = ("_ids", "_n")
+
+    def __init__(self, ids: list[int], n: int) -> None:
+        self._ids = ids
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return self._ids[: self._n][i]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._ids[i if i >= 0 else self._n + i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids[: self._n])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (TokenView, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def tolist(self) -> list[int]:
+        return self._ids[: self._n]
+
+    def __repr__(self) -> str:
+        return f"TokenView({self.tolist()!r})"
+
+
+class RolloutHarness:
+    """Drives one env episode in token space and accumulates its ``Trajectory``."""
+
+    def __init__(
+        self,
+        env: Any,
+        tokenizer: Any,
+        *,
+        max_turns: int,
+        system_prompt: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        observation_role: str = "user",
+        renderer: ChatRenderer | None = None,
+    ) -> None:
+        """``env`` is a client (``InProcessEnvClient``/``RemoteEnvClient``), a text env, or a URL.
+
+        ``renderer`` lets many harnesses over the same kind of env share one ``ChatRenderer`` (and
+        its prompt cache); it must have been built for the same tokenizer, tools and template kwargs.
+        """
+        if max_turns < 1:
+            raise InvalidArgument(f"max_turns must be >= 1, got {max_turns}")
+        if isinstance(env, str):
+            from agilerl.remote.client import RemoteEnvClient
+
+            env = RemoteEnvClient(env)
+        elif not isinstance(env, EnvClient):
+            env = InProcessEnvClient(env)
+        self.client = env
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        self.system_prompt = system_prompt if system_prompt is not None else getattr(env, "system_prompt", None)
+        self.observation_role = observation_role
+        self.renderer = renderer or ChatRenderer(
+            tokenizer,
+            tools=tools if tools is not None else getattr(env, "tools", None),
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        self._trajectory: Trajectory | None = None
+        self._turn = 0
+        self._done = True
+        self._closed = False
+        self._pending: tuple[list[int], Sequence[float] | None] | None = None
+
+    @classmethod
+    def local(cls, env: Any, tokenizer: Any, max_turns: int | None = None, **kwargs: Any) -> RolloutHarness:
+        """A harness over an env object in this process; ``max_turns`` defaults to the env's own."""
+        if max_turns is None:
+            max_turns = getattr(env, "max_turns", None)
+            if max_turns is None:
+                raise InvalidArgument("max_turns is required: the env has no max_turns attribute")
+        return cls(InProcessEnvClient(env), tokenizer, max_turns=max_turns, **kwargs)
+
+    @classmethod
+    def from_spec(
+        cls, spec: EnvironmentSpec, tokenizer: Any, *, base_dir: str | Path | None = None, **kwargs: Any
+    ) -> RolloutHarness:
+        """Build the env a manifest's ``environment:`` section names, with its turn budget."""
+        from agilerl.factory import make_env_factory, resolve_max_turns
+
+        factory = make_env_factory(spec, base_dir=base_dir)
+        kwargs.setdefault("chat_template_kwargs", spec.chat_template_kwargs)
+        return cls(factory(), tokenizer, max_turns=resolve_max_turns(spec, factory), **kwargs)
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The episode so far (or the last finished one)."""
+        if self._trajectory is None:
+            raise HarnessStateError("no episode yet: call reset() first")
+        return self._trajectory
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def reset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[TokenView, dict[str, Any]]:
+        """Start an episode; return the prompt as token ids ready for generation, and the env info."""
+        self._check_open()
+        result = self.client.reset(seed, row_index=row_index, evaluation=evaluation)
+        return self.apply_reset(result, seed=seed, row_index=row_index)
+
+    def apply_reset(
+        self, result: tuple[str, dict[str, Any]], *, seed: int | None = None, row_index: int | None = None
+    ) -> tuple[TokenView, dict[str, Any]]:
+        """The second half of ``reset``, for a caller that ran ``client.reset`` (or ``areset``)
+        itself, e.g. for many envs at once."""
+        self._check_open()
+        prompt, info = result
+        ids = self.renderer.prompt_ids(self.opening_messages(prompt, info))
+        self._trajectory = Trajectory(
+            token_ids=ids,
+            action_mask=[False] * len(ids),
+            turn_ids=[-1] * len(ids),
+            seed=seed,
+            row_index=row_index,
+            info=info,
+        )
+        self._turn = 0
+        self._done = False
+        self._pending = None
+        return TokenView(ids, len(ids)), info
+
+    def step(
+        self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None
+    ) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
+        """Send one completion (generated token ids, or text) to the env; return the next prompt."""
+        return self.apply_step(self.client.step(self.prepare_step(completion, logprobs=logprobs)))
+
+    def prepare_step(self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None) -> str:
+        """The first half of ``step``: check the episode is live, return the env's action text.
+
+        Send it with ``client.step`` (or ``await client.astep``), then pass the result to
+        ``apply_step``: many envs can then be stepped at once while this object stays single-threaded.
+        """
+        self.trajectory  # noqa: B018 - raises before the first reset
+        if self._done:
+            raise HarnessStateError("the episode has ended: call reset() before step()")
+        if isinstance(completion, str):
+            action_text, action_ids = completion, self.renderer.encode(completion)
+        else:
+            action_ids = list(completion)
+            ended = bool(action_ids) and action_ids[-1] == self.renderer.end_of_turn_id
+            body = action_ids[:-1] if ended else action_ids
+            action_text = self.renderer.decode(body)
+        self._pending = (action_ids, logprobs)
+        return action_text
+
+    def apply_step(self, result: StepResult) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
+        """The second half of ``step``: record the env's answer to the prepared completion."""
+        if self._pending is None:
+            raise HarnessStateError("apply_step() needs a prepare_step() first")
+        (action_ids, logprobs), self._pending = self._pending, None
+        traj = self.trajectory
+        observation, reward, terminated, truncated, info = result
+        self._turn += 1
+        truncated = truncated or (not terminated and self._turn >= self.max_turns)
+        self._done = terminated or truncated
+        self._append_turn(action_ids, logprobs, observation)
+        traj.rewards.append(reward)
+        traj.terminated, traj.truncated = terminated, truncated
+        return TokenView(traj.token_ids, len(traj.token_ids)), reward, terminated, truncated, info
+
+    def close(self) -> None:
+        """Close the env, exactly once."""
+        if not self._closed:
+            self._closed = True
+            self.client.close()
+
+    def __enter__(self) -> RolloutHarness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise HarnessStateError("the harness is closed")
+
+    def opening_messages(self, prompt: str, info: dict[str, Any]) -> list[dict[str, Any]]:
+        """The conversation a reset opens: the env's own ``info["messages"]``, else the system
+        prompt (if any) and ``prompt`` as the user's message."""
+        if info.get("messages"):
+            return info["messages"]
+        messages: list[dict[str, Any]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": prompt})
+        return messages
+
+    def _append_turn(self, action_ids: list[int], logprobs: Sequence[float] | None, observation: str) -> None:
+        """Append the completion, the template's turn close, the observation and the next opening."""
+        traj = self.trajectory
+        renderer = self.renderer
+        tail = renderer.turn_tail_ids(self.observation_role, observation, final=self._done)
+        if action_ids and action_ids[-1] == renderer.end_of_turn_id and tail and tail[0] == action_ids[-1]:
+            tail = tail[1:]  # the model already closed its turn
+        turn = self._turn - 1
+        if logprobs is not None or traj.logprobs is not None:
+            if traj.logprobs is None:
+                traj.logprobs = [0.0] * len(traj.token_ids)
+            traj.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(action_ids)
+            traj.logprobs += [0.0] * len(tail)
+        traj.token_ids += action_ids
+        traj.token_ids += tail
+        traj.action_mask += [True] * len(action_ids)
+        traj.action_mask += [False] * len(tail)
+        traj.turn_ids += [turn] * (len(action_ids) + len(tail))
+

@@ -1,0 +1,392 @@
+"""The training loops: ``train_llm_rollout`` (the model acts in envs) and ``train_llm_dataset``
+(SFT/DPO batches). Both share one trainer: optimiser, gradient averaging across ranks, metrics,
+evaluation, checkpoints, and a Ctrl-C that saves before it stops.
+
+    model, tokenizer = load_model_and_tokenizer(ModelSettings(name_or_path="tiny"))
+    collector = RolloutCollector(GuessEnv, tokenizer, batch_size=8, group_size=8, seed=0)
+    result = train_llm_rollout(model, tokenizer, collector, "grpo", TrainingSettings(max_steps=50))
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agilerl.train.algorithm import Algorithm, build_algorithm
+from agilerl.train.checkpoint import restore_training_state, save_checkpoint
+from agilerl.manifest.settings import TrainingSettings
+from agilerl.train.distributed import World, init_world
+from agilerl.train.metrics import (
+    MetricsLog,
+    PlotUnavailable,
+    ProgressBar,
+    plot_curves,
+)
+from agilerl.errors import AgileRLError
+
+if TYPE_CHECKING:
+    import torch
+
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.data.dataset_env import DatasetEnv
+
+AlgorithmRef = Algorithm[Any] | str | Mapping[str, Any]
+
+
+@dataclass
+class TrainResult:
+    """Where a run ended: its step count, files, and the last metrics logged.
+
+    Only rank 0 writes files; on other ranks ``plot`` and ``checkpoint`` are None.
+    """
+
+    step: int
+    interrupted: bool
+    output_dir: Path
+    checkpoint: Path | None
+    plot: Path | None
+    metrics: dict[str, float]
+    rank: int = 0
+
+
+def train_llm_rollout(
+    model: Any,
+    tokenizer: Any,
+    collector: RolloutCollector,
+    algorithm: AlgorithmRef = "grpo",
+    training: TrainingSettings | Mapping[str, Any] | None = None,
+    *,
+    resume_from: str | Path | None = None,
+    max_model_len: int | None = None,
+    show_progress: bool = True,
+) -> TrainResult:
+    """Collect a batch of grouped rollouts, take one optimiser step on it, repeat.
+
+    ``algorithm`` is an ``Algorithm``, a registered name or an ``algorithm:`` mapping.
+    ``resume_from`` is a checkpoint folder whose weights ``model`` was loaded from; the
+    optimiser, the step count and the task stream continue from it. ``max_model_len`` bounds
+    the conversation (default: the model's ``max_position_embeddings``).
+    """
+    from agilerl.rollout.policy import TransformersPolicy
+    from agilerl.train.batch import collate_trajectories
+
+    algo = _algorithm(algorithm, "rollout")
+    settings = _settings(training)
+    _check_temperature(algo, collector)
+    if settings.micro_batch_size and settings.micro_batch_size % collector.group_size:
+        raise AgileRLError(
+            f"training.micro_batch_size {settings.micro_batch_size} is not a multiple of group_size "
+            f"{collector.group_size}: a micro-batch must hold whole groups to compare them."
+        )
+    trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
+    policy = TransformersPolicy(model, tokenizer, max_model_len=max_model_len)
+    pad_id = policy.pad_id
+    for _ in range(trainer.step):  # a resumed run plays on with the tasks it has not seen
+        collector.assigner.assign(collector.batch_size, collector.group_size)
+
+    def next_batch() -> tuple[Any, dict[str, float]]:
+        rollouts = collector.collect(policy)
+        batch = collate_trajectories(rollouts.trajectories, pad_id).to(trainer.device)
+        return batch, {"train/reward": rollouts.stats.reward_mean, **rollouts.stats.metrics()}
+
+    def evaluate() -> dict[str, float]:
+        result = collector.evaluate(policy, num_episodes=settings.eval_episodes)
+        metrics = {"eval/reward": result.mean_reward}
+        if result.accuracy is not None:
+            metrics["eval/accuracy"] = result.accuracy
+        return metrics
+
+    return trainer.run(next_batch, evaluate, curves=("train/reward", "eval/reward"), plot_name="reward_curve.png")
+
+
+def train_llm_dataset(
+    model: Any,
+    tokenizer: Any,
+    dataset: DatasetEnv,
+    algorithm: AlgorithmRef = "sft",
+    training: TrainingSettings | Mapping[str, Any] | None = None,
+    *,
+    resume_from: str | Path | None = None,
+    show_progress: bool = True,
+) -> TrainResult:
+    """Step through ``dataset``'s shuffled epochs (SFT or DPO batches) until ``max_steps``.
+
+    Each rank takes every ``world_size``-th batch; evaluation is the mean loss (and the
+    algorithm's metrics) over the held-out split.
+    """
+    algo = _algorithm(algorithm, "dataset")
+    if algo.dataset_objective and dataset.objective != algo.dataset_objective:
+        raise AgileRLError(
+            f"algorithm {type(algo).__name__} trains on '{algo.dataset_objective}' batches but the "
+            f"dataset's objective is '{dataset.objective}'; set environment.objective to match."
+        )
+    settings = _settings(training)
+    trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
+    batches = _dataset_batches(dataset, trainer.world, skip=trainer.step)
+
+    def next_batch() -> tuple[Any, dict[str, float]]:
+        return {k: v.to(trainer.device) for k, v in next(batches).items()}, {}
+
+    def evaluate() -> dict[str, float]:
+        import torch
+
+        totals: dict[str, float] = {}
+        count = 0
+        trainer.policy.eval()
+        with torch.no_grad():
+            for batch in dataset.batches(evaluation=True):
+                batch = {k: v.to(trainer.device) for k, v in batch.items()}
+                _, metrics = algo.loss(trainer.policy, batch, trainer.reference)
+                for key, value in metrics.items():
+                    totals[key] = totals.get(key, 0.0) + value
+                count += 1
+        trainer.policy.train()
+        return {f"eval/{k}": v / count for k, v in totals.items()} if count else {}
+
+    return trainer.run(next_batch, evaluate, curves=("train/loss", "eval/loss"), plot_name="loss_curve.png")
+
+
+class _Trainer:
+    """The part both loops share: one optimiser step per batch, bookkeeping around it."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        algorithm: Algorithm[Any],
+        settings: TrainingSettings,
+        resume_from: str | Path | None,
+        show_progress: bool,
+    ) -> None:
+        import torch
+
+        from agilerl.train.reference import frozen_reference
+
+        self.model, self.tokenizer, self.algorithm, self.settings = model, tokenizer, algorithm, settings
+        self.world = init_world()
+        self.device = next(model.parameters()).device
+        self.policy = algorithm.prepare_policy(model).to(self.device)
+        self.reference = frozen_reference(model) if algorithm.needs_reference else None
+        self.world.broadcast_parameters(self.policy)
+        self.params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
+        self.step = 0
+        if resume_from is not None:
+            self.step = restore_training_state(resume_from, self.optimizer, model, self.policy)
+        torch.manual_seed(settings.seed * 1_000_003 + self.step * 101 + self.world.rank)
+        self.output_dir = Path(settings.output_dir)
+        self.show_progress = show_progress and self.world.is_main
+        self.log = MetricsLog(self.output_dir, start_step=self.step) if self.world.is_main else None
+        self._shielding = False
+        self._pending_interrupt = False
+
+    def run(
+        self,
+        next_batch: Callable[[], tuple[Any, dict[str, float]]],
+        evaluate: Callable[[], dict[str, float]],
+        *,
+        curves: tuple[str, str],
+        plot_name: str,
+    ) -> TrainResult:
+        settings = self.settings
+        start = self.step
+        last: dict[str, float] = {}
+        checkpoint: Path | None = None
+        interrupted = False
+        bar = ProgressBar(settings.max_steps, start, show=self.show_progress)
+        with bar.running(), self._graceful_interrupt():
+            try:
+                if start == 0 and settings.evaluation_interval and self.log is not None:
+                    last = evaluate()  # the untrained baseline: where the curve starts
+                    self.log.write(0, last)
+                    bar.update(0, last)
+                while self.step < settings.max_steps:
+                    t0 = time.perf_counter()
+                    batch, metrics = next_batch()
+                    with self._shielded():  # from here to the log line, Ctrl-C waits
+                        metrics.update(self._update(batch))
+                        metrics["time/step_s"] = time.perf_counter() - t0
+                        last = self.world.mean(metrics)
+                        if self._due(settings.evaluation_interval) and self.world.is_main:
+                            last.update(evaluate())
+                        if self.log is not None:
+                            self.log.write(self.step, last)
+                        bar.update(self.step, last)
+                        if self._due(settings.checkpoint_interval) and self.step < settings.max_steps:
+                            checkpoint = self._save()
+            except KeyboardInterrupt:
+                interrupted = True
+                bar.log(f"interrupted: saving a checkpoint at step {self.step}")
+        if self.step > start or interrupted:
+            checkpoint = self._save()
+        plot = None
+        if self.log is not None:
+            try:
+                title = type(self.algorithm).__name__
+                plot = plot_curves(self.log.path, self.output_dir / plot_name, curves, title=title)
+            except PlotUnavailable as exc:
+                warnings.warn(str(exc), stacklevel=2)
+        return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
+
+    def _update(self, batch: Any) -> dict[str, float]:
+        """One optimiser step, accumulating gradients over micro-batches."""
+        import torch
+
+        self.policy.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        chunks = split_rows(batch, self.settings.micro_batch_size)
+        total = sum(rows for rows, _ in chunks)
+        loss_sum = 0.0
+        metrics: dict[str, float] = {}
+        for rows, chunk in chunks:
+            loss, chunk_metrics = self.algorithm.loss(self.policy, chunk, self.reference)
+            (loss * (rows / total)).backward()
+            loss_sum += float(loss.detach()) * rows / total
+            for key, value in chunk_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value * rows / total
+        self.world.average_gradients(self.params)
+        if self.settings.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
+            metrics["grad_norm"] = float(norm)
+        self.optimizer.step()
+        self.step += 1
+        out = {f"algo/{k}": v for k, v in metrics.items()}
+        out["train/loss"] = loss_sum
+        return out
+
+    def _due(self, interval: int) -> bool:
+        return interval > 0 and (self.step % interval == 0 or self.step == self.settings.max_steps)
+
+    def _save(self) -> Path | None:
+        path = None
+        if self.world.is_main:
+            path = save_checkpoint(
+                self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
+                optimizer=self.optimizer, policy=self.policy,
+                state={"algorithm": type(self.algorithm).__name__},
+            )
+        self.world.barrier()
+        return path
+
+    @contextmanager
+    def _graceful_interrupt(self) -> Iterator[None]:
+        """Ctrl-C during collection stops at once; inside ``_shielded`` (the update and its
+        bookkeeping) it waits until the step is whole and logged, so the checkpoint saved on
+        the way out is never half a step."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._shielding:
+                self._pending_interrupt = True
+            else:
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextmanager
+    def _shielded(self) -> Iterator[None]:
+        self._shielding = True
+        try:
+            yield
+        finally:
+            self._shielding = False
+        if self._pending_interrupt:
+            raise KeyboardInterrupt
+
+
+def split_rows(batch: Any, size: int | None) -> list[tuple[int, Any]]:
+    """``(rows, micro_batch)`` pairs of at most ``size`` rows: a ``RolloutTensors`` or a dict of
+    tensors cut along the first dimension. Rollout rows are in group order, so cuts at
+    multiples of the group size keep every group whole (its advantages stay right)."""
+    from dataclasses import fields, is_dataclass, replace
+
+    tensors = {f.name: getattr(batch, f.name) for f in fields(batch)} if is_dataclass(batch) else batch
+    rows = next(iter(tensors.values())).shape[0]
+    if size is None or size >= rows:
+        return [(rows, batch)]
+    chunks = []
+    for start in range(0, rows, size):
+        part = {k: v[start : start + size] if v is not None else None for k, v in tensors.items()}
+        chunk = replace(batch, **part) if is_dataclass(batch) else part
+        chunks.append((min(size, rows - start), chunk))
+    return chunks
+
+
+def build_optimizer(params: list[Any], *, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """AdamW, fused into one kernel where the device supports it (4x faster steps on CPU)."""
+    import torch
+
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, ValueError):  # a device or dtype without the fused kernel
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def _algorithm(ref: AlgorithmRef, kind: str) -> Algorithm[Any]:
+    algo = ref if isinstance(ref, Algorithm) else build_algorithm({"name": ref} if isinstance(ref, str) else ref)
+    if algo.kind != kind:
+        loop = "train_llm_rollout" if algo.kind == "rollout" else "train_llm_dataset"
+        raise AgileRLError(
+            f"algorithm {type(algo).__name__} trains on {algo.kind} batches: use {loop} "
+            f"(and environment.env_type '{algo.kind}')."
+        )
+    return algo
+
+
+def _settings(training: TrainingSettings | Mapping[str, Any] | None) -> TrainingSettings:
+    if isinstance(training, TrainingSettings):
+        return training
+    from pydantic import ValidationError
+
+    from agilerl.errors import ConfigError
+    from agilerl.manifest.spec import format_validation_error
+
+    try:
+        return TrainingSettings.model_validate(dict(training or {}))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "training"), "training settings") from None
+
+
+def _check_temperature(algo: Algorithm[Any], collector: RolloutCollector) -> None:
+    """Old log-probs are only right if the loss scores tokens at the sampler's temperature."""
+    wanted = getattr(algo.config, "temperature", None)
+    if wanted is not None and collector.sampling.temperature != wanted:
+        raise AgileRLError(
+            f"the collector samples at temperature {collector.sampling.temperature} but "
+            f"{type(algo).__name__} scores at {wanted}; build the collector with "
+            f"sampling=SamplingParams(temperature={wanted}, ...) or set algorithm.temperature."
+        )
+
+
+def _dataset_batches(dataset: DatasetEnv, world: World, *, skip: int) -> Iterator[dict[str, Any]]:
+    """Endless batches, epoch after epoch; rank r takes batches r, r + world_size, ...;
+    the first ``skip`` (steps already trained) are passed over."""
+    if dataset.num_batches() < world.world_size:
+        raise AgileRLError(
+            f"the dataset has {dataset.num_batches()} batch(es) per epoch, fewer than the "
+            f"{world.world_size} ranks; lower training.batch_size or use fewer processes."
+        )
+    per_epoch = dataset.num_batches() // world.world_size  # equal shares keep ranks in step
+    epoch, seen = 0, 0
+    while True:
+        for index, batch in enumerate(dataset.batches(epoch)):
+            mine = index % world.world_size == world.rank and index // world.world_size < per_epoch
+            if mine:
+                seen += 1
+                if seen > skip:
+                    yield batch
+        epoch += 1
+
