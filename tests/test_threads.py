@@ -28,9 +28,19 @@ def _run_all(threads: WorkerThreads, count: int, fn) -> list[object]:
 
 def test_blocking_calls_run_at_once_on_as_many_threads() -> None:
     threads = WorkerThreads("t")
-    start = time.perf_counter()
-    names = _run_all(threads, 16, lambda i: (time.sleep(0.2), threading.current_thread().name)[1])
-    assert time.perf_counter() - start < 1.5  # 16 x 0.2 s one after another would take 3.2 s
+    # Each call blocks until all 16 are in flight at once: calls run one after another (or on
+    # fewer threads) never get past the barrier, and its timeout turns that into a failure.
+    all_in_flight = threading.Barrier(16, timeout=5)
+
+    def blocking(i: int) -> object:
+        try:
+            all_in_flight.wait()
+        except threading.BrokenBarrierError:
+            return None
+        return threading.current_thread().name
+
+    names = _run_all(threads, 16, blocking)
+    assert None not in names, "the 16 blocking calls were never all in flight at once"
     assert len(set(names)) == 16
     threads.shutdown()
 
