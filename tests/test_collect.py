@@ -170,14 +170,32 @@ def test_env_that_raises_is_reported_in_its_group_and_replaced(chatml_tokenizer)
     assert all(env.closed == 1 for env in factory.envs)
 
 
+class WatchedEvent(threading.Event):
+    """An Event that records when a ``wait`` on it starts and when one returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting, self.returned = threading.Event(), threading.Event()
+
+    def wait(self, timeout=None):
+        self.waiting.set()
+        try:
+            return super().wait(timeout)
+        finally:
+            self.returned.set()
+
+
 def test_env_that_hangs_past_the_timeout_is_reported_without_waiting_for_it(chatml_tokenizer):
     factory = Factory(faulty={0: "hang"})
+    factory.release = hung = WatchedEvent()
     with collector(factory, chatml_tokenizer, env_timeout_s=0.3) as c:
-        start = time.perf_counter()
         batch = c.collect(ScriptedPolicy(chatml_tokenizer))
-        elapsed = time.perf_counter() - start
+        # collect() gave up on the env: it returned while the env's step was still blocked.
+        assert hung.waiting.is_set() and not hung.returned.is_set()
+        again = c.collect(ScriptedPolicy(chatml_tokenizer))  # the next batch runs on a fresh env
+        assert not hung.returned.is_set() and len(factory.envs) == 7
         factory.release.set()
-    assert elapsed < 3
+    assert not again.stats.failures and all(t.error is None for t in again.trajectories)
     assert batch.trajectories[0].error is not None and "env_timeout_s=0.3" in batch.trajectories[0].error
     assert batch.trajectories[0].num_turns == 1
     assert [(f.slot, f.phase) for f in batch.stats.failures] == [(0, "step")]
