@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
+from agilerl.errors import AgileRLError
 from agilerl.manifest.spec import EnvironmentSpec
 from agilerl.protocol import close_env
-from agilerl.errors import AgileRLError
-from agilerl.registry import resolve
-
-EnvFactory = Callable[[], Any]
 
 _PROBED_MAX_TURNS: dict[tuple[str, str], int] = {}
 
@@ -52,34 +49,6 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
         base_dir=base_dir,
         install=spec.env_packages.packages if spec.env_packages else None,
     )
-
-
-def entrypoint_factory(
-    entrypoint: str | Callable[..., Any],
-    env_config: dict[str, Any] | None = None,
-    *,
-    base_dir: str | Path | None = None,
-    install: list[str] | None = None,
-) -> EnvFactory:
-    """A factory calling ``entrypoint(**env_config)``; ``system_prompt`` is set after construction."""
-    target = entrypoint
-    if isinstance(entrypoint, str):
-        target = resolve("env", entrypoint, base_dir=base_dir, install=install)
-    if not callable(target):
-        raise AgileRLError(
-            f"entrypoint {entrypoint!r} resolved to {type(target).__name__}, which is not callable; "
-            "name an env class or a function that returns an env"
-        )
-    config = dict(env_config or {})
-    system_prompt = config.pop("system_prompt", None)
-
-    def build() -> Any:
-        env = target(**config)
-        if system_prompt is not None:
-            env.system_prompt = system_prompt
-        return env
-
-    return build
 
 
 def resolve_max_turns(spec: EnvironmentSpec, factory: EnvFactory) -> int:

@@ -1,7 +1,7 @@
 """Loading the model and tokenizer a manifest's ``model:`` section names.
 
-``tiny`` is built offline in a second (tests, examples, the README); anything else is a local
-folder, a local ``.gguf`` file (dequantised by transformers; needs ``gguf``) or a Hugging Face hub
+A registered model (``tiny``, built offline in a second, is the built-ins'; plugins add more
+through ``register_models``) is built by its plugin; anything else is a local folder, a local ``.gguf`` file (dequantised by transformers; needs ``gguf``) or a Hugging Face hub
 id. Optional LoRA adapters come from peft.
 """
 
@@ -11,14 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import ModelLoadError
+from agilerl.registry import get_registry, resolve
 from agilerl.manifest.settings import LoraSettings, ModelSettings
 from agilerl.errors import AgileRLError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-TINY = "tiny"
-
 
 def load_model_and_tokenizer(
     settings: ModelSettings,
@@ -34,16 +32,29 @@ def load_model_and_tokenizer(
     """
     if checkpoint is not None and settings.lora is None:
         return _from_pretrained(str(checkpoint), None, settings)
-    if settings.name_or_path == TINY:
-        from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
-
-        tokenizer = build_tiny_tokenizer("chatml")
-        model = build_tiny_model(tokenizer, seed=seed)
+    if settings.name_or_path in get_registry().names("model"):
+        model, tokenizer = resolve("model", settings.name_or_path)(seed=seed)
     else:
         model, tokenizer = _from_pretrained(*_locate(settings.name_or_path, base_dir), settings)
     if settings.lora is not None:
         model = _with_lora(model, settings.lora, checkpoint)
     return model, tokenizer
+
+
+def load_tokenizer(name_or_path: str, *, base_dir: str | Path | None = None) -> Any:
+    """The tokenizer of a registered model, a local folder or ``.gguf`` file, or a hub id."""
+    if name_or_path in get_registry().names("model"):
+        return resolve("model", name_or_path)(seed=0)[1]
+    from transformers import AutoTokenizer
+
+    source, gguf_file = _locate(name_or_path, base_dir)
+    try:
+        return AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf_file} if gguf_file else {}))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load a tokenizer from {name_or_path!r}: {exc}. Name a registered model "
+            "(agilerl models list), a local folder or .gguf file, or a hub id."
+        ) from None
 
 
 def _locate(name_or_path: str, base_dir: str | Path | None) -> tuple[str, str | None]:

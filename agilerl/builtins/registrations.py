@@ -61,6 +61,13 @@ ALGORITHMS: list[tuple[str, str, str]] = [
     ("sft", "agilerl.builtins.algorithms.sft:SFT", "Cross-entropy on response tokens."),
     ("dpo", "agilerl.builtins.algorithms.dpo:DPO", "Direct Preference Optimization (sigmoid loss)."),
 ]
+MODELS: list[tuple[str, str, str]] = [
+    (
+        "tiny",
+        "agilerl.builtins.tiny_model:tiny_model_and_tokenizer",
+        "A randomly initialised 2-layer Qwen2 with a ChatML BPE tokenizer, built offline.",
+    ),
+]
 
 
 def _register_all(register: Register, entries: list[tuple[str, str, str]]) -> None:
@@ -86,3 +93,8 @@ def register_rubrics(register: Register) -> None:
 @hookimpl
 def register_algorithms(register: Register) -> None:
     _register_all(register, ALGORITHMS)
+
+
+@hookimpl
+def register_models(register: Register) -> None:
+    _register_all(register, MODELS)

@@ -130,3 +130,9 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config)
+
+
+def tiny_model_and_tokenizer(*, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """The registered ``tiny`` model: what ``model.name_or_path: tiny`` trains."""
+    tokenizer = build_tiny_tokenizer("chatml")
+    return build_tiny_model(tokenizer, seed=seed), tokenizer

@@ -25,10 +25,19 @@ def add_parser(subparsers: Any) -> None:
     )
     check.add_argument("source")
     check.add_argument("--env-config", type=json_object, default={}, help="JSON keyword arguments.")
-    check.add_argument("--episodes", type=int, default=1)
-    check.add_argument("--actions", help='Comma-separated scripted actions, one per turn: "5,9,7".')
+    check.add_argument("--episodes", type=int, default=1, help="Episodes to play (default: 1).")
+    check.add_argument(
+        "--actions",
+        help='Comma-separated scripted actions, one per turn: "5,9,7" (the last one repeats; '
+        "default: random numbers and words).",
+    )
     check.add_argument("--max-turns", type=int, help="Turn budget (default: the env's max_turns).")
-    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--seed", type=int, default=0, help="Seed of episode 0; episode i uses seed+i (default: 0).")
+    check.add_argument(
+        "--tokenizer",
+        help="Show the transcript as the model sees it, chat template and all: a registered model "
+        "('tiny') or a tokenizer folder / hub id (needs the [train] extra). Default: plain text.",
+    )
     check.add_argument("--json", action="store_true", help="Print a JSON summary instead.")
     check.set_defaults(handler=_check)
 
@@ -50,10 +59,8 @@ def _spec_for(args: argparse.Namespace) -> tuple[Any, Path | None]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from agilerl.builtins.tiny_model import build_tiny_tokenizer
     from agilerl.envs.checker import check_env
     from agilerl.factory import make_env_factory, resolve_max_turns
-    from agilerl.rollout.harness import RolloutHarness
 
     if args.episodes < 0:
         raise AgileRLError(f"--episodes must be >= 0, got {args.episodes}")
@@ -73,18 +80,19 @@ def _check(args: argparse.Namespace) -> int:
     }
     if report.ok and args.episodes:
         max_turns = resolve_max_turns(spec, factory)
-        tokenizer = build_tiny_tokenizer()
+        tokenizer = _load_tokenizer(args.tokenizer, base_dir) if args.tokenizer else None
         policy = _policy(args)
         for episode in range(args.episodes):
-            harness = RolloutHarness(
-                factory(), tokenizer, max_turns=max_turns, chat_template_kwargs=spec.chat_template_kwargs
+            env = factory()
+            player = (
+                _TemplatedPlayer(env, tokenizer, max_turns, spec) if tokenizer else _TextPlayer(env, max_turns)
             )
             try:
-                _play(harness, episode, args, policy, summary)
+                _play(player, episode, args, policy, summary)
             except Exception as exc:  # the env's bug: record it, keep playing
                 summary["errors"].append(f"episode {episode}: {type(exc).__name__}: {exc}")
             finally:
-                harness.close()
+                player.close()
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -104,16 +112,78 @@ def _policy(args: argparse.Namespace) -> Any:
     return act
 
 
-def _play(harness: Any, episode: int, args: argparse.Namespace, act: Any, summary: dict[str, Any]) -> None:
-    """One episode; the transcript is what the model sees, chat template and all."""
+def _load_tokenizer(name: str, base_dir: Path | None) -> Any:
+    from agilerl.assembly.models import load_tokenizer
+
+    return load_tokenizer(name, base_dir=base_dir)
+
+
+class _TextPlayer:
+    """Plays through the in-process client (the protocol's checks) and keeps a plain transcript."""
+
+    def __init__(self, env: Any, max_turns: int) -> None:
+        from agilerl.envs.client import EnvClient, InProcessEnvClient
+
+        self.client = env if isinstance(env, EnvClient) else InProcessEnvClient(env)
+        self.max_turns = max_turns
+        self.lines: list[str] = []
+        self.turn = 0
+
+    def reset(self, seed: int) -> None:
+        prompt, _ = self.client.reset(seed=seed)
+        system_prompt = getattr(self.client, "system_prompt", None)
+        if isinstance(system_prompt, str):
+            self.lines.append(f"[system] {system_prompt}")
+        self.lines.append(f"[user] {prompt}")
+
+    def step(self, action: str) -> tuple[float, bool, bool]:
+        observation, reward, terminated, truncated, _ = self.client.step(action)
+        self.turn += 1
+        truncated = truncated or (not terminated and self.turn >= self.max_turns)
+        self.lines += [f"[assistant] {action}", f"[user] {observation}"]
+        return reward, terminated, truncated
+
+    def transcript(self) -> str:
+        return "\n".join(self.lines)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _TemplatedPlayer:
+    """Plays through the RolloutHarness: the transcript is the tokens the model sees."""
+
+    def __init__(self, env: Any, tokenizer: Any, max_turns: int, spec: Any) -> None:
+        from agilerl.rollout.harness import RolloutHarness
+
+        self.harness = RolloutHarness(
+            env, tokenizer, max_turns=max_turns, chat_template_kwargs=spec.chat_template_kwargs
+        )
+
+    def reset(self, seed: int) -> None:
+        self.harness.reset(seed=seed)
+
+    def step(self, action: str) -> tuple[float, bool, bool]:
+        _, reward, terminated, truncated, _ = self.harness.step(action)
+        return reward, terminated, truncated
+
+    def transcript(self) -> str:
+        return str(self.harness.tokenizer.decode(self.harness.trajectory.token_ids))
+
+    def close(self) -> None:
+        self.harness.close()
+
+
+def _play(player: Any, episode: int, args: argparse.Namespace, act: Any, summary: dict[str, Any]) -> None:
+    """One episode, scored and printed as a transcript."""
     seed = args.seed + episode
-    harness.reset(seed=seed)
+    player.reset(seed=seed)
     summary["episodes"] += 1
     total, turn, done = 0.0, 0, False
     lines = []
     while not done:
         action = act(turn)
-        _, reward, terminated, truncated, _ = harness.step(action)
+        reward, terminated, truncated = player.step(action)
         turn += 1
         total += reward
         done = terminated or truncated
@@ -126,7 +196,7 @@ def _play(harness: Any, episode: int, args: argparse.Namespace, act: Any, summar
     summary["rewards"].append(total)
     if not args.json:
         print(f"=== episode {episode} (seed {seed}): {turn} turns, reward {total:g}")
-        print(harness.tokenizer.decode(harness.trajectory.token_ids))
+        print(player.transcript())
         print("\n".join(lines))
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from importlib import import_module
 
 import agilerl
-from agilerl.errors import AgileRLError
+from agilerl.errors import AgileRLError, MissingExtra
 
 COMMAND_MODULES = (
     "agilerl.cli.manifest_cmd",
@@ -22,6 +22,18 @@ COMMAND_MODULES = (
     "agilerl.cli.serve_cmd",
     "agilerl.cli.train_cmd",
 )
+
+EXTRA_OF_MODULE = {
+    # the optional dependency a command found missing -> the extra that installs it
+    "torch": "train",
+    "transformers": "train",
+    "tokenizers": "train",
+    "datasets": "datasets",
+    "pyarrow": "datasets",
+    "matplotlib": "plot",
+    "peft": "lora",
+    "gguf": "gguf",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,17 +53,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 0
+    if handler is None:  # no command: say what the commands are, and fail like any bad usage
+        parser.print_help(sys.stderr)
+        return 2
     try:
-        return int(handler(args) or 0)
+        try:
+            return int(handler(args) or 0)
+        except ModuleNotFoundError as exc:
+            extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+            if extra is None:
+                raise
+            command = " ".join(v for k, v in vars(args).items() if k.endswith("command") and v)
+            raise MissingExtra(extra, f"agilerl {command}", exc.name or "") from None
     except AgileRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `agilerl ... | head` stopped reading: nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # a bug or an env's own failure: still no bare traceback
         if os.environ.get("AGILERL_DEBUG"):
             raise

@@ -7,7 +7,13 @@ import json
 from typing import Any
 
 # command -> the registry kind it lists
-_LISTED_KINDS = {"envs": "env", "processors": "processor", "rubrics": "rubric", "algorithms": "algorithm"}
+_LISTED_KINDS = {
+    "envs": "env",
+    "processors": "processor",
+    "rubrics": "rubric",
+    "algorithms": "algorithm",
+    "models": "model",
+}
 
 
 def add_parser(subparsers: Any) -> None:

@@ -31,3 +31,8 @@ def register_rubrics(register: Register) -> None:
 @hookspec
 def register_algorithms(register: Register) -> None:
     """Register training algorithms, named by ``algorithm.name`` in a manifest."""
+
+
+@hookspec
+def register_models(register: Register) -> None:
+    """Register models named by ``model.name_or_path``: callables ``(*, seed) -> (model, tokenizer)``."""

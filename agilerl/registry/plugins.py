@@ -1,4 +1,4 @@
-"""Finding and loading plugins: the built-ins, then each ``agilerl.plugins`` entry point.
+"""Finding and loading plugins: each ``agilerl.plugins`` entry point, our own built-ins first.
 
 Every failure is recorded on the plugin's :class:`PluginInfo` instead of raised, so one broken
 distribution never hides the others; ``agilerl plugins list`` shows the causes.
@@ -12,11 +12,14 @@ from typing import Any
 
 import importlib_metadata
 import pluggy
+from packaging.utils import canonicalize_name
 
 from agilerl.registry import hookspecs
 
 ENTRY_POINT_GROUP = "agilerl.plugins"
 BUILTIN_PLUGIN_NAME = "agilerl"
+BUILTIN_DISTRIBUTION = "agilerl-envlayer"
+"""Our own distribution: its ``agilerl`` entry point is the built-ins, always loaded."""
 SELECT_ENV_VAR = "AGILERL_PLUGINS"
 STRICT_ENV_VAR = "AGILERL_STRICT_PLUGINS"
 
@@ -53,23 +56,9 @@ class PluginInfo:
 
 def new_plugin_manager() -> tuple[pluggy.PluginManager, list[PluginInfo]]:
     """A manager holding the built-ins and the selected entry points, plus every plugin's record."""
-    import agilerl
-    from agilerl.builtins import registrations
-
     pm = pluggy.PluginManager("agilerl")
     pm.add_hookspecs(hookspecs)
-    pm.register(registrations, name=BUILTIN_PLUGIN_NAME)
-    infos = [
-        PluginInfo(
-            name=BUILTIN_PLUGIN_NAME,
-            distribution="agilerl",
-            version=agilerl.__version__,
-            module=registrations.__name__,
-            builtin=True,
-        )
-    ]
-    infos.extend(_load_entry_points(pm, selected_plugin_names()))
-    return pm, infos
+    return pm, _load_entry_points(pm, selected_plugin_names())
 
 
 def selected_plugin_names() -> set[str] | None:
@@ -89,8 +78,21 @@ def _load_entry_points(pm: pluggy.PluginManager, selected: set[str] | None) -> l
     infos: list[PluginInfo] = []
     owners: dict[str, PluginInfo] = {}
     entry_points = list(importlib_metadata.entry_points(group=ENTRY_POINT_GROUP))
-    for ep in entry_points:
-        if selected is not None and ep.name not in selected:
+    builtins = [ep for ep in entry_points if _is_builtin(ep)]
+    if not builtins:
+        infos.append(
+            PluginInfo(
+                name=BUILTIN_PLUGIN_NAME,
+                builtin=True,
+                error=(
+                    f"the built-ins are not registered: distribution {BUILTIN_DISTRIBUTION} is not "
+                    "installed (run agilerl from an installed copy: pip install -e .)"
+                ),
+            )
+        )
+    for ep in builtins + [ep for ep in entry_points if not _is_builtin(ep)]:
+        builtin = _is_builtin(ep)
+        if selected is not None and ep.name not in selected and not builtin:
             continue
         dist = ep.dist
         info = PluginInfo(
@@ -98,6 +100,7 @@ def _load_entry_points(pm: pluggy.PluginManager, selected: set[str] | None) -> l
             distribution=dist.name if dist is not None else None,
             version=dist.version if dist is not None else None,
             module=ep.value,
+            builtin=builtin,
         )
         infos.append(info)
         first = owners.setdefault(ep.name, info)
@@ -109,11 +112,11 @@ def _load_entry_points(pm: pluggy.PluginManager, selected: set[str] | None) -> l
                 "(or uninstall one of them)."
             )
             continue
-        if ep.name == BUILTIN_PLUGIN_NAME:
+        if ep.name == BUILTIN_PLUGIN_NAME and not builtin:
             info.error = f"entry-point name {ep.name!r} is reserved for agilerl's built-ins; rename it."
             continue
         _register(pm, ep, info)
-    installed = ", ".join(sorted({ep.name for ep in entry_points}))
+    installed = ", ".join(sorted({ep.name for ep in entry_points if not _is_builtin(ep)}))
     for missing in sorted((selected or set()) - set(owners)):
         infos.append(
             PluginInfo(
@@ -126,6 +129,15 @@ def _load_entry_points(pm: pluggy.PluginManager, selected: set[str] | None) -> l
             )
         )
     return infos
+
+
+def _is_builtin(ep: Any) -> bool:
+    dist = ep.dist
+    return (
+        ep.name == BUILTIN_PLUGIN_NAME
+        and dist is not None
+        and canonicalize_name(dist.name) == BUILTIN_DISTRIBUTION
+    )
 
 
 def _register(pm: pluggy.PluginManager, ep: Any, info: PluginInfo) -> None:

@@ -1,7 +1,7 @@
 """``agilerl plugins new NAME``: a publishable plugin package to start from.
 
 The templates under ``template/`` are real files (``.tmpl`` so nothing imports or collects them);
-``$name``, ``$module``, ``$distribution`` and ``$env_class`` are filled in.
+``$name``, ``$module``, ``$distribution``, ``$env_class`` and ``$core_requirement`` are filled in.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import re
 from pathlib import Path
 from string import Template
 
+import agilerl
 from agilerl.errors import ScaffoldError
-from agilerl.errors import AgileRLError
+from agilerl.registry.plugins import BUILTIN_DISTRIBUTION
 
 _TEMPLATE_DIR = Path(__file__).parent / "template"
 _PLUGIN_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*\Z")
@@ -32,6 +33,7 @@ def scaffold_plugin(name: str, directory: str | Path = ".") -> Path:
         "module": module,
         "distribution": _PREFIX + name,
         "env_class": "".join(part.capitalize() for part in name.split("-")) + "Env",
+        "core_requirement": core_requirement(),
     }
     root = Path(directory) / values["distribution"]
     if root.exists():
@@ -42,3 +44,10 @@ def scaffold_plugin(name: str, directory: str | Path = ".") -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(Template(template.read_text()).substitute(values))
     return root
+
+
+def core_requirement() -> str:
+    """Our distribution with this release's compatible range, never the unrelated ``agilerl``."""
+    major, minor = (int(part) for part in agilerl.__version__.split(".")[:2])
+    upper = f"{major}.{minor + 1}" if major == 0 else f"{major + 1}"
+    return f"{BUILTIN_DISTRIBUTION}>={major}.{minor},<{upper}"
