@@ -14,7 +14,8 @@ import torch
 
 from agilerl import hookimpl
 from agilerl.builtins.registrations import ALGORITHMS
-from agilerl.manifest.spec import ManifestError, parse_env_spec
+from agilerl.errors import ConfigError
+from agilerl.manifest.spec import parse_env_spec
 from agilerl.train.algorithm import Algorithm, build_algorithm
 from agilerl.train.batch import collate_trajectories
 from agilerl.train.logprobs import policy_logprobs
@@ -191,7 +192,7 @@ def test_every_builtin_is_registered_and_an_algorithm():
 
 
 def error_of(section) -> str:
-    with pytest.raises(ManifestError) as info:
+    with pytest.raises(ConfigError) as info:
         build_algorithm(section)
     return str(info.value)
 
@@ -233,10 +234,10 @@ def test_check_environment_explains_a_mismatch():
     preference = parse_env_spec({"env_type": "dataset", "objective": "preference", "name": "d"})
     build_algorithm({"name": "grpo"}).check_environment(rollout)
     with pytest.raises(
-        ManifestError, match="env_type 'dataset' but environment.env_type is 'rollout'"
+        ConfigError, match="env_type 'dataset' but environment.env_type is 'rollout'"
     ):
         build_algorithm({"name": "sft"}).check_environment(rollout)
-    with pytest.raises(ManifestError, match="objective 'sft'"):
+    with pytest.raises(ConfigError, match="objective 'sft'"):
         build_algorithm({"name": "sft"}).check_environment(preference)
 
 

@@ -121,14 +121,16 @@ def test_env_check_cli_scripted_json():
 
 
 def test_env_check_cli_on_a_manifest_prints_the_transcript():
-    result = subprocess.run(
-        [sys.executable, "-m", "agilerl", "env", "check", str(EXAMPLES / "guess" / "manifest.yaml"),
-         "--actions", "11,12,13"],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "<|im_start|>system\nReply with one number.<|im_end|>" in result.stdout
-    assert "Too high!" in result.stdout and "truncated=True" in result.stdout
+    command = [sys.executable, "-m", "agilerl", "env", "check", str(EXAMPLES / "guess" / "manifest.yaml"),
+               "--actions", "11,12,13"]
+    plain = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    assert "[system] Reply with one number.\n[user] " in plain.stdout
+    assert "[assistant] 11\n[user] Too high!" in plain.stdout and "truncated=True" in plain.stdout
+    templated = subprocess.run([*command, "--tokenizer", "tiny"], capture_output=True, text=True, timeout=120)
+    assert templated.returncode == 0, templated.stderr
+    assert "<|im_start|>system\nReply with one number.<|im_end|>" in templated.stdout
+    assert "Too high!" in templated.stdout and "truncated=True" in templated.stdout
 
 
 def test_env_check_cli_reports_a_broken_env(tmp_path):

@@ -8,13 +8,14 @@ import warnings
 
 import pytest
 
-from agilerl.manifest.spec import ManifestError, ManifestWarning, load_manifest, parse_env_spec
+from agilerl.errors import ConfigError, ManifestError
+from agilerl.manifest.spec import ManifestWarning, load_manifest, parse_env_spec
 
 ROLLOUT = {"env_type": "rollout", "entrypoint": "guess_env.py:GuessEnv"}
 
 
 def _error(data) -> str:
-    with pytest.raises(ManifestError) as info:
+    with pytest.raises(ConfigError) as info:
         parse_env_spec(data)
     return "\n".join(info.value.errors)
 
