@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
@@ -92,10 +91,18 @@ class SlowOnSeed0Env(GuessEnv):
     """Like GuessEnv, but the episode with the first task's seed hangs (awaiting, on the server)."""
 
     hang_seed: int | None = None
+    release = threading.Event()
+    hangs_started: list = []
+    hangs_finished: list = []
 
     async def step(self, action):
         if self.seed == type(self).hang_seed:
-            await asyncio.sleep(2)
+            type(self).hangs_started.append(self.seed)
+            for _ in range(1000):  # until the test releases it, 10 s at most
+                if type(self).release.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            type(self).hangs_finished.append(self.seed)
         return super().step(action)
 
 
@@ -107,12 +114,13 @@ def test_a_remote_step_past_the_timeout_is_cancelled_and_reported(chatml_tokeniz
     try:
         factory = lambda: RemoteEnvClient(url)
         with RolloutCollector(factory, chatml_tokenizer, batch_size=2, group_size=2, max_turns=2, seed=0, env_timeout_s=0.5) as c:
-            start = time.perf_counter()
             batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="even"))
-            elapsed = time.perf_counter() - start
+            # collect() gave up on both hung steps (one per group member) before either returned
+            assert SlowOnSeed0Env.hangs_started == [SlowOnSeed0Env.hang_seed] * 2
+            assert SlowOnSeed0Env.hangs_finished == []
     finally:
+        SlowOnSeed0Env.release.set()
         server.stop()
-    assert elapsed < 3
     assert sorted((f.slot, f.phase) for f in batch.stats.failures) == [(0, "step"), (1, "step")]
     assert all("env_timeout_s=0.5" in batch.trajectories[i].error for i in (0, 1))
     assert all(t.error is None and t.num_turns == 2 for t in batch.trajectories[2:])
