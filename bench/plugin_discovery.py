@@ -1,9 +1,9 @@
 """Cold start with 100 installed plugins: ``agilerl plugins list`` and ``agilerl --help``.
 
-A temp venv (``--system-site-packages``, so agilerl and its dependencies come from this
-environment) gets 100 generated plugin distributions, each registering three envs with lazy
-``module:attr`` targets. Every command runs in a fresh interpreter; baselines in the same run:
-``python -c pass`` and ``python -c "import pluggy"``.
+A temp venv (seeing this interpreter's site-packages through a ``.pth`` file, so agilerl and its
+dependencies come from this environment, a venv or not) gets 100 generated plugin distributions,
+each registering three envs with lazy ``module:attr`` targets. Every command runs in a fresh
+interpreter; baselines in the same run: ``python -c pass`` and ``python -c "import pluggy"``.
 Targets: ``agilerl --help`` under 2x ``import pluggy``; ``plugins list`` under 1.5 s.
 
     python bench/plugin_discovery.py [--plugins 100] [--repeats 7]
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import site
 import statistics
 import subprocess
 import sys
@@ -33,16 +34,31 @@ def register_envs(register):
 '''
 
 
+def site_dirs() -> list[str]:
+    """This interpreter's site-packages folders: its own, the user's when enabled, and any other
+    ``site-packages``/``dist-packages`` folder on ``sys.path``."""
+    found = [*site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        found.append(site.getusersitepackages())
+    found += [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    return [p for p in dict.fromkeys(found) if Path(p).is_dir()]
+
+
 def make_venv(root: Path, plugins: int) -> Path:
-    """A venv over this environment's packages, with ``plugins`` generated plugin dists."""
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root)], check=True
-    )
+    """A venv over this environment's packages, with ``plugins`` generated plugin dists.
+
+    ``venv --system-site-packages`` would see only the base interpreter's packages, not those of
+    a venv this runs in; a ``.pth`` file calling ``site.addsitedir`` on each of this interpreter's
+    site folders works from both (their own ``.pth`` files, editable installs included, run too).
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
+    overlay = "".join(f"import site; site.addsitedir({folder!r})\n" for folder in site_dirs())
+    (Path(purelib) / "_agilerl_bench_parent_env.pth").write_text(overlay)
     for index in range(plugins):
         module = f"bench_plugin_{index}"
         write_distribution(
