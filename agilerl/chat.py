@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from agilerl.errors import ChatTemplateError
-from agilerl.errors import AgileRLError
 
 # Conversations to learn the template against, ending in a user turn; the first that works is
 # used (Gemma 2 and early Mistral templates refuse a system message; Mistral v0.3 moves it to the

@@ -10,6 +10,7 @@ import yaml
 
 from agilerl.data.dataset_env import DatasetEnv
 from agilerl.data.tables import DatasetLoadError, load_table
+from agilerl.errors import InvalidArgument
 from agilerl.manifest.spec import load_manifest
 
 ROWS = [
@@ -166,9 +167,9 @@ def test_from_manifest_with_renames(tmp_path, chatml_tokenizer):
 def test_errors(table, chatml_tokenizer):
     with pytest.raises(DatasetLoadError, match=r"objective 'sft' needs column\(s\) 'answer'; the dataset has: prompt, response"):
         DatasetEnv(table, chatml_tokenizer, response_column="answer")
-    with pytest.raises(DatasetLoadError, match="objective must be"):
+    with pytest.raises(InvalidArgument, match="objective must be"):
         DatasetEnv(table, chatml_tokenizer, "rl")
-    with pytest.raises(DatasetLoadError, match="overlong must be"):
+    with pytest.raises(InvalidArgument, match="overlong must be"):
         DatasetEnv(table, chatml_tokenizer, overlong="wrap")
     numbers = table.map(lambda r: {"n": len(r["prompt"])})
     with pytest.raises(DatasetLoadError, match=r"column 'n' holds int on (train|test) row \d+; it must be text"):

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from agilerl.errors import ModelLoadError
 from agilerl.registry import get_registry, resolve
 from agilerl.manifest.settings import LoraSettings, ModelSettings
-from agilerl.errors import AgileRLError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

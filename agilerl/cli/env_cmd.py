@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.cli.args import json_object
-from agilerl.errors import AgileRLError
+from agilerl.errors import InvalidArgument
 
 _RANDOM_WORDS = ("yes", "no", "hello", "higher", "lower", "done", "?")
 
@@ -63,7 +63,7 @@ def _check(args: argparse.Namespace) -> int:
     from agilerl.factory import make_env_factory, resolve_max_turns
 
     if args.episodes < 0:
-        raise AgileRLError(f"--episodes must be >= 0, got {args.episodes}")
+        raise InvalidArgument(f"--episodes must be >= 0, got {args.episodes}")
     spec, base_dir = _spec_for(args)
     factory = make_env_factory(spec, base_dir=base_dir)
     report = check_env(factory(), seed=args.seed, raise_on_error=False)

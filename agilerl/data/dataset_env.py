@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from agilerl.errors import InvalidArgument
 from agilerl.chat import render_chat
 from agilerl.data.tables import DatasetLoadError, load_spec_table, split_table
 from agilerl.data.templates import PromptTemplate, with_system_prompt
@@ -78,11 +79,11 @@ class DatasetEnv:
         seed: int = 0,
     ) -> None:
         if objective not in ("sft", "preference"):
-            raise DatasetLoadError(f"objective must be 'sft' or 'preference', got {objective!r}.")
+            raise InvalidArgument(f"objective must be 'sft' or 'preference', got {objective!r}.")
         if overlong not in ("drop", "truncate"):
-            raise DatasetLoadError(f"overlong must be 'drop' or 'truncate', got {overlong!r}.")
+            raise InvalidArgument(f"overlong must be 'drop' or 'truncate', got {overlong!r}.")
         if batch_size < 1:
-            raise DatasetLoadError(f"batch_size must be at least 1, got {batch_size}.")
+            raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}.")
         self.objective = objective
         self.tokenizer = tokenizer
         self.batch_size = batch_size

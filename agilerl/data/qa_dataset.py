@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agilerl.errors import EpisodeError
+from agilerl.errors import EpisodeError, InvalidArgument
 from agilerl.data.rubric import Rubric, load_rubric
 from agilerl.data.tables import DatasetLoadError, Splits, load_spec_table, split_table
 from agilerl.data.templates import PromptTemplate, user_text, with_system_prompt
-from agilerl.errors import AgileRLError
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -54,7 +53,7 @@ class QADataset:
         bound = rubric if isinstance(rubric, Rubric) else Rubric.bind(rubric)
         bound.check_columns(table.column_names)
         if max_reward is not None and max_reward <= 0:
-            raise DatasetLoadError(f"max_reward must be positive, got {max_reward}.")
+            raise InvalidArgument(f"max_reward must be positive, got {max_reward}.")
         return cls(split_table(table, train_test_split, split_seed), template, bound, max_reward)
 
 
@@ -81,7 +80,7 @@ class QADatasetEnv:
     ) -> None:
         if not isinstance(dataset, QADataset):
             if rubric is None:
-                raise DatasetLoadError("QADatasetEnv needs a rubric to score answers.")
+                raise InvalidArgument("QADatasetEnv needs a rubric to score answers.")
             dataset = QADataset.build(
                 dataset,
                 rubric,

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.errors import RubricError
-from agilerl.errors import AgileRLError
 
 RUBRIC_KEYWORDS = ("completion", "answer", "question", "row", "info")
 # Keywords read from a dataset column of the same name.

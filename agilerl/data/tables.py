@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import DatasetLoadError
-from agilerl.errors import AgileRLError
 
 if TYPE_CHECKING:
     from datasets import Dataset

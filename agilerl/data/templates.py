@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agilerl.errors import TemplateError
-from agilerl.errors import AgileRLError
 
 _PIECE = re.compile(r"^(system|user|assistant)_(\d+)$")
 

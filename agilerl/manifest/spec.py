@@ -23,7 +23,6 @@ from pydantic import (
 
 from agilerl.errors import ConfigError, ManifestError
 from agilerl.manifest.settings import AlgorithmSettings, ModelSettings, TrainingSettings
-from agilerl.errors import AgileRLError
 
 
 class ManifestWarning(UserWarning):

@@ -17,7 +17,6 @@ from pathlib import Path
 import importlib_metadata
 
 from agilerl.errors import EnvPackagesError
-from agilerl.errors import AgileRLError
 
 # pip option -> (uv flag, uv env vars that already set it). uv ignores pip's configuration, so
 # the indexes and wheel folders pip is configured with are passed on, unless UV_* overrides them.

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.errors import LoadError, ModuleNotImportable
-from agilerl.errors import AgileRLError
 
 
 def is_reference(ref: str) -> bool:

@@ -15,8 +15,7 @@ from typing import Any, Literal
 import pluggy
 
 from agilerl.errors import NameConflict, NameNotRegistered, RegistrationError, StrictPluginsError
-from agilerl.errors import AgileRLError
-from agilerl.registry.loading import LoadError, is_reference, load_object
+from agilerl.registry.loading import is_reference, load_object
 from agilerl.registry.plugins import (
     STRICT_ENV_VAR,
     PluginInfo,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from agilerl.errors import AgileRLError
+from agilerl.errors import InvalidArgument
 
 
 class Task(NamedTuple):
@@ -32,15 +32,15 @@ class TaskAssigner:
         self, dataset_size: int | None, *, seed: int | None = None, rank: int = 0, world_size: int = 1
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
-            raise AgileRLError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
+            raise InvalidArgument(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
         if dataset_size is not None and dataset_size < world_size:
-            raise AgileRLError(
+            raise InvalidArgument(
                 f"dataset_size {dataset_size} is smaller than world_size {world_size}: some ranks "
                 "would get no rows; use a larger dataset or fewer ranks"
             )
         if seed is None:
             if world_size > 1:
-                raise AgileRLError(
+                raise InvalidArgument(
                     f"TaskAssigner needs seed= with world_size={world_size}, so every rank shuffles "
                     "the rows the same way and their shares never overlap"
                 )
@@ -57,7 +57,7 @@ class TaskAssigner:
     def assign(self, batch_size: int, group_size: int) -> list[Task]:
         """``batch_size * group_size`` tasks, slot ``i`` playing batch item ``i // group_size``."""
         if batch_size < 1 or group_size < 1:
-            raise AgileRLError(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
+            raise InvalidArgument(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
         items = [self._next_task() for _ in range(batch_size)]
         return [task for task in items for _ in range(group_size)]
 

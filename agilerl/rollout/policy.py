@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from agilerl.errors import InvalidArgument
+
 if TYPE_CHECKING:
     import torch
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
-from agilerl.errors import AgileRLError, InvalidArgument, TrajectoryShapeError
+from agilerl.errors import InvalidArgument, TrajectoryShapeError
 
 if TYPE_CHECKING:
     import torch

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import CheckpointError
-from agilerl.errors import AgileRLError
 
 if TYPE_CHECKING:
     import torch

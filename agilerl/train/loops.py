@@ -29,7 +29,7 @@ from agilerl.train.metrics import (
     ProgressBar,
     plot_curves,
 )
-from agilerl.errors import AgileRLError
+from agilerl.errors import AgileRLError, InvalidArgument
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +81,7 @@ def train_llm_rollout(
     settings = _settings(training)
     _check_temperature(algo, collector)
     if settings.micro_batch_size and settings.micro_batch_size % collector.group_size:
-        raise AgileRLError(
+        raise InvalidArgument(
             f"training.micro_batch_size {settings.micro_batch_size} is not a multiple of group_size "
             f"{collector.group_size}: a micro-batch must hold whole groups to compare them."
         )
@@ -123,7 +123,7 @@ def train_llm_dataset(
     """
     algo = _algorithm(algorithm, "dataset")
     if algo.dataset_objective and dataset.objective != algo.dataset_objective:
-        raise AgileRLError(
+        raise InvalidArgument(
             f"algorithm {type(algo).__name__} trains on '{algo.dataset_objective}' batches but the "
             f"dataset's objective is '{dataset.objective}'; set environment.objective to match."
         )
@@ -339,7 +339,7 @@ def _algorithm(ref: AlgorithmRef, kind: str) -> Algorithm[Any]:
     algo = ref if isinstance(ref, Algorithm) else build_algorithm({"name": ref} if isinstance(ref, str) else ref)
     if algo.kind != kind:
         loop = "train_llm_rollout" if algo.kind == "rollout" else "train_llm_dataset"
-        raise AgileRLError(
+        raise InvalidArgument(
             f"algorithm {type(algo).__name__} trains on {algo.kind} batches: use {loop} "
             f"(and environment.env_type '{algo.kind}')."
         )
@@ -364,7 +364,7 @@ def _check_temperature(algo: Algorithm[Any], collector: RolloutCollector) -> Non
     """Old log-probs are only right if the loss scores tokens at the sampler's temperature."""
     wanted = getattr(algo.config, "temperature", None)
     if wanted is not None and collector.sampling.temperature != wanted:
-        raise AgileRLError(
+        raise InvalidArgument(
             f"the collector samples at temperature {collector.sampling.temperature} but "
             f"{type(algo).__name__} scores at {wanted}; build the collector with "
             f"sampling=SamplingParams(temperature={wanted}, ...) or set algorithm.temperature."

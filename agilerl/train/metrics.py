@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.errors import PlotUnavailable
-from agilerl.errors import AgileRLError
 
 METRICS_FILE = "metrics.jsonl"
 
