@@ -6,6 +6,13 @@ import importlib
 
 import pytest
 
+PUBLIC = (
+    "agilerl",
+    "agilerl.llm_envs",
+    "agilerl.llm_envs.openenv",
+    "agilerl.llm_envs.openenv_server",
+    "agilerl.llm_envs.qa_dataset",
+)
 DOCUMENTED = [
     ("agilerl.llm_envs", "RolloutHarness"),
     ("agilerl.llm_envs.openenv", "InProcessEnvClient"),
@@ -18,6 +25,7 @@ DOCUMENTED = [
     ("agilerl.llm_envs", "train_llm_rollout"),
     ("agilerl.llm_envs", "train_llm_dataset"),
     ("agilerl", "hookimpl"),
+    ("agilerl", "AgileRLError"),
 ]
 RETIRED = [
     "HuggingFaceGym", "ReasoningGym", "SyncMultiTurnVecEnv", "SFTGym", "PreferenceGym",
@@ -28,14 +36,24 @@ RETIRED = [
 
 @pytest.mark.parametrize(("module", "name"), DOCUMENTED)
 def test_documented_name_imports(module, name):
-    assert callable(getattr(importlib.import_module(module), name))
+    imported = importlib.import_module(module)
+    assert callable(getattr(imported, name))
+    assert name in imported.__all__
 
 
 @pytest.mark.parametrize("name", RETIRED)
 def test_retired_name_is_gone(name):
-    for module in ("agilerl", "agilerl.llm_envs"):
+    for module in PUBLIC:
+        imported = importlib.import_module(module)
         with pytest.raises(AttributeError):
-            getattr(importlib.import_module(module), name)
+            getattr(imported, name)
+        assert name not in imported.__all__
+
+
+@pytest.mark.parametrize("module", PUBLIC)
+def test_no_name_of_a_retired_family_is_exported(module):
+    exported = importlib.import_module(module).__all__
+    assert not [n for n in exported if n.startswith("finetune_llm_") or n.endswith("Gym")]
 
 
 def test_harness_from_the_documented_path_is_the_core_one():

@@ -21,8 +21,23 @@ def _imported_modules(code: str) -> set[str]:
 
 
 def test_import_agilerl_imports_no_heavy_library():
-    modules = _imported_modules("import agilerl, agilerl.llm_envs")
+    modules = _imported_modules(
+        "import agilerl, agilerl.llm_envs, agilerl.llm_envs.openenv, agilerl.llm_envs.openenv_server, "
+        "agilerl.llm_envs.qa_dataset"
+    )
     assert "agilerl" in modules
+    assert not modules & set(HEAVY)
+
+
+def test_the_env_side_names_import_no_heavy_library():
+    """What ``pip install agilerl-envlayer`` (no extras) promises: protocol, checker, manifest,
+    plugins, remote server and client."""
+    modules = _imported_modules(
+        "from agilerl import hookimpl, TextEnv, check_env, load_manifest, InProcessEnvClient, "
+        "RemoteEnvClient, AgileRLError\n"
+        "from agilerl.llm_envs import resolve, get_registry, resolve_env, ModelSettings, TrainingSettings"
+    )
+    assert {"aiohttp", "pydantic"} <= modules
     assert not modules & set(HEAVY)
 
 

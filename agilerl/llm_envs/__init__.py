@@ -1,26 +1,136 @@
-"""The documented import paths users write; thin, lazy re-exports of the core."""
+"""The documented import paths: everything a user, an env author or an algorithm author imports.
+
+Importing this module is cheap: each name loads its defining module (and torch, transformers or
+datasets, where it needs them) only when first used. ``agilerl.llm_envs.openenv``,
+``.openenv_server`` and ``.qa_dataset`` are narrower views of the same names.
+"""
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING
+
+from agilerl.llm_envs._lazy import lazy_exports
 
 _LAZY = {
-    "RolloutHarness": "agilerl.rollout.harness",
+    # the text-env protocol and the env side
+    "TextEnv": "agilerl.protocol",
+    "check_env": "agilerl.envs.checker",
+    "CheckReport": "agilerl.envs.checker",
     "InProcessEnvClient": "agilerl.envs.client",
     "RemoteEnvClient": "agilerl.remote.client",
+    "resolve_env": "agilerl.remote.server",
+    # manifests
+    "load_manifest": "agilerl.manifest.spec",
+    "Manifest": "agilerl.manifest.spec",
+    "EnvironmentSpec": "agilerl.manifest.spec",
+    "ModelSettings": "agilerl.manifest.settings",
+    "TrainingSettings": "agilerl.manifest.settings",
+    # plugins and names
+    "hookimpl": "agilerl",
+    "resolve": "agilerl.registry.resolver",
+    "get_registry": "agilerl.registry.resolver",
+    "get_plugin_manager": "agilerl.registry.resolver",
+    "reset_registry": "agilerl.registry.resolver",
+    # dataset envs and the built-in rubrics
     "QADatasetEnv": "agilerl.data.qa_dataset",
     "DatasetEnv": "agilerl.data.dataset_env",
+    "exact_match": "agilerl.builtins.rubrics",
+    "numeric_match": "agilerl.builtins.rubrics",
+    "boxed_match": "agilerl.builtins.rubrics",
+    "think_answer_format": "agilerl.builtins.rubrics",
+    "countdown": "agilerl.builtins.rubrics",
+    "make_format_rubric": "agilerl.builtins.rubrics",
+    # rollouts
+    "RolloutHarness": "agilerl.rollout.harness",
+    "Trajectory": "agilerl.rollout.trajectory",
     "RolloutCollector": "agilerl.rollout.collector",
     "TaskAssigner": "agilerl.rollout.assigner",
+    "Task": "agilerl.rollout.assigner",
+    "Policy": "agilerl.rollout.policy",
+    "SamplingParams": "agilerl.rollout.policy",
+    "Generation": "agilerl.rollout.policy",
+    "TransformersPolicy": "agilerl.rollout.policy",
+    "ScriptedPolicy": "agilerl.rollout.policy",
+    "RolloutBatch": "agilerl.rollout.results",
+    "CollectStats": "agilerl.rollout.results",
+    "SlotFailure": "agilerl.rollout.results",
+    "EvalResult": "agilerl.rollout.results",
+    # training
+    "Algorithm": "agilerl.train.algorithm",
+    "AlgorithmConfig": "agilerl.train.algorithm",
+    "build_algorithm": "agilerl.train.algorithm",
+    "RolloutTensors": "agilerl.train.batch",
+    "collate_trajectories": "agilerl.train.batch",
+    "masked_mean": "agilerl.train.logprobs",
+    "policy_logprobs": "agilerl.train.logprobs",
     "train_llm_rollout": "agilerl.train.loops",
     "train_llm_dataset": "agilerl.train.loops",
+    "TrainResult": "agilerl.train.loops",
+    "load_model_and_tokenizer": "agilerl.assembly.models",
+    "train_from_manifest": "agilerl.assembly.from_manifest",
+    "build_tiny_tokenizer": "agilerl.builtins.tiny_model",
+    "build_tiny_model": "agilerl.builtins.tiny_model",
+    # errors (one tree, rooted at AgileRLError)
+    "AgileRLError": "agilerl.errors",
+    "ConfigError": "agilerl.errors",
+    "ManifestError": "agilerl.errors",
+    "MissingExtra": "agilerl.errors",
+    "RegistrationError": "agilerl.errors",
+    "NameNotRegistered": "agilerl.errors",
+    "EnvCheckError": "agilerl.errors",
+    "RemoteEnvError": "agilerl.errors",
+    "RemoteEnvTimeout": "agilerl.errors",
+    "RubricError": "agilerl.errors",
+    "CollectionError": "agilerl.errors",
 }
 
 __all__ = list(_LAZY)
 
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'agilerl.llm_envs' has no attribute {name!r}")
+if TYPE_CHECKING:
+    from agilerl import hookimpl
+    from agilerl.assembly.from_manifest import train_from_manifest
+    from agilerl.assembly.models import load_model_and_tokenizer
+    from agilerl.builtins.rubrics import (
+        boxed_match,
+        countdown,
+        exact_match,
+        make_format_rubric,
+        numeric_match,
+        think_answer_format,
+    )
+    from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+    from agilerl.data.dataset_env import DatasetEnv
+    from agilerl.data.qa_dataset import QADatasetEnv
+    from agilerl.envs.checker import CheckReport, check_env
+    from agilerl.envs.client import InProcessEnvClient
+    from agilerl.errors import (
+        AgileRLError,
+        CollectionError,
+        ConfigError,
+        EnvCheckError,
+        ManifestError,
+        MissingExtra,
+        NameNotRegistered,
+        RegistrationError,
+        RemoteEnvError,
+        RemoteEnvTimeout,
+        RubricError,
+    )
+    from agilerl.manifest.settings import ModelSettings, TrainingSettings
+    from agilerl.manifest.spec import EnvironmentSpec, Manifest, load_manifest
+    from agilerl.protocol import TextEnv
+    from agilerl.registry.resolver import get_plugin_manager, get_registry, reset_registry, resolve
+    from agilerl.remote.client import RemoteEnvClient
+    from agilerl.remote.server import resolve_env
+    from agilerl.rollout.assigner import Task, TaskAssigner
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.harness import RolloutHarness
+    from agilerl.rollout.policy import Generation, Policy, SamplingParams, ScriptedPolicy, TransformersPolicy
+    from agilerl.rollout.results import CollectStats, EvalResult, RolloutBatch, SlotFailure
+    from agilerl.rollout.trajectory import Trajectory
+    from agilerl.train.algorithm import Algorithm, AlgorithmConfig, build_algorithm
+    from agilerl.train.batch import RolloutTensors, collate_trajectories
+    from agilerl.train.loops import TrainResult, train_llm_dataset, train_llm_rollout
+    from agilerl.train.logprobs import masked_mean, policy_logprobs

@@ -1,6 +1,23 @@
-"""Env clients: in-process and remote (OpenEnv WebSocket protocol)."""
+"""Env clients: in-process, and remote over OpenEnv's WebSocket protocol (loaded on first use)."""
 
-from agilerl.envs.client import InProcessEnvClient
-from agilerl.remote.client import RemoteEnvClient
+from __future__ import annotations
 
-__all__ = ["InProcessEnvClient", "RemoteEnvClient"]
+from typing import TYPE_CHECKING
+
+from agilerl.llm_envs._lazy import lazy_exports
+
+_LAZY = {
+    "InProcessEnvClient": "agilerl.envs.client",
+    "RemoteEnvClient": "agilerl.remote.client",
+    "RemoteEnvError": "agilerl.errors",
+    "RemoteEnvTimeout": "agilerl.errors",
+}
+
+__all__ = list(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+if TYPE_CHECKING:
+    from agilerl.envs.client import InProcessEnvClient
+    from agilerl.errors import RemoteEnvError, RemoteEnvTimeout
+    from agilerl.remote.client import RemoteEnvClient

@@ -1,5 +1,18 @@
-"""Host any text env behind the OpenEnv WebSocket protocol."""
+"""Host any text env behind OpenEnv's WebSocket protocol (loaded on first use)."""
 
-from agilerl.remote.server import resolve_env
+from __future__ import annotations
 
-__all__ = ["resolve_env"]
+from typing import TYPE_CHECKING
+
+from agilerl.llm_envs._lazy import lazy_exports
+
+_LAZY = {
+    "resolve_env": "agilerl.remote.server",
+}
+
+__all__ = list(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+if TYPE_CHECKING:
+    from agilerl.remote.server import resolve_env

@@ -1,6 +1,22 @@
-"""Dataset-backed envs."""
+"""Dataset-backed envs (loaded on first use: ``datasets`` is heavy)."""
 
-from agilerl.data.dataset_env import DatasetEnv
-from agilerl.data.qa_dataset import QADatasetEnv
+from __future__ import annotations
 
-__all__ = ["DatasetEnv", "QADatasetEnv"]
+from typing import TYPE_CHECKING
+
+from agilerl.llm_envs._lazy import lazy_exports
+
+_LAZY = {
+    "QADatasetEnv": "agilerl.data.qa_dataset",
+    "DatasetEnv": "agilerl.data.dataset_env",
+    "RubricError": "agilerl.errors",
+}
+
+__all__ = list(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+if TYPE_CHECKING:
+    from agilerl.data.dataset_env import DatasetEnv
+    from agilerl.data.qa_dataset import QADatasetEnv
+    from agilerl.errors import RubricError
