@@ -1,6 +1,17 @@
-"""Shared fixtures: the tiny offline tokenizers and model every test uses."""
+"""Shared fixtures: the tiny offline tokenizers and model every test uses, and throwaway venvs
+for tests that install packages."""
 
 from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,3 +35,67 @@ def tiny_model(chatml_tokenizer):
     from agilerl.builtins.tiny_model import build_tiny_model
 
     return build_tiny_model(chatml_tokenizer)
+
+
+class ThrowawayVenv:
+    """A venv in a temp folder that sees the running interpreter's packages and installs into
+    its own ``site-packages`` only: tests install real packages there, never into the
+    interpreter running the suite.
+
+    It sees this interpreter's packages through a ``.pth`` file calling ``site.addsitedir`` on each
+    of this interpreter's site folders (their ``.pth`` files, editable installs included, run
+    too), so nothing is reinstalled and ``python -m pip`` / ``python -m agilerl`` work in it.
+    """
+
+    def __init__(self, root: Path) -> None:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+        self.root = root
+        self.python = root / "bin" / "python"
+        self.site_packages = Path(
+            self.run("-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+        )
+        overlay = "".join(f"import site; site.addsitedir({folder!r})\n" for folder in site_dirs())
+        (self.site_packages / "_agilerl_tests_parent_env.pth").write_text(overlay)
+
+    def run(
+        self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        """``python *args`` with this venv's interpreter; ``check`` asserts exit 0 with its output."""
+        result = subprocess.run(
+            [str(self.python), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300, check=False
+        )
+        if check:
+            assert result.returncode == 0, f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        return result
+
+    def script(self, code: str, env: dict[str, str] | None = None) -> Any:
+        """Run ``code`` in this venv; it prints one JSON value as its last line, returned here."""
+        out = self.run("-c", textwrap.dedent(code), env=env).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    def pip(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run("-m", "pip", "-q", *args)
+
+
+def site_dirs() -> list[str]:
+    """The running interpreter's site folders: its own, the user's when enabled, and any other
+    ``site-packages``/``dist-packages`` folder on ``sys.path``."""
+    found = [*site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        found.append(site.getusersitepackages())
+    found += [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    return [p for p in dict.fromkeys(found) if Path(p).is_dir()]
+
+
+def installed_here() -> dict[str, list[str]]:
+    """What is installed in the running interpreter's site folders (dist-info, egg-info, .pth)."""
+    kinds = (".dist-info", ".egg-info", ".pth", ".egg-link")
+    return {folder: sorted(n for n in os.listdir(folder) if n.endswith(kinds)) for folder in site_dirs()}
+
+
+@pytest.fixture
+def throwaway_venv(tmp_path_factory) -> Iterator[ThrowawayVenv]:
+    """A fresh :class:`ThrowawayVenv`; afterwards, the running interpreter has nothing new installed."""
+    before = installed_here()
+    yield ThrowawayVenv(tmp_path_factory.mktemp("venv") / "venv")
+    assert installed_here() == before, "a test installed into the interpreter running the suite"

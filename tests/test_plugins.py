@@ -1,4 +1,5 @@
-"""Plugins end to end through the ``agilerl`` command: real distributions, real pip installs."""
+"""Plugins end to end through the ``agilerl`` command: real distributions, real pip installs
+(into a throwaway venv, never into the interpreter running the suite)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ from pathlib import Path
 import pytest
 
 from agilerl.cli.main import main
-from agilerl.manifest.spec import parse_env_spec
-from agilerl.llm_envs import RolloutHarness
-from agilerl.registry import reset_registry
 from agilerl.registry.testing import build_wheel, write_distribution
 
 ENV_MODULE = '''
@@ -50,20 +48,18 @@ def plugin_files(module: str, env: str) -> dict[str, str]:
     }
 
 
-def agilerl(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def agilerl(
+    *args: str, env: dict[str, str] | None = None, check: bool = True, python: str | Path = sys.executable
+) -> subprocess.CompletedProcess:
     """Run the real ``agilerl`` command in a fresh interpreter (cold plugin discovery)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("AGILERL_")}
     full_env.update(COLUMNS="400", **(env or {}))
     result = subprocess.run(
-        [sys.executable, "-m", "agilerl", *args], capture_output=True, text=True, env=full_env, check=False
+        [str(python), "-m", "agilerl", *args], capture_output=True, text=True, env=full_env, check=False
     )
     if check:
         assert result.returncode == 0, result.stderr
     return result
-
-
-def pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True, capture_output=True)
 
 
 BROKEN_SOURCES = {
@@ -143,37 +139,42 @@ def test_strict_plugins_turns_the_cause_into_a_failure(broken_site, name):
 
 
 def test_a_pip_installed_plugin_is_listed_runs_from_a_manifest_and_goes_away_when_uninstalled(
-    tmp_path, chatml_tokenizer
+    tmp_path, throwaway_venv
 ):
     wheel = build_wheel(
         tmp_path, "agilerl-env-throwaway", "0.3", plugin_files("agilerl_env_throwaway", "throwaway/countdown"),
         plugins={"throwaway": "agilerl_env_throwaway"},
     )
-    pip("install", "--no-deps", str(wheel))
-    try:
-        rows = json.loads(agilerl("plugins", "list", "--json").stdout)
-        row = next(r for r in rows if r["name"] == "throwaway")
-        assert (row["version"], row["status"], row["provides"]) == ("0.3", "ok", {"env": ["throwaway/countdown"]})
+    throwaway_venv.pip("install", "--no-deps", str(wheel))
+    rows = json.loads(agilerl("plugins", "list", "--json", python=throwaway_venv.python).stdout)
+    row = next(r for r in rows if r["name"] == "throwaway")
+    assert (row["version"], row["status"], row["provides"]) == ("0.3", "ok", {"env": ["throwaway/countdown"]})
 
-        reset_registry()
+    steps = throwaway_venv.script(
+        f"""
+        import json
+        from agilerl.builtins.tiny_model import build_tiny_tokenizer
+        from agilerl.llm_envs import RolloutHarness
+        from agilerl.manifest.spec import parse_env_spec
+
         spec = parse_env_spec(
-            {"env_type": "rollout", "entrypoint": "throwaway/countdown", "env_config": {"start": 2}}
+            {{"env_type": "rollout", "entrypoint": "throwaway/countdown", "env_config": {{"start": 2}}}}
         )
-        harness = RolloutHarness.from_spec(spec, chatml_tokenizer, base_dir=tmp_path)
+        harness = RolloutHarness.from_spec(spec, build_tiny_tokenizer("chatml"), base_dir={str(tmp_path)!r})
         harness.reset(seed=0)
-        _, reward, terminated, _, _ = harness.step("2")
-        assert (reward, terminated) == (1.0, False)
-        _, reward, terminated, _, _ = harness.step("1")
-        assert (reward, terminated) == (1.0, True)
+        steps = [harness.step("2")[1:3], harness.step("1")[1:3]]
         harness.close()
-    finally:
-        pip("uninstall", "-y", "agilerl-env-throwaway")
-        reset_registry()
-    rows = json.loads(agilerl("plugins", "list", "--json").stdout)
+        print(json.dumps(steps))
+        """
+    )
+    assert steps == [[1.0, False], [1.0, True]]  # (reward, terminated) of each step
+
+    throwaway_venv.pip("uninstall", "-y", "agilerl-env-throwaway")
+    rows = json.loads(agilerl("plugins", "list", "--json", python=throwaway_venv.python).stdout)
     assert "throwaway" not in {r["name"] for r in rows}
 
 
-def test_plugins_new_scaffolds_a_package_that_passes_its_own_tests(tmp_path, capsys):
+def test_plugins_new_scaffolds_a_package_that_passes_its_own_tests(tmp_path, capsys, throwaway_venv):
     assert main(["plugins", "new", "demo", "--dir", str(tmp_path)]) == 0
     package = tmp_path / "agilerl-env-demo"
     assert sorted(p.relative_to(package).as_posix() for p in package.rglob("*") if p.is_file()) == [
@@ -185,20 +186,16 @@ def test_plugins_new_scaffolds_a_package_that_passes_its_own_tests(tmp_path, cap
     ]
     assert main(["plugins", "new", "demo", "--dir", str(tmp_path)]) == 2  # never overwrites
     assert "already exists" in capsys.readouterr().err
-    pip("install", "--no-deps", "--no-build-isolation", "-e", str(package))
-    try:
-        tests = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "tests")],
-            capture_output=True, text=True, cwd=package, check=False,
-        )
-        assert tests.returncode == 0, tests.stdout + tests.stderr
-        assert "2 passed" in tests.stdout
-        rows = json.loads(agilerl("plugins", "list", "--json").stdout)
-        row = next(r for r in rows if r["name"] == "demo")
-        assert (row["distribution"], row["provides"]) == ("agilerl-env-demo", {"env": ["demo"]})
-    finally:
-        pip("uninstall", "-y", "agilerl-env-demo")
-        reset_registry()
+    throwaway_venv.pip("install", "--no-deps", "--no-build-isolation", "-e", str(package))
+    tests = throwaway_venv.run(
+        "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "tests"), cwd=package, check=False
+    )
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    count = (package / "tests" / "test_env.py").read_text().count("\ndef test_")
+    assert count >= 2 and f"{count} passed" in tests.stdout
+    rows = json.loads(agilerl("plugins", "list", "--json", python=throwaway_venv.python).stdout)
+    row = next(r for r in rows if r["name"] == "demo")
+    assert (row["distribution"], row["provides"]) == ("agilerl-env-demo", {"env": ["demo"]})
 
 
 def test_plugins_new_rejects_a_bad_name(tmp_path, capsys):
