@@ -48,7 +48,7 @@ class AlgorithmSettings(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field("grpo", description="A registered algorithm (agilerl plugins algorithms).")
+    name: str = Field("grpo", description="A registered algorithm (agilerl algorithms list).")
 
     @property
     def options(self) -> dict[str, Any]:
@@ -72,6 +72,16 @@ class TrainingSettings(_Strict):
         None, ge=1,
         description="Rows per forward/backward pass (gradients accumulate over the step's batch); "
         "rollout: a multiple of group_size. Null: the whole batch at once.",
+    )
+    gradient_accumulation_steps: int = Field(
+        1, ge=1,
+        description="Batches collected and back-propagated per optimiser step (each batch_size "
+        "tasks or rows per process); gradients are synchronised across processes once per step.",
+    )
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no",
+        description="accelerate's autocast for forward passes: 'bf16' (CPUs and recent GPUs), "
+        "'fp16' (GPUs, with a gradient scaler) or 'no'. Weights stay in model.dtype.",
     )
     max_new_tokens: int = Field(256, ge=1, description="Tokens generated per turn at most.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 disables.")

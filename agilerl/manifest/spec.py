@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,7 +23,15 @@ from pydantic import (
 )
 
 from agilerl.errors import ConfigError, ManifestError
+from agilerl.manifest.requirements import check_requirement
 from agilerl.manifest.settings import AlgorithmSettings, ModelSettings, TrainingSettings
+
+Requirement = Annotated[str, AfterValidator(check_requirement)]
+"""A requirement name with optional extras, specifiers and markers (``check_requirement``)."""
+
+MAX_MANIFEST_BYTES = 1_000_000
+MAX_MANIFEST_VALUES = 100_000
+"""A manifest is a few dozen values; YAML aliases can make a few hundred bytes expand to billions."""
 
 
 class ManifestWarning(UserWarning):
@@ -69,19 +78,13 @@ class EnvPackages(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    uv: list[str] | None = None
-    pip: list[str] | None = None
+    uv: list[Requirement] | None = None
+    pip: list[Requirement] | None = None
 
     @model_validator(mode="after")
     def _one_installer(self) -> EnvPackages:
         if (self.uv is None) == (self.pip is None):
             raise ValueError("env_packages takes exactly one of 'uv: [...]' or 'pip: [...]'.")
-        for name in self.packages:
-            if not name.strip() or name.lstrip().startswith("-"):
-                raise ValueError(
-                    f"env_packages: {name!r} is not a package name; options such as '-e' or "
-                    "'--index-url' are not allowed, list requirement names only."
-                )
         return self
 
     @property
@@ -270,6 +273,11 @@ def load_manifest(path: str | Path) -> Manifest:
     """Read and validate a YAML manifest; relative paths in it resolve from its folder."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise ManifestError(
+                [f"(file): {size:,} bytes; a manifest is at most {MAX_MANIFEST_BYTES:,} bytes"], str(path)
+            )
         text = path.read_text()
     except OSError as exc:
         raise ManifestError([f"cannot read {path}: {exc.strerror or exc}"], str(path)) from None
@@ -277,7 +285,43 @@ def load_manifest(path: str | Path) -> Manifest:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ManifestError([f"not valid YAML: {exc}"], str(path)) from None
+    problem = _expansion_problem(data)
+    if problem:
+        raise ManifestError([problem], str(path))
     return parse_manifest(data, base_dir=path.parent, source=str(path))
+
+
+def _expansion_problem(data: Any) -> str | None:
+    """Why ``data`` is too big once its YAML aliases are expanded (or loops back on itself).
+
+    Counted over the shared nodes once each, so a billion-value alias bomb costs microseconds.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def expanded(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        key = id(node)
+        if key in open_nodes:
+            raise RecursionError
+        if key not in sizes:
+            open_nodes.add(key)
+            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            sizes[key] = 1 + sum(expanded(child) for child in children)
+            open_nodes.discard(key)
+        return sizes[key]
+
+    try:
+        total = expanded(data)
+    except RecursionError:
+        return "(file): an alias refers to itself, so the manifest never ends; remove the loop"
+    if total > MAX_MANIFEST_VALUES:
+        return (
+            f"(file): expands to {total:,} values (YAML aliases, '*name', repeat their anchor's "
+            f"content); a manifest holds at most {MAX_MANIFEST_VALUES:,}"
+        )
+    return None
 
 
 def parse_env_spec(data: dict[str, Any]) -> EnvironmentSpec:

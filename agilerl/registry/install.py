@@ -2,6 +2,7 @@
 
 Every installed distribution is pinned as a constraint, so uv either adds what is missing or
 fails: an env's requirements can never half-upgrade torch, transformers or agilerl itself.
+uv reads pip's index settings the way pip does (``pip_index_options``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import importlib_metadata
 
 from agilerl.errors import EnvPackagesError
+from agilerl.manifest.requirements import check_requirement
 
 # pip option -> (uv flag, uv env vars that already set it). uv ignores pip's configuration, so
 # the indexes and wheel folders pip is configured with are passed on, unless UV_* overrides them.
@@ -29,35 +31,53 @@ _TRUE = ("1", "true", "yes", "on")
 
 
 def install_packages(requirements: Sequence[str]) -> None:
-    """Install requirement names with ``uv pip install`` into this interpreter, or raise."""
+    """Install requirement names with ``uv pip install`` into this interpreter, or raise.
+
+    uv's progress goes to stderr as it runs; it runs in an empty folder, so nothing in the
+    working directory can be mistaken for a package.
+    """
     checked = [_checked_requirement(req) for req in requirements]
     if not checked:
         return
+    print(f"env_packages: installing {', '.join(checked)} with uv", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="agilerl-uv-") as tmp:
         constraints = Path(tmp) / "installed.txt"
         constraints.write_text("\n".join(installed_constraints()) + "\n")
-        command = [
-            uv_binary(),
-            "pip",
-            "install",
-            "--python",
-            sys.executable,
-            "--constraints",
-            str(constraints),
-            *pip_index_options(),
-            "--",
-            *checked,
-        ]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        detail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
+        pinned = ["--constraints", str(constraints)]
+        returncode, output = _run_uv([*pinned, "--", *checked], cwd=tmp, echo=True)
+        if returncode == 0:
+            return
+        # Would it resolve if the installed versions were free to move? That tells a clash with
+        # the trainer's packages from packages the indexes simply cannot provide.
+        free, _ = _run_uv(["--dry-run", "--", *checked], cwd=tmp, echo=False)
+    detail = "\n".join(output.strip().splitlines()[-15:])
+    if free == 0:
         raise EnvPackagesError(
-            f"env_packages {checked} cannot be installed alongside the trainer (every installed "
-            "distribution is pinned to its current version, so the trainer's own packages are "
-            f"never changed).\nuv said:\n{detail}\n"
-            "Host the env in its own environment instead: serve it there with "
-            "agilerl.llm_envs.openenv_server.resolve_env and set `env_url:` in the manifest."
+            f"env_packages {checked} need versions of packages the trainer already has installed "
+            "(installed versions are held fixed, so the trainer is never changed under it).\n"
+            f"uv said:\n{detail}\nHost the env in its own environment instead: serve it there "
+            "with `agilerl serve` and set `env_url:` in the manifest."
         )
+    raise EnvPackagesError(
+        f"env_packages {checked} cannot be resolved from the configured package indexes.\n"
+        f"uv said:\n{detail}\nCheck the names and versions, and that pip's index settings "
+        "(pip config list) or UV_* variables reach an index that has them."
+    )
+
+
+def _run_uv(arguments: list[str], *, cwd: str, echo: bool) -> tuple[int, str]:
+    """``uv pip install`` into this interpreter with pip's indexes; (exit code, its output)."""
+    command = [uv_binary(), "pip", "install", "--python", sys.executable, *pip_index_options(), *arguments]
+    lines: list[str] = []
+    with subprocess.Popen(
+        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if echo:
+                print(f"  uv: {line.rstrip()}", file=sys.stderr, flush=True)
+    return process.returncode, "".join(lines)
 
 
 def installed_constraints() -> list[str]:
@@ -102,6 +122,10 @@ def pip_index_options() -> list[str]:
             continue
         for value in config.get(pip_option, []):
             options += [flag, value]
+    if "--extra-index-url" in options and not os.environ.get("UV_INDEX_STRATEGY"):
+        # pip merges its indexes and takes the best version anywhere; uv by default stops at the
+        # first index that has a name at all (a PyTorch wheel index shadows PyPI's nltk, say).
+        options += ["--index-strategy", "unsafe-best-match"]
     no_index = config.get("no-index", [])
     if no_index and no_index[-1].lower() in _TRUE and "UV_NO_INDEX" not in os.environ:
         options.append("--no-index")
@@ -136,16 +160,7 @@ def _pip_config() -> dict[str, list[str]]:
 
 
 def _checked_requirement(requirement: str) -> str:
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    text = requirement.strip()
-    if not text or text.startswith("-"):
-        raise EnvPackagesError(
-            f"env_packages: {requirement!r} is not a package name; options such as '-e' or "
-            "'--index-url' are not allowed, list requirement names only."
-        )
     try:
-        Requirement(text)
-    except InvalidRequirement as exc:
-        raise EnvPackagesError(f"env_packages: {requirement!r} is not a valid requirement: {exc}.") from None
-    return text
+        return check_requirement(requirement)
+    except ValueError as exc:
+        raise EnvPackagesError(f"env_packages: {exc}") from None
