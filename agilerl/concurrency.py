@@ -1,23 +1,40 @@
-"""Daemon worker threads for blocking env calls, shared by the collector and the env server.
+"""All the thread and event-loop machinery: worker threads, loop threads, and running many env
+calls at once.
 
-Tasks are plain callables that report their own results. Each submitted task gets a free worker
-or a new one, so calls blocked in a hung env never hold up the rest (up to ``max_workers``; past
-it tasks wait their turn). Workers are daemons: an env hung forever cannot keep the process from
-exiting.
-
-``ThreadPoolExecutor`` plus ``asyncio.wrap_future`` costs a condition variable, two futures and a
-loop wakeup per call; ``LoopCalls`` hands results back to an event loop with one wakeup per burst
-(64 envs finishing together wake the loop once, not 64 times).
+- ``WorkerThreads``: daemon threads for blocking env calls. Each task gets a free worker or a new
+  one, so calls blocked in a hung env never hold up the rest (up to ``max_workers``); daemons, so
+  an env hung forever cannot keep the process from exiting.
+- ``LoopCalls``: blocking calls awaited from an event loop, on ``WorkerThreads``.
+  ``ThreadPoolExecutor`` plus ``asyncio.wrap_future`` costs a condition variable, two futures and
+  a loop wakeup per call; this hands results back with one wakeup per burst.
+- ``EnvCaller``: how an async caller (the env server, an in-process client's ``a*`` methods) runs a
+  sync env: inline while fast, on worker threads once slow, awaited when ``async def``.
+- ``LoopThread`` and ``shared_loop()``: an event loop on its own thread; one per process for all
+  remote clients, one per env server.
+- ``run_in_threads`` / ``run_on_loop``: one call per env at once, each bounded by a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
+import inspect
+import logging
 import queue
 import threading
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import Future
+from functools import partial
+from typing import Any, TypeVar
+
+from agilerl.errors import AgileRLError, EnvTimeoutError
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# -- worker threads ----------------------------------------------------------------------------
 
 
 class WorkerThreads:
@@ -110,3 +127,269 @@ class LoopCalls:
                 future.set_exception(RuntimeError(f"the env call raised {value!r}"))
             else:
                 future.set_exception(value)
+
+
+_default_threads: WorkerThreads | None = None
+_default_lock = threading.Lock()
+
+
+def default_threads() -> WorkerThreads:
+    """Process-wide worker threads for blocking env calls made on behalf of async code (an
+    in-process client's ``a*`` methods when no server supplies its own)."""
+    global _default_threads
+    with _default_lock:
+        if _default_threads is None:
+            _default_threads = WorkerThreads("agilerl-env-calls")
+        return _default_threads
+
+
+# -- the env server's call policy --------------------------------------------------------------
+
+
+class EnvCaller:
+    """Runs a sync env's calls for async code: inline while fast, on worker threads once slow,
+    awaited when the env's method is ``async def``.
+
+    Hand-tuned fast path: handing every frame to a worker thread costs about half of a small
+    step's time, so a method runs inline on the event loop while its calls take under
+    ``inline_budget_s``. It moves to worker threads after ``SLOW_STRIKES`` calls over the budget
+    (a thread switch can stretch one fast call), or at once after a call over ``10 x`` the budget,
+    so a slow env stalls others for at most a few calls. ``inline_budget_s=0`` disables the fast
+    path (every call on a worker thread: the A/B baseline). Decisions are per method name and
+    shared by every client using this caller (the env server's sessions all run one factory's envs).
+    """
+
+    SLOW_STRIKES = 3
+    STRIKES_FORGOTTEN_AFTER = 1000  # fast calls
+
+    def __init__(self, threads: WorkerThreads, inline_budget_s: float) -> None:
+        self._threads = threads
+        self._calls: LoopCalls | None = None
+        self._budget = inline_budget_s
+        self._offloaded: set[str] = set() if inline_budget_s > 0 else {"reset", "step", "state"}
+        self._strikes: dict[str, int] = {}
+        self._fast_calls: dict[str, int] = {}
+
+    async def call(self, key: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` inline or on a worker thread (by ``key``'s record); an awaitable
+        result is awaited."""
+        if key in self._offloaded:
+            result = await self.in_thread(fn, *args, **kwargs)
+        else:
+            start = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                self._record(key, time.perf_counter() - start)
+        if type(result) is not tuple and inspect.isawaitable(result):  # async def env methods
+            result = await result
+        return result
+
+    def _record(self, key: str, duration: float) -> None:
+        if duration <= self._budget:
+            fast = self._fast_calls.get(key, 0) + 1
+            if fast >= self.STRIKES_FORGOTTEN_AFTER:
+                self._strikes[key] = fast = 0
+            self._fast_calls[key] = fast
+            return
+        strikes = self._strikes.get(key, 0) + 1
+        self._strikes[key] = strikes
+        if strikes >= self.SLOW_STRIKES or duration > 10 * self._budget:
+            self._offloaded.add(key)
+            log.info("env.%s took %.1f ms: running it on worker threads from now on", key, duration * 1e3)
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on a worker thread, always; an awaitable result is awaited here."""
+        loop = asyncio.get_running_loop()
+        calls = self._calls  # one read: another loop's thread may swap it meanwhile
+        if calls is None or calls.loop is not loop:
+            calls = self._calls = LoopCalls(self._threads, loop)
+        result = await calls.run(fn, *args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    @property
+    def offloaded(self) -> frozenset[str]:
+        """Method names now running on worker threads."""
+        return frozenset(self._offloaded)
+
+
+# -- event-loop threads ------------------------------------------------------------------------
+
+
+class LoopThread:
+    """An asyncio event loop running forever on its own daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._cleanups: list[Callable[[], Awaitable[Any]]] = []
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Schedule ``coro`` on the loop from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and block the calling thread until it finishes."""
+        if self.on_loop_thread():
+            coro.close()
+            raise AgileRLError(
+                "a synchronous env-client call was made from inside its own event loop; "
+                "await the async method (areset/astep/astate/aclose) instead."
+            )
+        return self.submit(coro).result()
+
+    async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on this loop from any loop (directly when already on it)."""
+        if self.on_loop_thread():
+            return await coro
+        return await asyncio.wrap_future(self.submit(coro))
+
+    def on_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def at_stop(self, cleanup: Callable[[], Awaitable[Any]]) -> None:
+        """Await ``cleanup()`` on the loop when ``stop()`` is called (e.g. close an HTTP session)."""
+        self._cleanups.append(cleanup)
+
+    def stop(self) -> None:
+        """Run the ``at_stop`` cleanups, stop the loop and join its thread (idempotent)."""
+        cleanups, self._cleanups = self._cleanups, []
+        if cleanups and self.loop.is_running() and not self.on_loop_thread():
+            try:
+                self.submit(_run_all(cleanups)).result(timeout=5)
+            except Exception:  # interpreter shutdown, or a cleanup that failed: nothing to report to
+                pass
+        if self._thread.is_alive() and not self.on_loop_thread():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+        if not self._thread.is_alive() and not self.loop.is_closed():
+            self.loop.close()
+
+
+async def _run_all(cleanups: list[Callable[[], Awaitable[Any]]]) -> None:
+    for cleanup in cleanups:
+        try:
+            await cleanup()
+        except Exception:  # noqa: BLE001 - one failed cleanup must not skip the rest
+            log.debug("loop cleanup failed", exc_info=True)
+
+
+_shared: LoopThread | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_loop() -> LoopThread:
+    """The process-wide loop every remote client runs on (started on first use, stopped at exit);
+    hundreds of sessions share it instead of each holding a thread."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = LoopThread("agilerl-remote-clients")
+            atexit.register(_shared.stop)
+        return _shared
+
+
+# -- one call per env at once ------------------------------------------------------------------
+
+
+class _Phase:
+    """One batch of calls in flight: results land in place, the caller wakes once when all are in.
+
+    One latch per phase instead of a ``Future`` per call: with 64 envs finishing together, the
+    per-call condition variables cost more than the work (about 1 ms a phase).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.results: list[Any] = [None] * size
+        self.finished = [False] * size
+        self.abandoned = False
+        self._remaining = size
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        if size == 0:
+            self._done.set()
+
+    def start(self) -> bool:
+        """Claim a call; False once the caller gave up on this phase (its timeout passed)."""
+        with self._lock:
+            return not self.abandoned
+
+    def finish(self, index: int, result: Any) -> None:
+        with self._lock:
+            self.results[index] = result
+            self.finished[index] = True
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._done.set()
+
+    def wait(self, timeout_s: float | None) -> None:
+        self._done.wait(timeout_s)
+        with self._lock:
+            self.abandoned = True
+
+
+def run_in_threads(
+    threads: WorkerThreads, calls: Sequence[Callable[[], Any]], timeout_s: float | None, what: str
+) -> list[Any]:
+    """Run blocking calls at once on ``threads``: each one's result, or the exception it raised,
+    or an ``EnvTimeoutError`` (a call stuck in a hung env keeps its thread; the next phase gets a
+    fresh one).
+
+    Hand-tuned fast path for blocking envs: one latch for the whole phase, no event loop."""
+    phase = _Phase(len(calls))
+    for index, call in enumerate(calls):
+        threads.submit(partial(_run_call, phase, index, call))
+    phase.wait(timeout_s)
+    return [
+        phase.results[index] if phase.finished[index] else _timeout(what, timeout_s)
+        for index in range(len(calls))
+    ]
+
+
+def _run_call(phase: _Phase, index: int, call: Callable[[], Any]) -> None:
+    if phase.start():
+        try:
+            result = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            result = exc
+        phase.finish(index, result)
+
+
+def run_on_loop(
+    loop: LoopThread, calls: Sequence[Callable[[], Awaitable[Any]]], timeout_s: float | None, what: str
+) -> list[Any]:
+    """The same contract for coroutines, run together on ``loop``, where a timeout really cancels.
+
+    One deadline for the whole phase (they all start together) rather than a ``wait_for`` per
+    call: a timer and a wrapper task per call cost about as much as a fast remote step.
+    """
+
+    async def every() -> list[Any]:
+        tasks = [asyncio.ensure_future(call()) for call in calls]
+        if not tasks:
+            return []
+        _, late = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)  # let them unwind (drop their sessions) before reporting
+        return [
+            _timeout(what, timeout_s) if task in late else task.exception() or task.result()
+            for task in tasks
+        ]
+
+    return loop.run(every())
+
+
+def _timeout(what: str, timeout_s: float | None) -> EnvTimeoutError:
+    return EnvTimeoutError(
+        f"env {what} did not finish within env_timeout_s={timeout_s}s; the env was replaced "
+        "(raise env_timeout_s if the env is just slow)"
+    )

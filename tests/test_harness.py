@@ -338,7 +338,7 @@ class _BrokenEnv:
     ],
 )
 def test_an_env_breaking_the_protocol_gets_an_error_naming_the_call_and_the_value(replies, message, chatml_tokenizer):
-    from agilerl.envs.client import EnvProtocolError
+    from agilerl.errors import EnvProtocolError
 
     harness = RolloutHarness.local(_BrokenEnv(replies), chatml_tokenizer)
     with pytest.raises(EnvProtocolError, match=message):

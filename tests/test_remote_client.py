@@ -16,7 +16,7 @@ import pytest
 from aiohttp import WSMsgType, web
 
 from agilerl.remote.client import RemoteEnvClient, RemoteEnvError
-from agilerl.remote.loop import LoopThread, shared_loop
+from agilerl.concurrency import LoopThread, shared_loop
 from agilerl.remote.observations import (
     ObservationError,
     default_text,

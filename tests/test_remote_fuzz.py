@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agilerl.remote.client import RemoteEnvClient
-from agilerl.remote.loop import client_session, shared_loop
+from agilerl.concurrency import shared_loop
+from agilerl.remote.client import client_session
 from agilerl.remote.server import resolve_env
 from tests.test_remote_server import assert_all_closed_once, fresh_env_class
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from agilerl.errors import EnvCheckError
-from agilerl.protocol import close_env
-from agilerl.errors import AgileRLError
+from agilerl.protocol import close_env, max_turns_problem, reset_problems, step_problems
 
 
 @dataclass
@@ -67,41 +65,13 @@ def _call(report: CheckReport, what: str, fn: Any, *args: Any, **kwargs: Any) ->
 
 
 def _check_reset_result(result: Any, report: CheckReport) -> bool:
-    if not isinstance(result, tuple) or len(result) != 2:
-        report.problems.append(
-            f"reset() must return a 2-tuple (prompt, info), got {_shape(result)}"
-        )
-        return False
-    prompt, info = result
-    ok = True
-    if not isinstance(prompt, str):
-        report.problems.append(f"reset() prompt must be str, got {type(prompt).__name__}")
-        ok = False
-    if not isinstance(info, dict):
-        report.problems.append(f"reset() info must be a dict, got {type(info).__name__}")
-        ok = False
-    return ok
+    problems = reset_problems(result)
+    report.problems += problems
+    return not problems
 
 
 def _check_step_result(result: Any, report: CheckReport) -> None:
-    if not isinstance(result, tuple) or len(result) != 5:
-        report.problems.append(
-            "step() must return a 5-tuple (observation, reward, terminated, truncated, info), "
-            f"got {_shape(result)}"
-        )
-        return
-    observation, reward, terminated, truncated, info = result
-    if not isinstance(observation, str):
-        report.problems.append(f"step() observation must be str, got {type(observation).__name__}")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-        report.problems.append(f"step() reward must be a number (int or float), got {reward!r}")
-    elif not math.isfinite(reward):
-        report.problems.append(f"step() reward must be finite, got {reward!r}")
-    for name, value in (("terminated", terminated), ("truncated", truncated)):
-        if not isinstance(value, bool):
-            report.problems.append(f"step() {name} must be a bool, got {value!r}")
-    if not isinstance(info, dict):
-        report.problems.append(f"step() info must be a dict, got {type(info).__name__}")
+    report.problems += step_problems(result)
 
 
 def _check_optional_members(env: Any, report: CheckReport) -> None:
@@ -127,11 +97,5 @@ def _check_optional_members(env: Any, report: CheckReport) -> None:
     max_turns = getattr(env, "max_turns", None)
     if max_turns is None:
         report.notes.append("no max_turns attribute: manifests must set max_turns")
-    elif not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-        report.problems.append(f"max_turns must be an int >= 1, got {max_turns!r}")
-
-
-def _shape(value: Any) -> str:
-    if isinstance(value, tuple):
-        return f"a {len(value)}-tuple"
-    return type(value).__name__
+    elif (problem := max_turns_problem(max_turns)) is not None:
+        report.problems.append(problem)

@@ -1,46 +1,91 @@
-"""The in-process env client: a text env called directly, with its outputs checked."""
+"""The env-client seam: one small interface (``EnvClient``), two implementations.
+
+``InProcessEnvClient`` calls a text env living in this process; ``RemoteEnvClient``
+(``agilerl.remote.client``) talks to one over a WebSocket. Both offer the same methods, sync
+(``reset``/``step``/``state``/``close``) and async (``areset``/``astep``/``astate``/``aclose``),
+and both hand back results checked against the protocol's rules (``agilerl.protocol``).
+"""
 
 from __future__ import annotations
 
-import math
+import inspect
 from typing import Any
 
-from agilerl.errors import EnvProtocolError
-from agilerl.protocol import StepResult, close_env, reset_env
-from agilerl.errors import AgileRLError
+from agilerl.concurrency import EnvCaller, default_threads
+from agilerl.protocol import (
+    StepResult,
+    check_reset_result,
+    check_step_result,
+    read_state,
+    reset_kwargs,
+    state_dict,
+)
 
 
 class EnvClient:
-    """Base of the env clients (in-process and remote): the text-env interface plus ``state``.
+    """Base of the env clients: the text-env interface plus ``state``, sync and async.
 
+    Subclasses implement the sync methods and, when they can wait without a thread (network I/O),
+    the async ones; the default async methods run the sync ones on a worker thread. ``blocking``
+    says whether the sync methods hold a thread for the env's own work (then the collector's
+    thread-per-env fast path suits the client) or mostly wait on I/O.
     The harness wraps anything that is not an ``EnvClient`` in an ``InProcessEnvClient``.
     """
+
+    blocking: bool = True
 
     def reset(
         self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Start an episode; return the first prompt and an info dict."""
         raise NotImplementedError
 
     def step(self, action: str) -> StepResult:
+        """Send the model's text; return observation, reward, terminated, truncated, info."""
         raise NotImplementedError
 
     def state(self) -> dict[str, Any]:
+        """The env's state as a dict ({} when it has none)."""
         raise NotImplementedError
 
     def close(self) -> None:
+        """Release the env; safe to call more than once."""
         raise NotImplementedError
+
+    async def areset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """``reset`` for async code."""
+        return await default_threads_caller().in_thread(self.reset, seed, row_index=row_index, evaluation=evaluation)
+
+    async def astep(self, action: str) -> StepResult:
+        """``step`` for async code."""
+        return await default_threads_caller().in_thread(self.step, action)
+
+    async def astate(self) -> dict[str, Any]:
+        """``state`` for async code."""
+        return await default_threads_caller().in_thread(self.state)
+
+    async def aclose(self) -> None:
+        """``close`` for async code."""
+        await default_threads_caller().in_thread(self.close)
 
 
 class InProcessEnvClient(EnvClient):
-    """Wraps a text env living in this process; the same interface as ``RemoteEnvClient``."""
+    """Wraps a text env living in this process; the same interface as ``RemoteEnvClient``.
 
-    def __init__(self, env: Any) -> None:
+    The async methods run the env through ``caller`` (an ``EnvCaller``: inline while fast, on
+    worker threads once slow, awaited when the env's methods are ``async def``); the env server
+    passes its own so that all its sessions share one policy. Without one, every async call runs
+    on a worker thread, so a hung env never blocks the caller's event loop.
+    """
+
+    def __init__(self, env: Any, *, caller: EnvCaller | None = None) -> None:
         self.env = env
+        self._caller = caller
         self._closed = False
-
-    @property
-    def name(self) -> str:
-        return type(self.env).__name__
+        self.name = type(env).__name__
+        self.blocking = not inspect.iscoroutinefunction(getattr(env, "step", None))
 
     def __getattr__(self, item: str) -> Any:
         # Optional protocol members (tools, dataset_size, max_turns, system_prompt) pass through.
@@ -48,46 +93,60 @@ class InProcessEnvClient(EnvClient):
             raise AttributeError(item)
         return getattr(self.env, item)
 
+    # -- sync ----------------------------------------------------------------------------------
+
     def reset(
         self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
     ) -> tuple[str, dict[str, Any]]:
-        result = reset_env(self.env, seed, row_index=row_index, evaluation=evaluation)
-        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], str)):
-            raise EnvProtocolError(
-                f"{self.name}.reset() must return (prompt: str, info: dict), got {_describe(result)}"
-            )
-        return result[0], dict(result[1] or {})
+        result = self.env.reset(seed=seed, **reset_kwargs(row_index, evaluation))
+        return check_reset_result(result, self.name)
 
     def step(self, action: str) -> StepResult:
-        result = self.env.step(action)
-        if not (isinstance(result, tuple) and len(result) == 5):
-            raise EnvProtocolError(
-                f"{self.name}.step() must return (observation, reward, terminated, truncated, "
-                f"info), got {_describe(result)}"
-            )
-        observation, reward, terminated, truncated, info = result
-        if not isinstance(observation, str):
-            raise EnvProtocolError(
-                f"{self.name}.step() observation must be str, got {type(observation).__name__}"
-            )
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise EnvProtocolError(f"{self.name}.step() reward must be a finite number, got {reward!r}")
-        return observation, float(reward), bool(terminated), bool(truncated), dict(info or {})
+        return check_step_result(self.env.step(action), self.name)
 
     def state(self) -> dict[str, Any]:
-        state = getattr(self.env, "state", None)
-        if callable(state):
-            return dict(state())
-        return {}
+        return state_dict(read_state(self.env))
 
     def close(self) -> None:
         """Close the env exactly once, however often this is called."""
-        if not self._closed:
-            self._closed = True
-            close_env(self.env)
+        self._close_once()
+
+    # -- async ---------------------------------------------------------------------------------
+
+    async def areset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        result = await self._calls().call("reset", self.env.reset, seed=seed, **reset_kwargs(row_index, evaluation))
+        return check_reset_result(result, self.name)
+
+    async def astep(self, action: str) -> StepResult:
+        return check_step_result(await self._calls().call("step", self.env.step, action), self.name)
+
+    async def astate(self) -> dict[str, Any]:
+        return state_dict(await self._calls().call("state", read_state, self.env))
+
+    async def aclose(self) -> None:
+        """Close the env exactly once, on a worker thread (closing may block); an ``async def``
+        close is awaited."""
+        await self._calls().in_thread(self._close_once)
+
+    def _close_once(self) -> Any:
+        if self._closed:
+            return None
+        self._closed = True
+        close = getattr(self.env, "close", None)
+        return close() if callable(close) else None
+
+    def _calls(self) -> EnvCaller:
+        return self._caller or default_threads_caller()
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, tuple):
-        return f"a tuple of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
-    return f"{type(value).__name__} {value!r:.80}"
+_default_caller: EnvCaller | None = None
+
+
+def default_threads_caller() -> EnvCaller:
+    """An ``EnvCaller`` that runs every call on the process-wide worker threads (no inline path)."""
+    global _default_caller
+    if _default_caller is None:
+        _default_caller = EnvCaller(default_threads(), inline_budget_s=0)
+    return _default_caller

@@ -1,8 +1,9 @@
 """A text env that lives on a remote OpenEnv-protocol server (ours, or anyone's).
 
-Every client shares one background event loop and one ``aiohttp.ClientSession``, so hundreds
-of sessions cost one thread. The synchronous methods block on that loop; the ``a``-prefixed
-coroutines can be awaited from any event loop (they hop onto the shared one).
+Every client shares one background event loop (``shared_loop()``) and one
+``aiohttp.ClientSession`` (``client_session()``), so hundreds of sessions cost one thread. The
+synchronous methods block on that loop; the ``a``-prefixed coroutines can be awaited from any
+event loop (they hop onto the shared one). Frames are built and read in ``agilerl.remote.frames``.
 """
 
 from __future__ import annotations
@@ -13,26 +14,31 @@ import itertools
 import os
 import random
 import time
+import weakref
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agilerl.errors import RemoteEnvError, RemoteEnvTimeout
+from agilerl.concurrency import shared_loop
 from agilerl.envs.client import EnvClient
+from agilerl.errors import InvalidArgument, RemoteEnvError, RemoteEnvTimeout
 from agilerl.protocol import StepResult, has_member_type
-from agilerl.remote.frames import ErrorCode, decode, encode
-from agilerl.remote.loop import client_session, shared_loop
-from agilerl.remote.observations import (
-    ObservationProcessor,
-    make_observation_reader,
+from agilerl.remote.frames import (
+    CLOSE_FRAME,
+    STATE_FRAME,
+    ErrorCode,
+    Reply,
+    parse_reply,
+    read_observation,
+    reset_frame,
+    step_frame,
 )
-from agilerl.errors import AgileRLError
+from agilerl.remote.observations import ObservationProcessor, make_observation_reader
 
 T = TypeVar("T")
 
 _RETRIED_AT_RESET = frozenset({ErrorCode.CAPACITY_REACHED.value, ErrorCode.SESSION_ERROR.value})
 _SERVER_CLOSES_AFTER = _RETRIED_AT_RESET | {ErrorCode.FACTORY_ERROR.value}
-_CLOSE_FRAME = encode({"type": "close"})
 _next_replica = itertools.count()
 
 
@@ -48,6 +54,8 @@ class RemoteEnvClient(EnvClient):
     connection failures and ``CAPACITY_REACHED`` at reset are retried with jittered backoff
     for up to ``retry_budget_s``.
     """
+
+    blocking = False  # its calls wait on the network: many share one event loop
 
     def __init__(
         self,
@@ -65,7 +73,7 @@ class RemoteEnvClient(EnvClient):
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
-            raise AgileRLError("RemoteEnvClient needs at least one URL (env_url is empty).")
+            raise InvalidArgument("RemoteEnvClient needs at least one URL (env_url is empty).")
         self._urls = [_http_base(u) for u in urls]
         self._first = next(_next_replica)  # spreads sessions across replicas
         self.action_field = action_field
@@ -172,12 +180,7 @@ class RemoteEnvClient(EnvClient):
     async def _reset(
         self, seed: int | None, row_index: int | None, evaluation: bool | None
     ) -> tuple[str, dict[str, Any]]:
-        data: dict[str, Any] = {"seed": seed}
-        if row_index is not None:
-            data["row_index"] = row_index
-        if evaluation is not None:
-            data["evaluation"] = evaluation
-        frame = encode({"type": "reset", "data": data})
+        frame = reset_frame(seed, row_index, evaluation)
         deadline = time.monotonic() + self.retry_budget_s
         for attempt in itertools.count():
             try:
@@ -204,16 +207,8 @@ class RemoteEnvClient(EnvClient):
     async def _step(self, action: str) -> StepResult:
         if self._conn is None or self._conn.closed:
             raise RemoteEnvError("step() before reset(), or after the session ended: call reset() first.")
-        if self.mcp_tool:
-            data: dict[str, Any] = {
-                "type": "call_tool",
-                "tool_name": self.mcp_tool,
-                "arguments": {self.action_field: action},
-            }
-        else:
-            data = {self.action_field: action}
         try:
-            reply = await self._request(encode({"type": "step", "data": data}), "step")
+            reply = await self._request(step_frame(action, self.action_field, self.mcp_tool), "step")
         except _ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(
@@ -226,7 +221,7 @@ class RemoteEnvClient(EnvClient):
         if self._conn is None or self._conn.closed:
             raise RemoteEnvError("state() before reset(): there is no session yet.")
         try:
-            reply = await self._request(encode({"type": "state"}), "state")
+            reply = await self._request(STATE_FRAME, "state")
         except _ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(f"the session on {self.url} ended: {exc}") from exc
@@ -242,6 +237,7 @@ class RemoteEnvClient(EnvClient):
         self.url = url
 
     async def _request(self, frame: bytes, what: str) -> Any:
+        """Send ``frame``; the reply's ``data``, or ``RemoteEnvError`` for an error frame."""
         assert self._conn is not None
         try:
             raw = await self._conn.request(frame, self.request_timeout_s)
@@ -251,34 +247,23 @@ class RemoteEnvClient(EnvClient):
                 f"{self.url} sent no reply to {what} within request_timeout_s="
                 f"{self.request_timeout_s:g} s; the session was dropped and this episode is over."
             ) from None
-        reply = decode(raw)
-        if not isinstance(reply, dict):
-            raise RemoteEnvError(f"{self.url} sent a frame that is not a JSON object: {str(reply)[:200]}")
-        data = reply.get("data")
-        if reply.get("type") == "error":
-            data = data if isinstance(data, dict) else {}
-            code = data.get("code")
+        reply: Reply = parse_reply(raw)
+        if reply.type is None:
+            raise RemoteEnvError(f"{self.url} sent a frame that is not a JSON object: {reply.data[:200]}")
+        error = reply.error
+        if error is not None:
+            code, message = error
             if code in _SERVER_CLOSES_AFTER:
                 await self._drop()
-            raise RemoteEnvError(f"{self.url} answered {what} with {code}: {data.get('message', '')}", code)
-        return data
+            raise RemoteEnvError(f"{self.url} answered {what} with {code}: {message}", code)
+        return reply.data
 
     def _observation(self, data: Any) -> StepResult:
-        """Read an observation reply; ``metadata`` may sit in the observation, beside it, or nowhere."""
-        if not isinstance(data, dict):
+        """An observation reply as a step result, its text read by this client's rules."""
+        observation = read_observation(data)
+        if observation is None:
             raise RemoteEnvError(f"{self.url} sent an observation frame without a data object: {data!r}"[:300])
-        observation = data.get("observation")
-        if not isinstance(observation, dict):
-            observation = {} if observation is None else {"observation": observation}
-        info: dict[str, Any] = {}
-        for metadata in (data.get("metadata"), observation.get("metadata")):
-            if isinstance(metadata, dict):
-                info.update(metadata)
-        truncated = bool(observation.get("truncated", data.get("truncated", False)))
-        done = bool(data.get("done", observation.get("done", False)))
-        reward = data.get("reward", observation.get("reward"))
-        text = self._read(observation)
-        return text, float(reward or 0.0), done and not truncated, truncated, info
+        return self._read(observation.observation), *observation[1:]
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -405,12 +390,33 @@ class _Connection:
 
         try:
             if polite and not self._reader.done():
-                await self._ws.send_frame(_CLOSE_FRAME, aiohttp.WSMsgType.TEXT)
+                await self._ws.send_frame(CLOSE_FRAME, aiohttp.WSMsgType.TEXT)
                 await asyncio.wait_for(asyncio.shield(self._reader), timeout=self._close_timeout_s)
             await asyncio.wait_for(self._ws.close(), timeout=5)
         except (ConnectionError, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError):
             pass  # the server ends the session (and closes its env) either way
         self._reader.cancel()
+
+
+def client_session() -> Any:
+    """The one ``aiohttp.ClientSession`` of the running loop (call on that loop); on the shared
+    loop it is closed when that loop stops."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    session = _sessions.get(loop)
+    if session is None or session.closed:
+        # limit=0: every WebSocket holds a connection; the default pool of 100 would queue them.
+        connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=False)
+        session = aiohttp.ClientSession(connector=connector)
+        _sessions[loop] = session
+        shared = shared_loop()
+        if shared.loop is loop:
+            shared.at_stop(session.close)
+    return session
+
+
+_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
 
 def _expire(waiter: asyncio.Future[Any]) -> None:

@@ -1,18 +1,25 @@
-"""The OpenEnv WebSocket frames, as pydantic models: one place for the wire format.
+"""The OpenEnv WebSocket frames: the one place frames are built and parsed, on both sides.
 
-Client frames are validated straight from the raw text (pydantic parses the JSON), so one call
-tells a malformed frame (INVALID_JSON), an unknown ``type`` (UNKNOWN_TYPE) and bad fields
-(VALIDATION_ERROR) apart. Replies are built as plain dicts and encoded with ``pydantic_core``:
-values JSON cannot hold (objects in ``info``, NaN) become strings or null instead of failing.
+Server side: client frames are validated straight from the raw text (pydantic parses the JSON),
+so one call tells a malformed frame (INVALID_JSON), an unknown ``type`` (UNKNOWN_TYPE) and bad
+fields (VALIDATION_ERROR) apart. Replies are built as plain dicts and encoded with
+``pydantic_core``: values JSON cannot hold (objects in ``info``, NaN) become strings or null
+instead of failing.
+
+Client side: ``reset_frame``/``step_frame``/``STATE_FRAME``/``CLOSE_FRAME`` build requests;
+``parse_reply`` and ``read_observation`` read any OpenEnv server's replies leniently
+(``metadata`` may sit in the observation, beside it, or nowhere).
 """
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from agilerl.protocol import reset_kwargs
 
 
 class ErrorCode(str, Enum):
@@ -142,3 +149,82 @@ def schema() -> dict[str, Any]:
         "observation": TextObservation.model_json_schema(),
         "state": {"type": "object", "additionalProperties": True},
     }
+
+
+# -- the client side ---------------------------------------------------------------------------
+
+STATE_FRAME = encode({"type": "state"})
+CLOSE_FRAME = encode({"type": "close"})
+
+
+def reset_frame(seed: int | None, row_index: int | None = None, evaluation: bool | None = None) -> bytes:
+    """A reset request; ``row_index``/``evaluation`` are sent only when set (OpenEnv servers
+    validate ``data`` against their own reset signature)."""
+    return encode({"type": "reset", "data": {"seed": seed, **reset_kwargs(row_index, evaluation)}})
+
+
+def step_frame(action: str, action_field: str = "message", mcp_tool: str | None = None) -> bytes:
+    """A step request carrying ``action`` in ``action_field``, or as the one argument of an MCP
+    ``call_tool`` when ``mcp_tool`` is set."""
+    if mcp_tool:
+        data: dict[str, Any] = {"type": "call_tool", "tool_name": mcp_tool, "arguments": {action_field: action}}
+    else:
+        data = {action_field: action}
+    return encode({"type": "step", "data": data})
+
+
+class Reply(NamedTuple):
+    """A server frame: its ``type`` and ``data`` (None when absent); ``type`` is None when the
+    frame is not a JSON object, and ``data`` then holds the raw text."""
+
+    type: str | None
+    data: Any
+
+    @property
+    def error(self) -> tuple[str | None, str] | None:
+        """``(code, message)`` of an error frame; None for any other frame."""
+        if self.type != "error":
+            return None
+        data = self.data if isinstance(self.data, dict) else {}
+        return data.get("code"), str(data.get("message", ""))
+
+
+def parse_reply(raw: str | bytes) -> Reply:
+    """Read one server frame, never raising: a malformed one comes back with ``type`` None."""
+    try:
+        frame = decode(raw)
+    except ValueError:
+        frame = None
+    if not isinstance(frame, dict):
+        return Reply(None, raw if isinstance(raw, str) else raw.decode("utf-8", "replace"))
+    kind = frame.get("type")
+    return Reply(kind if isinstance(kind, str) else "", frame.get("data"))
+
+
+class ObservationReply(NamedTuple):
+    """An observation frame's ``data``, read leniently; ``observation`` still needs its text read
+    out (which field holds it is the client's configuration)."""
+
+    observation: dict[str, Any]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+
+def read_observation(data: Any) -> ObservationReply | None:
+    """Read an observation reply's ``data`` (None when it is not an object). ``done`` and
+    ``truncated`` may sit beside the observation or in it; ``metadata`` in both is merged."""
+    if not isinstance(data, dict):
+        return None
+    observation = data.get("observation")
+    if not isinstance(observation, dict):
+        observation = {} if observation is None else {"observation": observation}
+    info: dict[str, Any] = {}
+    for metadata in (data.get("metadata"), observation.get("metadata")):
+        if isinstance(metadata, dict):
+            info.update(metadata)
+    truncated = bool(observation.get("truncated", data.get("truncated", False)))
+    done = bool(data.get("done", observation.get("done", False)))
+    reward = data.get("reward", observation.get("reward"))
+    return ObservationReply(observation, float(reward or 0.0), done and not truncated, truncated, info)

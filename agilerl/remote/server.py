@@ -1,7 +1,10 @@
 """Serve any text env over OpenEnv's WebSocket protocol (aiohttp), one fresh env per session.
 
-Env calls go through ``EnvCaller`` (inline while fast, on worker threads once slow); each session's
-env is closed exactly once, whatever ends the session.
+Each session drives its env through an ``InProcessEnvClient``'s async methods, so its answers are
+checked by the same protocol rules as in-process rollouts. The clients share the server's
+``EnvCaller``: a hand-tuned fast path runs a sync env inline on the event loop while its calls
+are fast, and on worker threads once slow (``inline_budget_s=0`` turns the inline path off, for an
+A/B measurement). Each session's env is closed exactly once, whatever ends the session.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from agilerl.concurrency import EnvCaller, LoopThread, WorkerThreads
+from agilerl.envs.client import InProcessEnvClient
+from agilerl.errors import InvalidArgument
 from agilerl.protocol import close_env, describe_env
-from agilerl.remote.caller import EnvCaller
 from agilerl.remote.frames import (
     ErrorCode,
     FrameError,
@@ -36,9 +41,6 @@ from agilerl.remote.frames import (
     schema,
     state_frame,
 )
-from agilerl.remote.loop import LoopThread
-from agilerl.concurrency import WorkerThreads
-from agilerl.errors import AgileRLError
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +50,12 @@ TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 
 
 class _Session:
-    __slots__ = ("busy", "ending", "env", "episode_id", "last_active", "last_seen", "ping_sent", "steps", "ws")
+    __slots__ = ("busy", "client", "ending", "env", "episode_id", "last_active", "last_seen", "ping_sent", "steps", "ws")
 
-    def __init__(self, ws: web.WebSocketResponse, env: Any) -> None:
+    def __init__(self, ws: web.WebSocketResponse, env: Any, caller: EnvCaller) -> None:
         self.ws = ws
         self.env = env
+        self.client = InProcessEnvClient(env, caller=caller)
         self.busy = self.ending = False
         self.last_active = self.last_seen = time.monotonic()  # last frame / last frame or pong
         self.ping_sent: float | None = None
@@ -78,7 +81,7 @@ class EnvServer:
         inline_budget_s: float = 0.001,
     ) -> None:
         if max_concurrent_envs < 1:
-            raise AgileRLError(f"max_concurrent_envs must be at least 1 (got {max_concurrent_envs}).")
+            raise InvalidArgument(f"max_concurrent_envs must be at least 1 (got {max_concurrent_envs}).")
         self.name = name
         self.host, self.port = host, port
         self.max_concurrent_envs = max_concurrent_envs
@@ -257,7 +260,7 @@ class EnvServer:
                 return ws
             if self._env_info is None:
                 self._describe(env)
-            session = _Session(ws, env)
+            session = _Session(ws, env, self.caller)
             self._sessions.add(session)
             if self._stopping:  # stop() began while the env was being built
                 await self._end(session, WSCloseCode.GOING_AWAY, "the server is stopping")
@@ -309,25 +312,19 @@ class EnvServer:
     async def _reply(self, session: _Session, raw: str | bytes) -> bytes | None:
         try:
             frame = parse_client_frame(raw)
-            env = session.env
+            client = session.client
             if type(frame) is StepFrame:
-                result = await self.caller.call("step", env.step, frame.data.message)
+                result = await client.astep(frame.data.message)
                 session.steps += 1
-                return observation_frame(*_step_result(result))
+                return observation_frame(*result)
             if type(frame) is ResetFrame:
                 data = frame.data
-                kwargs: dict[str, Any] = {"seed": data.seed}
-                if data.row_index is not None:
-                    kwargs["row_index"] = data.row_index
-                if data.evaluation is not None:
-                    kwargs["evaluation"] = data.evaluation
-                result = await self.caller.call("reset", env.reset, **kwargs)
+                text, info = await client.areset(data.seed, row_index=data.row_index, evaluation=data.evaluation)
                 session.steps = 0
                 session.episode_id = uuid.uuid4().hex
-                text, info = _reset_result(result)
                 return observation_frame(text, 0.0, False, False, info)
             if type(frame) is StateFrame:
-                state = await self.caller.call("state", _env_state, env)
+                state = await client.astate()
                 return state_frame({"episode_id": session.episode_id, "step_count": session.steps, **state})
             return None  # close
         except FrameError as exc:
@@ -428,47 +425,6 @@ class _Claim:
             self._abandoned = True
             env, self._env = self._env, None
             return env
-
-
-def _step_result(result: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-    try:
-        text, reward, terminated, truncated, info = result
-    except (TypeError, ValueError):
-        raise FrameError(
-            ErrorCode.EXECUTION_ERROR,
-            f"env.step returned {type(result).__name__}; it must return "
-            "(observation, reward, terminated, truncated, info).",
-        ) from None
-    return _text(text, "step"), float(reward), bool(terminated), bool(truncated), dict(info or {})
-
-
-def _reset_result(result: Any) -> tuple[str, dict[str, Any]]:
-    try:
-        text, info = result
-    except (TypeError, ValueError):
-        raise FrameError(
-            ErrorCode.EXECUTION_ERROR,
-            f"env.reset returned {type(result).__name__}; it must return (observation, info).",
-        ) from None
-    return _text(text, "reset"), dict(info or {})
-
-
-def _text(value: Any, method: str) -> str:
-    if not isinstance(value, str):
-        raise FrameError(
-            ErrorCode.EXECUTION_ERROR,
-            f"env.{method} returned a {type(value).__name__} observation; a text env returns str.",
-        )
-    return value
-
-
-def _env_state(env: Any) -> dict[str, Any]:
-    state: Any = getattr(env, "state", None)
-    if callable(state):
-        state = state()
-    if hasattr(state, "model_dump"):
-        state = state.model_dump()
-    return dict(state) if isinstance(state, dict) else {}
 
 
 async def _ping_quietly(ws: web.WebSocketResponse) -> None:
@@ -577,7 +533,7 @@ def build_server(
     **options: Any,
 ) -> EnvServer:
     """An ``EnvServer`` for ``entrypoint``; the token defaults to ``$AGILERL_ENV_TOKEN``."""
-    from agilerl.factory import entrypoint_factory
+    from agilerl.envs.entrypoints import entrypoint_factory
 
     factory = entrypoint_factory(entrypoint, env_config, base_dir=base_dir, install=env_packages)
     name = entrypoint if isinstance(entrypoint, str) else getattr(entrypoint, "__qualname__", repr(entrypoint))

@@ -2,9 +2,14 @@
 
 ``batch_size * group_size`` slots each own one env (a ``RolloutHarness``), built once and
 reused until ``close()``. Every turn makes ONE batched ``policy.generate`` call for all live
-slots, then steps all their envs at once: blocking in-process envs on worker threads, remote
-sessions as coroutines on the shared event loop. A batch of 64 rollouts against a 50 ms env thus
-costs about ``turns x 50 ms`` of env time, not ``64 x turns x 50 ms``.
+slots, then steps all their envs at once through the clients' async methods (``areset``/``astep``)
+on the shared event loop. A batch of 64 rollouts against a 50 ms env thus costs about
+``turns x 50 ms`` of env time, not ``64 x turns x 50 ms``.
+
+Hand-tuned fast path: blocking in-process envs skip the event loop; their sync methods run on
+worker threads, one per slot, with one latch per phase (``run_in_threads``). Set
+``RolloutCollector.threads_for_blocking_envs = False`` to drive them through ``areset``/``astep``
+like remote envs (the A/B baseline in bench/collector.py).
 
 A slot whose env raises or outlives ``env_timeout_s`` keeps its place in its group: its
 trajectory carries ``error`` (the training batch marks it invalid) and the failure is listed in
@@ -24,13 +29,13 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.rollout.assigner import Task, TaskAssigner
-from agilerl.rollout.phases import run_in_threads, run_on_loop
 from agilerl.rollout.policy import Generation, Policy, SamplingParams
 from agilerl.rollout.results import (
     CollectionError,
@@ -41,8 +46,9 @@ from agilerl.rollout.results import (
 )
 from agilerl.chat import ChatRenderer
 from agilerl.rollout.harness import RolloutHarness
-from agilerl.concurrency import WorkerThreads
+from agilerl.concurrency import WorkerThreads, run_in_threads, run_on_loop, shared_loop
 from agilerl.errors import AgileRLError
+from agilerl.protocol import require_max_turns
 
 if TYPE_CHECKING:
     from agilerl.manifest.spec import EnvironmentSpec
@@ -50,10 +56,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
-
 class RolloutCollector:
     """Runs ``batch_size`` tasks x ``group_size`` rollouts per ``collect`` (see the module doc)."""
+
+    threads_for_blocking_envs: bool = True
+    """The hand-tuned fast path (see the module doc); False drives every env through its async methods."""
 
     def __init__(
         self,
@@ -103,7 +110,7 @@ class RolloutCollector:
         except BaseException:
             self.close()
             raise
-        self._async = _is_async(self._slots[0])
+        self._threaded = self.threads_for_blocking_envs and self._harness_of(0).client.blocking
         self.max_reward = max_reward if max_reward is not None else getattr(first, "max_reward", None)
         base = sampling or SamplingParams()
         stops = [self._harness_of(0).renderer.end_of_turn_id, tokenizer.eos_token_id, *base.stop_token_ids]
@@ -147,15 +154,12 @@ class RolloutCollector:
             raise CollectionError("the collector is closed")
         run = Run(tasks, self.group_size)
         self._recreate_missing(run)
-        started = self._run_envs(
-            [s for s in tasks if s not in run.trajectories],
-            "reset",
-            lambda c, s: c.reset(tasks[s].seed, row_index=tasks[s].row_index, evaluation=evaluation),
-            lambda c, s: c.areset(tasks[s].seed, row_index=tasks[s].row_index, evaluation=evaluation),
-            lambda h, s, r: h.apply_reset(r, seed=tasks[s].seed, row_index=tasks[s].row_index),
-            run,
-            warm=lambda answers: self._warm(openings=[self._harness_of(s).opening_messages(*r) for s, r in answers]),
-        )
+        requests = {
+            s: ((tasks[s].seed,), {"row_index": tasks[s].row_index, "evaluation": evaluation})
+            for s in tasks
+            if s not in run.trajectories
+        }
+        started = self._run_envs(run, "reset", requests)
         prompts = {s: result[0] for s, result in started.items()}
         while prompts:
             live = list(prompts)
@@ -166,18 +170,11 @@ class RolloutCollector:
                     traj = self._harness_of(s).trajectory
                     run.finish(s, traj, cut_at=end_of_last_action(traj))
                     del prompts[s]
-            actions = {s: self._harness_of(s).prepare_step(gens[s].token_ids, logprobs=gens[s].logprobs) for s in prompts}
-            stepped = self._run_envs(
-                list(actions),
-                "step",
-                lambda c, s: c.step(actions[s]),  # noqa: B023 - called before the loop moves on
-                lambda c, s: c.astep(actions[s]),  # noqa: B023
-                lambda h, s, r: h.apply_step(r),
-                run,
-                warm=lambda answers: self._warm(
-                    observations=[(self._harness_of(s).observation_role, r[0]) for s, r in answers]
-                ),
-            )
+            actions = {
+                s: ((self._harness_of(s).prepare_step(gens[s].token_ids, logprobs=gens[s].logprobs),), {})
+                for s in prompts
+            }
+            stepped = self._run_envs(run, "step", actions)
             for s in actions:
                 if s not in stepped:  # failed: already recorded
                     del prompts[s]
@@ -209,35 +206,32 @@ class RolloutCollector:
         return generations
 
     def _run_envs(
-        self,
-        slots: list[int],
-        phase: str,
-        call: Callable[[Any, int], Any],
-        acall: Callable[[Any, int], Awaitable[Any]],
-        apply: Callable[[RolloutHarness, int, Any], Any],
-        run: Run,
-        *,
-        warm: Callable[[list[tuple[int, Any]]], None],
+        self, run: Run, method: str, requests: dict[int, tuple[tuple[Any, ...], dict[str, Any]]]
     ) -> dict[int, Any]:
-        """Make every slot's env call at once (``call``, or ``acall`` for async clients), then
-        ``apply`` each answer to its harness here, on one thread, after ``warm`` has seen all the
+        """Call ``client.<method>(*args, **kwargs)`` for every slot in ``requests`` at once, then
+        apply each answer to its harness here, on one thread, after the renderer has seen all the
         answers (to tokenize them in one batch). Failed slots are recorded and their envs
-        replaced; the rest map to what ``apply`` returned."""
-        if not slots:
+        replaced; the rest map to what ``apply_reset``/``apply_step`` returned."""
+        if not requests:
             return {}
+        slots = list(requests)
         clients = [self._harness_of(s).client for s in slots]
         t0 = time.perf_counter()
-        if self._async:
-            from agilerl.remote.loop import shared_loop
-
-            acalls = [lambda c=c, s=s: acall(c, s) for c, s in zip(clients, slots)]
-            results = run_on_loop(shared_loop().run, acalls, self.env_timeout_s, phase)
+        if self._threaded:  # the hand-tuned fast path: sync calls on worker threads, one latch
+            calls = [partial(getattr(c, method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)]
+            results = run_in_threads(self._threads, calls, self.env_timeout_s, method)
         else:
-            calls = [lambda c=c, s=s: call(c, s) for c, s in zip(clients, slots)]
-            results = run_in_threads(self._threads, calls, self.env_timeout_s, phase)
+            acalls = [
+                partial(getattr(c, "a" + method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)
+            ]
+            results = run_on_loop(shared_loop(), acalls, self.env_timeout_s, method)
         run.env_time_s += time.perf_counter() - t0
+        answers = [(s, r) for s, r in zip(slots, results) if not isinstance(r, BaseException)]
         try:
-            warm([(s, r) for s, r in zip(slots, results) if not isinstance(r, BaseException)])
+            if method == "reset":
+                self._warm(openings=[self._harness_of(s).opening_messages(*r) for s, r in answers])
+            else:
+                self._warm(observations=[(self._harness_of(s).observation_role, r[0]) for s, r in answers])
         except Exception:  # noqa: BLE001 - only a speed-up: apply meets (and reports) the same error
             log.debug("batch tokenization failed; tokenizing answer by answer", exc_info=True)
         applied: dict[int, Any] = {}
@@ -246,9 +240,13 @@ class RolloutCollector:
             try:
                 if isinstance(result, BaseException):
                     raise result
-                applied[s] = apply(harness, s, result)
+                if method == "reset":
+                    (seed,), keywords = requests[s]
+                    applied[s] = harness.apply_reset(result, seed=seed, row_index=keywords["row_index"])
+                else:
+                    applied[s] = harness.apply_step(result)
             except Exception as exc:  # noqa: BLE001 - one env's failure must not end the batch
-                run.fail(s, phase, exc, harness.trajectory if phase == "step" else None)
+                run.fail(s, method, exc, harness.trajectory if method == "step" else None)
                 self._replace(s)
         return applied
 
@@ -377,17 +375,10 @@ def _server_metadata(env: Any) -> dict[str, Any]:
 
 
 def _env_max_turns(env: Any) -> int:
-    max_turns = getattr(env, "max_turns", None)
-    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-        raise AgileRLError(
-            f"max_turns is not given and the env has no usable max_turns attribute (got {max_turns!r}); "
-            "pass max_turns= to RolloutCollector"
-        )
-    return max_turns
-
-
-def _is_async(harness: RolloutHarness | None) -> bool:
-    return harness is not None and hasattr(type(harness.client), "astep")
+    return require_max_turns(
+        getattr(env, "max_turns", None),
+        "max_turns is not given and the env has no usable max_turns attribute: pass max_turns= to RolloutCollector",
+    )
 
 
 def _close_quietly(env: Any) -> None:

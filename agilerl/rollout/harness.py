@@ -12,10 +12,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from agilerl.errors import AgileRLError, HarnessStateError, InvalidArgument
+from agilerl.errors import HarnessStateError, InvalidArgument
 from agilerl.chat import ChatRenderer
 from agilerl.envs.client import EnvClient, InProcessEnvClient
-from agilerl.protocol import StepResult
+from agilerl.protocol import StepResult, require_max_turns
 from agilerl.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -80,8 +80,7 @@ class RolloutHarness:
         ``renderer`` lets many harnesses over the same kind of env share one ``ChatRenderer`` (and
         its prompt cache); it must have been built for the same tokenizer, tools and template kwargs.
         """
-        if max_turns < 1:
-            raise InvalidArgument(f"max_turns must be >= 1, got {max_turns}")
+        require_max_turns(max_turns)
         if isinstance(env, str):
             from agilerl.remote.client import RemoteEnvClient
 

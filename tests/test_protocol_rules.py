@@ -1,0 +1,136 @@
+"""The text-env protocol's rules (agilerl.protocol) hold the same for all three users: the
+in-process client, the env server and ``check_env`` accept and refuse the same results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agilerl.envs.checker import check_env
+from agilerl.envs.client import InProcessEnvClient
+from agilerl.errors import EnvProtocolError, InvalidArgument, RemoteEnvError
+from agilerl.protocol import max_turns_problem, require_max_turns, reset_kwargs
+from agilerl.remote.client import RemoteEnvClient
+from agilerl.remote.frames import decode, reset_frame
+from agilerl.remote.server import resolve_env
+from agilerl.rollout.collector import RolloutCollector
+from agilerl.rollout.harness import RolloutHarness
+
+
+class ScriptedEnv:
+    """Answers ``reset`` and ``step`` with the class attributes ``RESET`` and ``STEP``."""
+
+    RESET: Any = ("go", {})
+    STEP: Any = ("ok", 1.0, True, False, {})
+    max_turns = 2
+
+    def reset(self, seed=None):
+        return self.RESET
+
+    def step(self, action):
+        return self.STEP
+
+
+def env_class(reset: Any = None, step: Any = None) -> type[ScriptedEnv]:
+    attrs = {"RESET": reset} if reset is not None else {}
+    if step is not None:
+        attrs["STEP"] = step
+    return type("ScriptedEnv", (ScriptedEnv,), attrs)
+
+
+REFUSED = [
+    (env_class(reset="go"), "reset() must return a 2-tuple (prompt, info), got str"),
+    (env_class(reset=(1, {})), "reset() prompt must be str, got int"),
+    (env_class(reset=("go", None)), "reset() info must be a dict, got NoneType"),
+    (env_class(step=("ok", 1.0, True, {})), "step() must return a 5-tuple (observation, reward, terminated, "
+     "truncated, info), got a 4-tuple"),
+    (env_class(step=(7, 1.0, True, False, {})), "step() observation must be str, got int"),
+    (env_class(step=("ok", float("nan"), True, False, {})), "step() reward must be finite, got nan"),
+    (env_class(step=("ok", True, True, False, {})), "step() reward must be a number (int or float), got True"),
+    (env_class(step=("ok", "1", True, False, {})), "step() reward must be a number (int or float), got '1'"),
+    (env_class(step=("ok", 1.0, 1, False, {})), "step() terminated must be a bool, got 1"),
+    (env_class(step=("ok", 1.0, False, None, {})), "step() truncated must be a bool, got None"),
+    (env_class(step=("ok", 1.0, True, False, None)), "step() info must be a dict, got NoneType"),
+]
+
+
+def play(client: Any) -> tuple[Any, Any]:
+    first = client.reset(seed=0)
+    return first, client.step("1")
+
+
+@pytest.mark.parametrize(("env_cls", "problem"), REFUSED)
+def test_every_user_refuses_a_broken_result_with_the_same_words(env_cls: type, problem: str) -> None:
+    assert problem in check_env(env_cls(), raise_on_error=False).problems
+    with pytest.raises(EnvProtocolError) as local:
+        play(InProcessEnvClient(env_cls()))
+    assert f"ScriptedEnv.{problem}" in str(local.value)
+    url, server = resolve_env(env_cls)
+    with server, RemoteEnvClient(url) as client:
+        with pytest.raises(RemoteEnvError) as remote:
+            play(client)
+    assert remote.value.code == "EXECUTION_ERROR"
+    assert f"EnvProtocolError: ScriptedEnv.{problem}" in str(remote.value)
+
+
+ACCEPTED = [
+    (env_class(step=("ok", 2, True, False, {"k": 1})), ("ok", 2.0, True, False, {"k": 1})),
+    (env_class(step=("ok", np.float32(0.5), np.bool_(True), np.bool_(False), {})), ("ok", 0.5, True, False, {})),
+    (env_class(step=("ok", np.int64(3), False, True, {})), ("ok", 3.0, False, True, {})),
+]
+
+
+@pytest.mark.parametrize(("env_cls", "expected"), ACCEPTED)
+def test_every_user_accepts_numbers_and_numpy_bools_and_hands_back_plain_types(env_cls: type, expected: tuple) -> None:
+    assert check_env(env_cls()).ok
+    _, local = play(InProcessEnvClient(env_cls()))
+    assert local == expected
+    assert [type(v) for v in local[1:4]] == [float, bool, bool]
+    url, server = resolve_env(env_cls)
+    with server, RemoteEnvClient(url) as client:
+        assert play(client)[1] == expected
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "3", None])
+def test_one_max_turns_rule_for_the_checker_the_harness_and_the_collector(value: Any, chatml_tokenizer: Any) -> None:
+    problem = f"max_turns must be an int >= 1, got {value!r}"
+    assert max_turns_problem(value) == problem
+    if value is not None:  # a missing max_turns is a note for the checker, not a problem
+        assert problem in check_env(type("E", (ScriptedEnv,), {"max_turns": value})(), raise_on_error=False).problems
+    with pytest.raises(InvalidArgument, match=problem.replace("(", r"\(")):
+        RolloutHarness(ScriptedEnv(), chatml_tokenizer, max_turns=value)
+    with pytest.raises(InvalidArgument, match="pass max_turns= to RolloutCollector"):
+        RolloutCollector(type("E", (ScriptedEnv,), {"max_turns": value}), chatml_tokenizer, batch_size=1, group_size=1)
+    assert require_max_turns(4) == 4 and max_turns_problem(1) is None
+
+
+class PlainEnv:
+    """Takes only ``seed``: reset must never be passed row_index or evaluation it did not ask for."""
+
+    def reset(self, seed=None):
+        return f"seed {seed}", {}
+
+    def step(self, action):
+        return action, 0.0, True, False, {}
+
+
+class RowEnv(PlainEnv):
+    dataset_size = 10
+
+    def reset(self, seed=None, *, row_index=None, evaluation=None):
+        return f"seed {seed} row {row_index} eval {evaluation}", {}
+
+
+def test_reset_keywords_are_passed_only_when_set_in_process_and_over_the_wire() -> None:
+    assert reset_kwargs() == {} and reset_kwargs(0, False) == {"row_index": 0, "evaluation": False}
+    assert decode(reset_frame(3)) == {"type": "reset", "data": {"seed": 3}}
+    assert InProcessEnvClient(PlainEnv()).reset(3) == ("seed 3", {})
+    assert InProcessEnvClient(RowEnv()).reset(3, row_index=0, evaluation=False) == ("seed 3 row 0 eval False", {})
+    url, server = resolve_env(PlainEnv)
+    with server, RemoteEnvClient(url) as client:
+        assert client.reset(3) == ("seed 3", {})
+    url, server = resolve_env(RowEnv)
+    with server, RemoteEnvClient(url) as client:
+        assert client.reset(3, row_index=0, evaluation=False) == ("seed 3 row 0 eval False", {})
