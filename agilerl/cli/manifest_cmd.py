@@ -36,6 +36,7 @@ def _validate(args: argparse.Namespace) -> int:
 
     manifest = load_manifest_reporting_warnings(args.file)
     data = manifest.model_dump(mode="json", exclude_none=True)
+    data["training"]["output_dir"] = manifest.output_dir  # what train will really use
     print(yaml.safe_dump(data, sort_keys=False).rstrip())
     return 0
 

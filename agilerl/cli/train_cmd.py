@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+from pathlib import Path
 from typing import Any
+
+from agilerl.errors import AgileRLError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -22,6 +26,10 @@ def add_parser(subparsers: Any) -> None:
         "--resume", nargs="?", const="latest", metavar="CHECKPOINT",
         help="Continue from a checkpoint folder (default: the latest under output_dir).",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="Delete output_dir first when it already holds a run (default: refuse, never mix runs).",
+    )
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
     parser.set_defaults(handler=_train)
 
@@ -31,7 +39,16 @@ def _train(args: argparse.Namespace) -> int:
     from agilerl.assembly.from_manifest import train_from_manifest
 
     manifest = load_manifest_reporting_warnings(args.manifest)
-    overrides = {"max_steps": args.max_steps, "output_dir": args.output_dir, "seed": args.seed}
+    output_dir = Path(args.output_dir or manifest.output_dir)
+    if args.resume is None and output_dir.is_dir() and any(output_dir.iterdir()):
+        if not args.overwrite:
+            raise AgileRLError(
+                f"output_dir {output_dir} already holds a run; a fresh run there would mix with it. "
+                "Continue it with --resume, start over with --overwrite (deletes it), or pick "
+                "another --output-dir."
+            )
+        shutil.rmtree(output_dir)
+    overrides = {"max_steps": args.max_steps, "output_dir": str(output_dir), "seed": args.seed}
     result = train_from_manifest(
         manifest, overrides=overrides, resume=args.resume, show_progress=not args.no_progress
     )

@@ -242,6 +242,14 @@ class Manifest(_Section):
         """The manifest's folder: relative paths in it resolve from here."""
         return self._base_dir
 
+    @property
+    def output_dir(self) -> str:
+        """Where ``agilerl train`` writes: ``training.output_dir`` if set, else
+        ``runs/<the manifest's folder name>``, so runs of different manifests never mix."""
+        if "output_dir" in self.training.model_fields_set:
+            return self.training.output_dir
+        return str(Path("runs") / self.base_dir.name)
+
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> list[str]:
     """One ``field.path: message (got value)`` line per pydantic error."""
