@@ -87,10 +87,10 @@ def site_dirs() -> list[str]:
     return [p for p in dict.fromkeys(found) if Path(p).is_dir()]
 
 
-def installed_here() -> dict[str, list[str]]:
+def installed_here() -> set[str]:
     """What is installed in the running interpreter's site folders (dist-info, egg-info, .pth)."""
     kinds = (".dist-info", ".egg-info", ".pth", ".egg-link")
-    return {folder: sorted(n for n in os.listdir(folder) if n.endswith(kinds)) for folder in site_dirs()}
+    return {os.path.join(d, n) for d in site_dirs() for n in os.listdir(d) if n.endswith(kinds)}
 
 
 @pytest.fixture
@@ -98,4 +98,8 @@ def throwaway_venv(tmp_path_factory) -> Iterator[ThrowawayVenv]:
     """A fresh :class:`ThrowawayVenv`; afterwards, the running interpreter has nothing new installed."""
     before = installed_here()
     yield ThrowawayVenv(tmp_path_factory.mktemp("venv") / "venv")
-    assert installed_here() == before, "a test installed into the interpreter running the suite"
+    after = installed_here()
+    assert after == before, (
+        f"a test changed what the interpreter running the suite has installed: added {sorted(after - before)}, "
+        f"removed {sorted(before - after)}"
+    )
