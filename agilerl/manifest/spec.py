@@ -6,9 +6,10 @@ training loops. Errors name the field path, the value and the fix.
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -61,16 +62,26 @@ class _Section(BaseModel):
             known |= {f.alias for f in cls.model_fields.values() if f.alias}
             unknown = sorted(str(k) for k in data if k not in known)
             if unknown:
+                named = ", ".join(_with_suggestion(key, known, cls._moved_keys) for key in unknown)
                 warnings.warn(
-                    f"{cls._section_name()}: ignoring unknown key(s): {', '.join(unknown)}",
+                    f"{cls._section_name()}: ignoring unknown key(s): {named}",
                     ManifestWarning,
                     stacklevel=2,
                 )
         return data
 
+    _moved_keys: ClassVar[dict[str, str]] = {}
+    """Keys people put in this section that belong elsewhere -> where they belong."""
+
     @classmethod
     def _section_name(cls) -> str:
         return cls.__name__
+
+
+def _with_suggestion(key: str, known: set[str], moved: dict[str, str]) -> str:
+    """``key``, plus "(did you mean 'x'?)" when it is a typo of a real field or a moved key."""
+    close = difflib.get_close_matches(key, sorted(known | set(moved)), n=1, cutoff=0.8)
+    return f"{key} (did you mean {moved.get(close[0], close[0])!r}?)" if close else key
 
 
 class EnvPackages(BaseModel):
@@ -94,6 +105,8 @@ class EnvPackages(BaseModel):
 
 class EnvironmentSpec(_Section):
     """The ``environment:`` section of a manifest."""
+
+    _moved_keys: ClassVar[dict[str, str]] = {"system_prompt": "env_config: {system_prompt: ...}"}
 
     env_type: Literal["rollout", "dataset"] = Field(
         description="'rollout' (the model acts, the env answers) or 'dataset' (SFT/DPO data)."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.errors import LoadError, ModuleNotImportable
+
+_FILE_MODULE_PREFIX = "_agilerl_file_"
 
 
 def is_reference(ref: str) -> bool:
@@ -64,7 +67,7 @@ def _load_file(target: str, base_dir: str | Path | None) -> Any:
         raise LoadError(f"file not found: {path} (from {target!r}, relative to {base_dir or Path.cwd()}).")
     # One module per file path, so loading a file twice gives the same classes.
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    mod_name = f"_agilerl_file_{path.stem}_{digest}"
+    mod_name = f"{_FILE_MODULE_PREFIX}{path.stem}_{digest}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
     spec = importlib.util.spec_from_file_location(mod_name, path)
@@ -87,8 +90,24 @@ def _get_attr(module: Any, attr: str, ref: str) -> Any:
             obj = getattr(obj, part)
         except AttributeError:
             public = sorted(n for n in dir(module) if not n.startswith("_"))
+            # a file's module has a made-up name; the user knows it by its path
+            where = module.__file__ if module.__name__.startswith(_FILE_MODULE_PREFIX) else module.__name__
             raise LoadError(
-                f"{ref!r}: module {module.__name__!r} has no attribute {attr!r}. "
+                f"{ref!r}: {where!r} has no attribute {attr!r}. "
                 f"It has: {', '.join(public) or '(nothing public)'}."
             ) from None
     return obj
+
+
+def file_without_attr_message(ref: str, base_dir: str | Path | None) -> str:
+    """What to write instead of a bare ``file.py``: the ``file.py:Class`` form, with its classes."""
+    path = Path(base_dir or Path.cwd()) / ref
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        classes: list[str] = []
+    else:
+        classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")]
+    example = f"{ref}:{classes[0] if classes else 'ClassName'}"
+    found = f" ({path} defines: {', '.join(classes)})" if classes else ""
+    return f"{ref!r} is a file; name the env in it as {example!r}{found}."

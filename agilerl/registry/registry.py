@@ -107,10 +107,13 @@ class Registry:
     def _not_registered_message(self, kind: Kind, name: str) -> str:
         installed = self.names(kind)
         parts = [f"no {kind} named {name!r} is registered."]
-        close = difflib.get_close_matches(name, installed, n=3, cutoff=0.6)
+        close = difflib.get_close_matches(name, installed, n=5, cutoff=0.6)
         if close:
             parts.append("Did you mean " + " or ".join(repr(c) for c in close) + "?")
-        parts.append(f"Installed {kind}s: {', '.join(installed) if installed else 'none'}.")
+        elif len(installed) <= 5:
+            parts.append(f"Installed {kind}s: {', '.join(installed) if installed else 'none'}.")
+        else:
+            parts.append(f"{len(installed)} {kind}s are installed (agilerl {kind}s list).")
         other_kinds = [k for k in HOOK_OF_KIND if k != kind and name in self._entries[k]]
         if other_kinds:
             parts.append(f"{name!r} is registered, but as another kind: {', '.join(other_kinds)}.")

@@ -11,7 +11,8 @@ from typing import Any
 
 import pluggy
 
-from agilerl.registry.loading import ModuleNotImportable, is_reference, load_object
+from agilerl.errors import LoadError
+from agilerl.registry.loading import ModuleNotImportable, file_without_attr_message, is_reference, load_object
 from agilerl.registry.plugins import PluginInfo, new_plugin_manager
 from agilerl.registry.registry import (
     Kind,
@@ -83,6 +84,8 @@ def resolve(
 def _lookup(kind: Kind, ref: str, base_dir: str | Path | None) -> Any:
     if is_reference(ref):
         return load_object(ref, base_dir)
+    if ref.endswith(".py"):
+        raise LoadError(file_without_attr_message(ref, base_dir))
     return get_registry().load(kind, ref)
 
 
