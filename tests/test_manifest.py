@@ -127,7 +127,7 @@ def test_request_timeout_non_negative_and_zero_disables():
 
 @pytest.mark.parametrize("bad", ["-e", "--index-url", " -r"])
 def test_env_packages_rejects_options_at_parse_time(bad):
-    assert f"env_packages: {bad!r} is not a package name" in _error(
+    assert f"env_packages.uv.1: {bad!r} is an option, not a package name" in _error(
         {**ROLLOUT, "env_packages": {"uv": ["good", bad]}}
     )
 
@@ -186,8 +186,13 @@ def test_cli_validate_prints_the_normalised_spec(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text("environment:\n  env_type: rollout\n  entrypoint: a:b\n  reward_fn_name: r\n")
     result = _cli("manifest", "validate", str(path))
+    assert result.returncode == 2  # module 'a' and rubric 'r' exist nowhere: train would fail
+    assert "environment.entrypoint: cannot import module 'a'" in result.stderr
+    assert "environment.rubric_name: no rubric named 'r' is registered" in result.stderr
+    path.write_text("environment:\n  env_type: rollout\n  entrypoint: json:JSONDecoder\n  reward_fn_name: exact_match\n")
+    result = _cli("manifest", "validate", str(path))
     assert result.returncode == 0, result.stderr
-    assert "rubric_name: r" in result.stdout and "train_test_split: 0.9" in result.stdout
+    assert "rubric_name: exact_match" in result.stdout and "train_test_split: 0.9" in result.stdout
 
 
 def test_cli_validate_missing_file_exits_2(tmp_path):
