@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 # command -> the registry kind it lists
@@ -62,7 +63,7 @@ def _list_plugins(args: argparse.Namespace) -> int:
         print("No plugins installed (`agilerl plugins list --all` shows the built-ins).")
         return 0
     # Hooks without their common "register_" prefix, so the status (the cause) gets the width.
-    table = _table("Name", "Version", "Distribution", "Hooks", "Provides", "Status")
+    table = _Listing("Name", "Version", "Distribution", "Hooks", "Provides", "Status")
     for p in plugins:
         provides = "\n".join(f"{kind}: {_first_names(names)}" for kind, names in p.provides.items())
         status = {"ok": "ok", "error": f"error: {p.error}", "conflict": "conflict: " + "; ".join(p.conflicts)}
@@ -74,7 +75,7 @@ def _list_plugins(args: argparse.Namespace) -> int:
             provides,
             status[p.status],
         )
-    _print(table)
+    table.print()
     return 0
 
 
@@ -103,11 +104,11 @@ def _list_entries(args: argparse.Namespace) -> int:
     if not entries:
         print(f"No {args.kind}s registered.")
         return 0
-    table = _table("Name", "Description", "Plugin", "Status")
+    table = _Listing("Name", "Description", "Plugin", "Status")
     for e in entries:
         source = f"{e.plugin.name} ({e.plugin.distribution})" if e.plugin.distribution else e.plugin.name
         table.add_row(e.name, e.description, source, "conflict" if e.name in conflicted else "ok")
-    _print(table)
+    table.print()
     return 0
 
 
@@ -127,17 +128,33 @@ def _first_names(names: list[str], most: int = 3) -> str:
     return f"{', '.join(names[:most])}, ... ({len(names)} in all)"
 
 
-def _table(*columns: str) -> Any:
-    """A rich table; names and versions stay on one line, long text folds."""
-    from rich.table import Table
+class _Listing:
+    """Rows to print: a rich table on a terminal, plain aligned columns when piped or redirected."""
 
-    table = Table()
-    for column in columns:
-        table.add_column(column, overflow="fold", no_wrap=column in ("Name", "Version"))
-    return table
+    def __init__(self, *columns: str) -> None:
+        self.columns = columns
+        self.rows: list[tuple[str, ...]] = []
 
+    def add_row(self, *cells: str) -> None:
+        self.rows.append(cells)
 
-def _print(table: Any) -> None:
-    from rich.console import Console
+    def print(self) -> None:
+        if sys.stdout.isatty():
+            self._print_rich()
+            return
+        # One line per row, nothing folded or cut, so grep and cut see whole values.
+        rows = [self.columns, *(tuple(cell.replace("\n", ", ") for cell in row) for row in self.rows)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(self.columns))]
+        for row in rows:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
-    Console().print(table)
+    def _print_rich(self) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table()
+        for column in self.columns:  # names and versions stay on one line, long text folds
+            table.add_column(column, overflow="fold", no_wrap=column in ("Name", "Version"))
+        for row in self.rows:
+            table.add_row(*row)
+        Console().print(table)
