@@ -99,7 +99,7 @@ class LoopCalls:
         def task() -> None:
             try:
                 outcome = (future, True, fn(*args, **kwargs))
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            except BaseException as exc:
                 outcome = (future, False, exc)
             with self._lock:
                 self._finished.append(outcome)
@@ -277,7 +277,7 @@ async def _run_all(cleanups: list[Callable[[], Awaitable[Any]]]) -> None:
     for cleanup in cleanups:
         try:
             await cleanup()
-        except Exception:  # noqa: BLE001 - one failed cleanup must not skip the rest
+        except Exception:
             log.debug("loop cleanup failed", exc_info=True)
 
 
@@ -357,7 +357,7 @@ def _run_call(phase: _Phase, index: int, call: Callable[[], Any]) -> None:
     if phase.start():
         try:
             result = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+        except BaseException as exc:
             result = exc
         phase.finish(index, result)
 

@@ -57,7 +57,7 @@ def describe_env(env: Any) -> dict[str, Any]:
     for name in DESCRIBED_MEMBERS:
         try:
             value = getattr(env, name, None)
-        except Exception:  # noqa: BLE001 - a broken property describes nothing, it must not end sessions
+        except Exception:
             value = None
         described[name] = value if has_member_type(name, value) else None
     return described
@@ -79,17 +79,6 @@ def reset_kwargs(row_index: int | None = None, evaluation: bool | None = None) -
     return kwargs
 
 
-def reset_env(
-    env: Any,
-    seed: int | None = None,
-    *,
-    row_index: int | None = None,
-    evaluation: bool | None = None,
-) -> Any:
-    """Call ``env.reset`` passing ``row_index``/``evaluation`` only when they are set (unchecked)."""
-    return env.reset(seed=seed, **reset_kwargs(row_index, evaluation))
-
-
 def reset_problems(result: Any) -> list[str]:
     """What is wrong with a ``reset`` result; empty when it is a ``(prompt: str, info: dict)`` tuple."""
     if not isinstance(result, tuple) or len(result) != 2:
@@ -106,10 +95,8 @@ def reset_problems(result: Any) -> list[str]:
 def step_problems(result: Any) -> list[str]:
     """What is wrong with a ``step`` result; empty when it follows the protocol."""
     if not isinstance(result, tuple) or len(result) != 5:
-        return [
-            "step() must return a 5-tuple (observation, reward, terminated, truncated, info), "
-            f"got {_shape(result)}"
-        ]
+        shape = _shape(result)
+        return [f"step() must return a 5-tuple (observation, reward, terminated, truncated, info), got {shape}"]
     observation, reward, terminated, truncated, info = result
     problems = []
     if not isinstance(observation, str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -123,7 +123,7 @@ def test_a_blocked_env_call_does_not_block_the_event_loop() -> None:
 class WhereEnv(EchoEnv):
     """Records the name of the thread each step ran on."""
 
-    threads: list[str] = []
+    threads: ClassVar[list[str]] = []
 
     def step(self, action):
         WhereEnv.threads.append(threading.current_thread().name)

@@ -44,8 +44,10 @@ REFUSED = [
     (env_class(reset="go"), "reset() must return a 2-tuple (prompt, info), got str"),
     (env_class(reset=(1, {})), "reset() prompt must be str, got int"),
     (env_class(reset=("go", None)), "reset() info must be a dict, got NoneType"),
-    (env_class(step=("ok", 1.0, True, {})), "step() must return a 5-tuple (observation, reward, terminated, "
-     "truncated, info), got a 4-tuple"),
+    (
+        env_class(step=("ok", 1.0, True, {})),
+        "step() must return a 5-tuple (observation, reward, terminated, truncated, info), got a 4-tuple",
+    ),
     (env_class(step=(7, 1.0, True, False, {})), "step() observation must be str, got int"),
     (env_class(step=("ok", float("nan"), True, False, {})), "step() reward must be finite, got nan"),
     (env_class(step=("ok", True, True, False, {})), "step() reward must be a number (int or float), got True"),
@@ -68,9 +70,8 @@ def test_every_user_refuses_a_broken_result_with_the_same_words(env_cls: type, p
         play(InProcessEnvClient(env_cls()))
     assert f"ScriptedEnv.{problem}" in str(local.value)
     url, server = resolve_env(env_cls)
-    with server, RemoteEnvClient(url) as client:
-        with pytest.raises(RemoteEnvError) as remote:
-            play(client)
+    with server, RemoteEnvClient(url) as client, pytest.raises(RemoteEnvError) as remote:
+        play(client)
     assert remote.value.code == "EXECUTION_ERROR"
     assert f"EnvProtocolError: ScriptedEnv.{problem}" in str(remote.value)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.errors import ObservationError
-from agilerl.errors import AgileRLError
 
 ObservationProcessor = Callable[[dict[str, Any]], str]
 

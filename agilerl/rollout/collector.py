@@ -35,7 +35,12 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agilerl.chat import ChatRenderer
+from agilerl.concurrency import WorkerThreads, run_in_threads, run_on_loop, shared_loop
+from agilerl.errors import AgileRLError
+from agilerl.protocol import require_max_turns
 from agilerl.rollout.assigner import Task, TaskAssigner
+from agilerl.rollout.harness import RolloutHarness
 from agilerl.rollout.policy import Generation, Policy, SamplingParams
 from agilerl.rollout.results import (
     CollectionError,
@@ -44,11 +49,6 @@ from agilerl.rollout.results import (
     Run,
     end_of_last_action,
 )
-from agilerl.chat import ChatRenderer
-from agilerl.rollout.harness import RolloutHarness
-from agilerl.concurrency import WorkerThreads, run_in_threads, run_on_loop, shared_loop
-from agilerl.errors import AgileRLError
-from agilerl.protocol import require_max_turns
 
 if TYPE_CHECKING:
     from agilerl.manifest.spec import EnvironmentSpec
@@ -232,7 +232,7 @@ class RolloutCollector:
                 self._warm(openings=[self._harness_of(s).opening_messages(*r) for s, r in answers])
             else:
                 self._warm(observations=[(self._harness_of(s).observation_role, r[0]) for s, r in answers])
-        except Exception:  # noqa: BLE001 - only a speed-up: apply meets (and reports) the same error
+        except Exception:
             log.debug("batch tokenization failed; tokenizing answer by answer", exc_info=True)
         applied: dict[int, Any] = {}
         for s, result in zip(slots, results):
@@ -245,7 +245,7 @@ class RolloutCollector:
                     applied[s] = harness.apply_reset(result, seed=seed, row_index=keywords["row_index"])
                 else:
                     applied[s] = harness.apply_step(result)
-            except Exception as exc:  # noqa: BLE001 - one env's failure must not end the batch
+            except Exception as exc:
                 run.fail(s, method, exc, harness.trajectory if method == "step" else None)
                 self._replace(s)
         return applied
@@ -289,7 +289,7 @@ class RolloutCollector:
             if self._slots[slot] is None:
                 try:
                     self._slots[slot] = self._harness(self._env_factory())
-                except Exception as exc:  # noqa: BLE001 - reported, retried next batch
+                except Exception as exc:
                     run.fail(slot, "create", exc, None)
 
     def _replace(self, slot: int) -> None:

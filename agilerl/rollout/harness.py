@@ -12,9 +12,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from agilerl.errors import HarnessStateError, InvalidArgument
 from agilerl.chat import ChatRenderer
 from agilerl.envs.client import EnvClient, InProcessEnvClient
+from agilerl.errors import HarnessStateError, InvalidArgument
 from agilerl.protocol import StepResult, require_max_turns
 from agilerl.rollout.trajectory import Trajectory
 
@@ -175,7 +175,7 @@ class RolloutHarness:
         Send it with ``client.step`` (or ``await client.astep``), then pass the result to
         ``apply_step``: many envs can then be stepped at once while this object stays single-threaded.
         """
-        self.trajectory  # noqa: B018 - raises before the first reset
+        self.trajectory
         if self._done:
             raise HarnessStateError("the episode has ended: call reset() before step()")
         if isinstance(completion, str):
