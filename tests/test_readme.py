@@ -1,4 +1,4 @@
-"""The README's tour runs verbatim: its env file and its harness snippet."""
+"""The README runs as written: its tour, and set-up and install lines that name real things."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -33,3 +35,33 @@ def test_readme_env_check_command_runs(tmp_path):
     result = subprocess.run([sys.executable, "-m", "agilerl", *command[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "episodes=2" in result.stdout
+
+
+SET_UP = [
+    'pip install torch==2.13.0 && pip install -e ".[train,plot]" && agilerl train examples/guess/manifest.yaml',
+    'pip install torch==2.13.0 && pip install -e ".[dev]" ./plugins/agilerl-env-gem '
+    "./plugins/agilerl-env-textarena ./plugins/agilerl-env-reasoning-gym && python -m pytest",
+]
+
+
+def _section(title: str) -> str:
+    return README.read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_set_up_is_the_two_commands():
+    assert re.findall(r"```bash\n(.*?)\n```", _section("Set up"), flags=re.S) == SET_UP
+
+
+def test_every_extra_path_and_distribution_the_readme_names_exists():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    project = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]
+    text = README.read_text()
+    assert f"pip install {project['name']}" in _section("Install")
+    extras = set(re.findall(r"\[(\w+(?:,\w+)*)\]", _section("Install") + "\n".join(SET_UP)))
+    named = {extra for group in extras for extra in group.split(",")}
+    assert {"train", "datasets", "plot", "dev"} <= named <= set(project["optional-dependencies"])
+    for path in re.findall(r"\./(plugins/[\w-]+)", text) + re.findall(r"\b(examples/[\w/.-]+\.yaml)", text):
+        assert (README.parent / path).exists(), path
