@@ -99,7 +99,7 @@ class LoopCalls:
         def task() -> None:
             try:
                 outcome = (future, True, fn(*args, **kwargs))
-            except BaseException as exc:
+            except BaseException as exc:  # handed to the awaiting coroutine
                 outcome = (future, False, exc)
             with self._lock:
                 self._finished.append(outcome)
@@ -277,7 +277,7 @@ async def _run_all(cleanups: list[Callable[[], Awaitable[Any]]]) -> None:
     for cleanup in cleanups:
         try:
             await cleanup()
-        except Exception:
+        except Exception:  # one failed cleanup must not skip the rest
             log.debug("loop cleanup failed", exc_info=True)
 
 
@@ -357,7 +357,7 @@ def _run_call(phase: _Phase, index: int, call: Callable[[], Any]) -> None:
     if phase.start():
         try:
             result = call()
-        except BaseException as exc:
+        except BaseException as exc:  # handed to the caller
             result = exc
         phase.finish(index, result)
 

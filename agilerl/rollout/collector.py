@@ -232,7 +232,7 @@ class RolloutCollector:
                 self._warm(openings=[self._harness_of(s).opening_messages(*r) for s, r in answers])
             else:
                 self._warm(observations=[(self._harness_of(s).observation_role, r[0]) for s, r in answers])
-        except Exception:
+        except Exception:  # only a speed-up: apply meets (and reports) the same error
             log.debug("batch tokenization failed; tokenizing answer by answer", exc_info=True)
         applied: dict[int, Any] = {}
         for s, result in zip(slots, results):
@@ -245,7 +245,7 @@ class RolloutCollector:
                     applied[s] = harness.apply_reset(result, seed=seed, row_index=keywords["row_index"])
                 else:
                     applied[s] = harness.apply_step(result)
-            except Exception as exc:
+            except Exception as exc:  # one env's failure must not end the batch
                 run.fail(s, method, exc, harness.trajectory if method == "step" else None)
                 self._replace(s)
         return applied
@@ -289,7 +289,7 @@ class RolloutCollector:
             if self._slots[slot] is None:
                 try:
                     self._slots[slot] = self._harness(self._env_factory())
-                except Exception as exc:
+                except Exception as exc:  # reported, retried next batch
                     run.fail(slot, "create", exc, None)
 
     def _replace(self, slot: int) -> None:
