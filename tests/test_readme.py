@@ -39,8 +39,10 @@ def test_readme_env_check_command_runs(tmp_path):
 
 SET_UP = [
     'pip install torch==2.13.0 && pip install -e ".[train,plot]" && agilerl train examples/guess/manifest.yaml',
-    'pip install torch==2.13.0 && pip install -e ".[dev]" ./plugins/agilerl-env-gem '
-    "./plugins/agilerl-env-textarena ./plugins/agilerl-env-reasoning-gym && python -m pytest",
+    (
+        'pip install torch==2.13.0 && pip install -e ".[dev]" ./plugins/agilerl-env-gem '
+        "./plugins/agilerl-env-textarena ./plugins/agilerl-env-reasoning-gym && python -m pytest"
+    ),
 ]
 
 
