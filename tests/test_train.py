@@ -61,7 +61,7 @@ def test_resume_continues_the_step_count_and_the_log(tmp_path, capsys):
     assert _steps(out) == [0, 1, 2, 3, 4]  # the stale step-3 line was dropped, not duplicated
     assert 9.0 not in [r.get("train/loss") for r in read_metrics(out / "metrics.jsonl")]
     resumed = load_model_and_tokenizer(ModelSettings(), checkpoint=out / "checkpoints" / "step-000004")[0]
-    state = torch.load(out / "checkpoints" / "step-000004" / "optimizer.pt", weights_only=True)
+    state = torch.load(out / "checkpoints" / "step-000004" / "accelerate" / "optimizer.bin", weights_only=True)
     assert all(s["step"] == 4 for s in state["state"].values())  # Adam's moments carried over
     assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), resumed.parameters()))
 
@@ -83,7 +83,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert "Traceback" not in stderr
     step = _steps(out)[-1]
     assert f"stopped at step {step}" in stdout and "--resume" in stdout
-    assert (out / "checkpoints" / f"step-{step:06d}" / "optimizer.pt").is_file()
+    assert (out / "checkpoints" / f"step-{step:06d}" / "accelerate" / "optimizer.bin").is_file()
 
 
 def test_lora_trains_only_the_adapters_and_resumes(tmp_path):

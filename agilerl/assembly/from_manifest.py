@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +24,9 @@ def train_from_manifest(
     ``output_dir`` defaults to ``runs/<the manifest's folder name>``.
     ``resume`` (a checkpoint folder or ``latest``) wins over ``training.resume_from``.
     """
-    import torch
-
     from agilerl.train.algorithm import build_algorithm
     from agilerl.train.checkpoint import find_checkpoint
-    from agilerl.train.distributed import init_world
+    from agilerl.train.distributed import current_world
     from agilerl.assembly.models import load_model_and_tokenizer
 
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
@@ -43,14 +40,13 @@ def train_from_manifest(
         algorithm.check_environment(spec)
     except ConfigError as exc:  # in a manifest run, the manifest is what to fix
         raise ManifestError(exc.errors) from None
-    world = init_world()  # before the collector: ranks shard tasks
+    world = current_world()  # before the collector: ranks shard tasks
     resume_ref = resume or training.resume_from
     checkpoint = find_checkpoint(resume_ref, training.output_dir) if resume_ref else None
     model, tokenizer = load_model_and_tokenizer(
         manifest.model, base_dir=base_dir, seed=training.seed, checkpoint=checkpoint
     )
-    if torch.cuda.is_available():
-        model.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
+    # the trainer's accelerator places (or shards) the model on this process's device
     common: dict[str, Any] = {"resume_from": checkpoint, "show_progress": show_progress}
     if spec.env_type == "dataset":
         from agilerl.data.dataset_env import DatasetEnv

@@ -1,9 +1,11 @@
-"""Checkpoints a run resumes from: a ``save_pretrained`` folder plus the optimiser and step.
+"""Checkpoints a run resumes from: a ``save_pretrained`` folder plus accelerate's saved state.
 
 ``<output_dir>/checkpoints/step-000042/`` holds the model (or its LoRA adapters) and tokenizer
-exactly as ``from_pretrained`` reads them, ``optimizer.pt``, ``trainer_state.json`` and, when the
-algorithm adds trainable heads (PPO's value head), ``extra_params.pt``. A folder appears only
-once complete: it is written under a temporary name and renamed.
+exactly as ``from_pretrained`` reads them (whole, even when training sharded them with FSDP),
+``trainer_state.json``, when the algorithm adds trainable heads (PPO's value head)
+``extra_params.pt``, and ``accelerate/``: ``Accelerator.save_state``'s model, optimiser and RNG
+states (sharded under FSDP), which ``--resume`` loads. A folder appears only once complete: it is
+written under a temporary name and renamed.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from agilerl.errors import CheckpointError
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
-OPTIMIZER_FILE = "optimizer.pt"
+ACCELERATE_STATE = "accelerate"
 EXTRA_PARAMS_FILE = "extra_params.pt"
 
 
@@ -32,35 +35,45 @@ def save_checkpoint(
     output_dir: str | Path,
     step: int,
     *,
+    accelerator: Accelerator,
     model: Any,
     tokenizer: Any,
-    optimizer: torch.optim.Optimizer,
-    policy: torch.nn.Module | None = None,
+    policy: torch.nn.Module,
     state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step``; ``policy`` is the trained module when it wraps ``model``."""
+    """Write the checkpoint of ``step``; every process calls it (a sharded state is saved by all).
+
+    ``policy`` is the prepared module the optimiser trains (``model`` itself or a wrapper of it).
+    """
     import torch
     from transformers.utils import logging
 
     final = checkpoint_dir(output_dir, step)
     partial = final.with_name(final.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    quiet = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()  # no "Writing model shards" bar inside ours
-    try:
-        model.save_pretrained(partial)
-    finally:
-        if quiet:
-            logging.enable_progress_bar()
-    tokenizer.save_pretrained(partial)
-    torch.save(optimizer.state_dict(), partial / OPTIMIZER_FILE)
-    extra = _extra_params(model, policy)
-    if extra:
-        torch.save(extra, partial / EXTRA_PARAMS_FILE)
-    (partial / STATE_FILE).write_text(json.dumps({"step": step, **(state or {})}, indent=2))
-    shutil.rmtree(final, ignore_errors=True)
-    partial.rename(final)
+    main = accelerator.is_main_process
+    if main:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    full = accelerator.get_state_dict(policy)  # whole weights (gathered when sharded) on rank 0
+    accelerator.save_state(str(partial / ACCELERATE_STATE))
+    if main:
+        own, extra = _split_state(accelerator.unwrap_model(policy), model, full)
+        quiet = logging.is_progress_bar_enabled()
+        logging.disable_progress_bar()  # no "Writing model shards" bar inside ours
+        try:
+            # sharded: the gathered weights; otherwise the model's own tensors, as transformers saves them
+            model.save_pretrained(partial, **({"state_dict": own} if _sharded(accelerator) else {}))
+        finally:
+            if quiet:
+                logging.enable_progress_bar()
+        tokenizer.save_pretrained(partial)
+        if extra:
+            torch.save(extra, partial / EXTRA_PARAMS_FILE)
+        (partial / STATE_FILE).write_text(json.dumps({"step": step, **(state or {})}, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+    accelerator.wait_for_everyone()
     return final
 
 
@@ -88,27 +101,32 @@ def read_state(path: str | Path) -> dict[str, Any]:
     return json.loads((Path(path) / STATE_FILE).read_text())
 
 
-def restore_training_state(
-    path: str | Path, optimizer: torch.optim.Optimizer, model: Any, policy: torch.nn.Module
-) -> int:
-    """Load the optimiser (and extra heads) saved at ``path``; return the step to continue from.
-
-    The model's own weights are loaded by ``load_model_and_tokenizer(..., checkpoint=path)``.
-    """
-    import torch
-
+def restore_training_state(path: str | Path, accelerator: Accelerator) -> int:
+    """Load the model, optimiser and RNG states saved at ``path`` into the prepared objects
+    (each rank its shard under FSDP); return the step to continue from."""
     path = Path(path)
-    optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
-    extra_file = path / EXTRA_PARAMS_FILE
-    if extra_file.is_file():
-        policy.load_state_dict(torch.load(extra_file, weights_only=True), strict=False)
+    saved = path / ACCELERATE_STATE
+    if not saved.is_dir():
+        raise CheckpointError(
+            f"checkpoint {path} has no {ACCELERATE_STATE}/ folder (written by an older agilerl, "
+            "or copied without it); its weights load with from_pretrained, but the run cannot "
+            "resume from it: start a new run from those weights instead (model.name_or_path)."
+        )
+    accelerator.load_state(str(saved))
     return int(read_state(path)["step"])
 
 
-def _extra_params(model: Any, policy: torch.nn.Module | None) -> dict[str, Any]:
-    """The policy's tensors that ``model.save_pretrained`` does not cover (added heads)."""
-    if policy is None or policy is model:
-        return {}
-    own = model.state_dict(keep_vars=True)  # the Parameter objects themselves, alive while compared
-    shared = {id(t) for t in own.values()}
-    return {k: v.detach() for k, v in policy.state_dict(keep_vars=True).items() if id(v) not in shared}
+def _sharded(accelerator: Accelerator) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
+def _split_state(policy: torch.nn.Module, model: Any, full: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``full`` (the policy's state) as ``model``'s own state dict and the rest (added heads)."""
+    if policy is model:
+        return full, {}
+    prefix = next(name + "." for name, module in policy.named_modules() if module is model)
+    own = {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
+    extra = {k: v for k, v in full.items() if not k.startswith(prefix)}
+    return own, extra

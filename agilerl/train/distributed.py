@@ -1,21 +1,27 @@
-"""Data-parallel training across processes (``accelerate launch``, ``torchrun``).
+"""The engine under the loops: Hugging Face accelerate (one process, DDP, FSDP, DeepSpeed).
 
-Each rank collects its own share of tasks (``TaskAssigner`` with its rank), computes its loss,
-and gradients are averaged with one all-reduce before every optimiser step, so every rank
-applies the same update to the same weights. Rank 0 alone logs, evaluates and checkpoints.
-Gloo on CPU, NCCL on GPUs. A single process needs none of this and imports no
-``torch.distributed``.
+The loops stay ours; accelerate owns what it does well: the process group (``accelerate launch``
+or ``torchrun`` describe it in the environment), device placement, wrapping the policy for DDP
+or sharding it with FSDP, mixed precision, gradient synchronisation and sharded checkpoints.
+Each rank collects its own share of tasks (``TaskAssigner`` with its rank); rank 0 alone logs,
+evaluates and writes checkpoints, from accelerate's process info.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from agilerl.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator
+
+    from agilerl.manifest.settings import TrainingSettings
 
 
 @dataclass(frozen=True)
@@ -33,61 +39,142 @@ class World:
     def distributed(self) -> bool:
         return self.world_size > 1
 
-    def broadcast_parameters(self, module: torch.nn.Module) -> None:
-        """Give every rank rank 0's weights (models built from one seed already agree; this is
-        the guarantee)."""
-        if not self.distributed:
-            return
-        import torch.distributed as dist
 
-        for tensor in module.state_dict().values():
-            dist.broadcast(tensor, src=0)
+def current_world() -> World:
+    """The processes ``accelerate launch``/``torchrun`` started (a plain run is a world of one);
+    accelerate joins the process group on first use."""
+    from accelerate import PartialState
 
-    def average_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Replace each gradient by its mean over ranks, in one flattened all-reduce."""
-        if not self.distributed:
-            return
-        import torch
-        import torch.distributed as dist
-
-        params = [p for p in parameters if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.world_size
-        offset = 0
-        for p, g in zip(params, grads):
-            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
-            offset += g.numel()
-
-    def mean(self, metrics: Mapping[str, float]) -> dict[str, float]:
-        """Each metric averaged over ranks (every rank must report the same keys)."""
-        if not self.distributed:
-            return dict(metrics)
-        import torch
-        import torch.distributed as dist
-
-        keys = sorted(metrics)
-        values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
-        dist.all_reduce(values)
-        return dict(zip(keys, (values / self.world_size).tolist()))
-
-    def barrier(self) -> None:
-        if self.distributed:
-            import torch.distributed as dist
-
-            dist.barrier()
+    state = PartialState(cpu=_cpu_only())
+    return World(rank=state.process_index, world_size=state.num_processes)
 
 
-def init_world() -> World:
-    """Join the process group that ``accelerate launch``/``torchrun`` describe in the environment
-    (``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``...); a plain run is a world of one."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
-        return World()
+def build_accelerator(settings: TrainingSettings) -> Accelerator:
+    """An ``Accelerator`` for ``training.mixed_precision``; DDP, FSDP or DeepSpeed come from the
+    launcher's configuration (``accelerate launch --use_fsdp ...``), never from the manifest, so
+    one manifest runs unchanged on every engine."""
+    from accelerate import Accelerator, PartialState
+    from accelerate.state import AcceleratorState, GradientState
+
+    if not PartialState(cpu=_cpu_only()).use_distributed:
+        # One process may train several times (notebooks, tests) with different precisions;
+        # accelerate keeps one global state, so start each run from a fresh one.
+        AcceleratorState._reset_state()
+        GradientState._reset_state()
+    try:
+        accelerator = Accelerator(
+            cpu=_cpu_only(), mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False
+        )
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            [f"training.mixed_precision {settings.mixed_precision!r}: {exc} Use 'no', or 'bf16' "
+             "(CPUs and recent GPUs), or 'fp16' (GPUs)."],
+            "training settings",
+        ) from None
+    _fsdp_on_cpu(accelerator)
+    return accelerator
+
+
+def _fsdp_on_cpu(accelerator: Accelerator) -> None:
+    """``accelerate launch --use_fsdp`` on CPUs: accelerate 1.15 starts plain multi-CPU (DDP)
+    processes and ignores the FSDP plugin, though torch's FSDP2 shards over gloo. Switch the
+    shared state to FSDP with the plugin the launcher described (its environment variables)."""
+    import os
+
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    wanted = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if not wanted or accelerator.distributed_type != DistributedType.MULTI_CPU:
+        return
+    plugin = FullyShardedDataParallelPlugin()
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+    from accelerate import PartialState
+
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # both shared states agree
+
+
+def _cpu_only() -> bool:
+    """No accelerator device: accelerate then runs several launched processes on CPU (gloo)
+    only when told so; with one, it picks the device itself."""
     import torch
-    import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return World(rank=dist.get_rank(), world_size=dist.get_world_size())
+    if hasattr(torch, "accelerator"):  # torch >= 2.6: any device type, named by none
+        return not torch.accelerator.is_available()
+    from accelerate.utils import is_cuda_available, is_xpu_available
+
+    return not (is_cuda_available() or is_xpu_available())
+
+
+def describe_engine(accelerator: Accelerator) -> str:
+    """One line naming the engine, e.g. ``accelerate FSDP2, 2 processes, bf16, cpu``."""
+    from accelerate.utils import DistributedType
+
+    kind = accelerator.distributed_type
+    if kind == DistributedType.FSDP:
+        name = "FSDP2" if accelerator.is_fsdp2 else "FSDP"
+    elif kind == DistributedType.DEEPSPEED:
+        name = "DeepSpeed"
+    elif kind == DistributedType.NO:
+        name = "single process"
+    else:
+        name = "DDP"
+    count = accelerator.num_processes
+    processes = f"{count} process{'es' if count != 1 else ''}"
+    precision = accelerator.mixed_precision if accelerator.mixed_precision != "no" else "fp32"
+    return f"accelerate {name}, {processes}, {precision}, {accelerator.device.type}"
+
+
+def mean_over_ranks(accelerator: Accelerator, metrics: Mapping[str, float]) -> dict[str, float]:
+    """Each metric averaged over ranks (every rank must report the same keys)."""
+    if accelerator.num_processes == 1:
+        return dict(metrics)
+    import torch
+
+    keys = sorted(metrics)
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=accelerator.device)
+    values = accelerator.reduce(values, reduction="mean")
+    return dict(zip(keys, values.cpu().tolist()))
+
+
+@contextmanager
+def gathered_for_generation(module: torch.nn.Module) -> Iterator[None]:
+    """Under FSDP2, every sharded weight gathered once and kept whole while the block runs.
+
+    Generation calls the model a different number of times on each rank (episodes and
+    completions end when they end); sharded weights would be gathered by collectives inside
+    every call and the ranks would wait on each other forever. Whole weights need none. As
+    TRL's ``unwrap_model_for_generation``; costs one full copy of the weights while it lasts.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2: nothing can be sharded
+        yield
+        return
+    sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not sharded:
+        yield
+        return
+    for m in sharded:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    # transformers turns on ``synced_gpus`` for FSDP modules: one all-reduce per generated token,
+    # so a rank generating alone (rank 0's evaluation) would wait forever. Whole weights need none.
+    generators = [m for m in module.modules() if callable(getattr(type(m), "generate", None))]
+    for m in generators:
+        m.generate = functools.partial(type(m).generate, m, synced_gpus=False)
+    try:
+        yield
+    finally:
+        for m in generators:
+            del m.generate
+        for m in sharded:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+
+
+def unwrapped(accelerator: Accelerator, module: Any) -> Any:
+    """The module under a DDP (or compile) wrapper: the one whose attributes the code reads."""
+    return accelerator.unwrap_model(module, keep_fp32_wrapper=True)

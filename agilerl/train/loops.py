@@ -1,6 +1,7 @@
 """The training loops: ``train_llm_rollout`` (the model acts in envs) and ``train_llm_dataset``
-(SFT/DPO batches). Both share one trainer: optimiser, gradient averaging across ranks, metrics,
-evaluation, checkpoints, and a Ctrl-C that saves before it stops.
+(SFT/DPO batches). Both share one trainer: optimiser, metrics, evaluation, checkpoints, and a
+Ctrl-C that saves before it stops. Underneath is accelerate (``distributed.py``): one process,
+DDP or FSDP as ``accelerate launch`` says, mixed precision and sharded checkpoints.
 
     model, tokenizer = load_model_and_tokenizer(ModelSettings(name_or_path="tiny"))
     collector = RolloutCollector(GuessEnv, tokenizer, batch_size=8, group_size=8, seed=0)
@@ -9,7 +10,9 @@ evaluation, checkpoints, and a Ctrl-C that saves before it stops.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -20,9 +23,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.train.algorithm import Algorithm, build_algorithm
-from agilerl.train.checkpoint import restore_training_state, save_checkpoint
+from agilerl.train.checkpoint import save_checkpoint
 from agilerl.manifest.settings import TrainingSettings
-from agilerl.train.distributed import World, init_world
+from agilerl.train.distributed import (
+    World,
+    build_accelerator,
+    describe_engine,
+    gathered_for_generation,
+    mean_over_ranks,
+)
 from agilerl.train.metrics import (
     MetricsLog,
     PlotUnavailable,
@@ -88,16 +97,20 @@ def train_llm_rollout(
     trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
     policy = TransformersPolicy(model, tokenizer, max_model_len=max_model_len)
     pad_id = policy.pad_id
-    for _ in range(trainer.step):  # a resumed run plays on with the tasks it has not seen
+    for _ in range(trainer.step * settings.gradient_accumulation_steps):  # a resumed run plays on
         collector.assigner.assign(collector.batch_size, collector.group_size)
 
     def next_batch() -> tuple[Any, dict[str, float]]:
-        rollouts = collector.collect(policy)
+        with gathered_for_generation(trainer.policy), trainer.accelerator.autocast():
+            rollouts = collector.collect(policy)
         batch = collate_trajectories(rollouts.trajectories, pad_id).to(trainer.device)
         return batch, {"train/reward": rollouts.stats.reward_mean, **rollouts.stats.metrics()}
 
     def evaluate() -> dict[str, float]:
-        result = collector.evaluate(policy, num_episodes=settings.eval_episodes)
+        with gathered_for_generation(trainer.policy):  # every rank gathers; rank 0 alone plays
+            if not trainer.world.is_main:
+                return {}
+            result = collector.evaluate(policy, num_episodes=settings.eval_episodes)
         metrics = {"eval/reward": result.mean_reward}
         if result.accuracy is not None:
             metrics["eval/accuracy"] = result.accuracy
@@ -129,7 +142,9 @@ def train_llm_dataset(
         )
     settings = _settings(training)
     trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
-    batches = _dataset_batches(dataset, trainer.world, skip=trainer.step)
+    batches = _dataset_batches(
+        dataset, trainer.world, skip=trainer.step * settings.gradient_accumulation_steps
+    )
 
     def next_batch() -> tuple[Any, dict[str, float]]:
         return {k: v.to(trainer.device) for k, v in next(batches).items()}, {}
@@ -140,10 +155,13 @@ def train_llm_dataset(
         totals: dict[str, float] = {}
         count = 0
         trainer.policy.eval()
-        with torch.no_grad():
+        with torch.no_grad(), gathered_for_generation(trainer.policy):
+            if not trainer.world.is_main:
+                trainer.policy.train()
+                return {}
             for batch in dataset.batches(evaluation=True):
                 batch = {k: v.to(trainer.device) for k, v in batch.items()}
-                _, metrics = algo.loss(trainer.policy, batch, trainer.reference)
+                _, metrics = algo.loss(trainer.bare_policy, batch, trainer.reference)
                 for key, value in metrics.items():
                     totals[key] = totals.get(key, 0.0) + value
                 count += 1
@@ -167,19 +185,29 @@ class _Trainer:
     ) -> None:
         import torch
 
+        from agilerl.train.checkpoint import restore_training_state
         from agilerl.train.reference import frozen_reference
 
         self.model, self.tokenizer, self.algorithm, self.settings = model, tokenizer, algorithm, settings
-        self.world = init_world()
-        self.device = next(model.parameters()).device
-        self.policy = algorithm.prepare_policy(model).to(self.device)
-        self.reference = frozen_reference(model) if algorithm.needs_reference else None
-        self.world.broadcast_parameters(self.policy)
-        self.params = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
+        self.accelerator = accelerator = build_accelerator(settings)
+        self.world = World(rank=accelerator.process_index, world_size=accelerator.num_processes)
+        self.engine = describe_engine(accelerator)
+        self.device = accelerator.device
+        # The reference is copied before the policy is wrapped or sharded: a frozen full copy
+        # on every rank (with LoRA none: the adapters switched off), placed and autocast by
+        # accelerate like the policy.
+        reference = frozen_reference(model) if algorithm.needs_reference else None
+        policy = algorithm.prepare_policy(model)
+        params = [p for p in policy.parameters() if p.requires_grad]
+        optimizer = build_optimizer(params, lr=settings.lr, weight_decay=settings.weight_decay)
+        self.policy, self.optimizer = accelerator.prepare(policy, optimizer)
+        self.bare_policy = accelerator.unwrap_model(self.policy)  # no DDP wrapper: rank-0-only calls
+        self.reference = (
+            accelerator.prepare_model(reference, evaluation_mode=True) if reference is not None else None
+        )
         self.step = 0
         if resume_from is not None:
-            self.step = restore_training_state(resume_from, self.optimizer, model, self.policy)
+            self.step = restore_training_state(resume_from, accelerator)
         torch.manual_seed(settings.seed * 1_000_003 + self.step * 101 + self.world.rank)
         self.output_dir = Path(settings.output_dir)
         self.show_progress = show_progress and self.world.is_main
@@ -201,23 +229,29 @@ class _Trainer:
         checkpoint: Path | None = None
         interrupted = False
         bar = ProgressBar(settings.max_steps, start, show=self.show_progress)
+        header: dict[str, Any] = {"engine": self.engine}  # on this run's first metrics row
+        if self.show_progress:
+            print(f"engine: {self.engine}", file=sys.stderr, flush=True)
         with bar.running(), self._graceful_interrupt():
             try:
-                if start == 0 and settings.evaluation_interval and self.log is not None:
+                if start == 0 and settings.evaluation_interval:
                     last = evaluate()  # the untrained baseline: where the curve starts
-                    self.log.write(0, last)
+                    if self.log is not None:
+                        self.log.write(0, last, header)
+                        header = {}
                     bar.update(0, last)
                 while self.step < settings.max_steps:
                     t0 = time.perf_counter()
-                    batch, metrics = next_batch()
+                    batches, metrics = self._collect(next_batch)
                     with self._shielded():  # from here to the log line, Ctrl-C waits
-                        metrics.update(self._update(batch))
+                        metrics.update(self._update(batches))
                         metrics["time/step_s"] = time.perf_counter() - t0
-                        last = self.world.mean(metrics)
-                        if self._due(settings.evaluation_interval) and self.world.is_main:
+                        last = mean_over_ranks(self.accelerator, metrics)
+                        if self._due(settings.evaluation_interval):
                             last.update(evaluate())
                         if self.log is not None:
-                            self.log.write(self.step, last)
+                            self.log.write(self.step, last, header)
+                            header = {}
                         bar.update(self.step, last)
                         if self._due(settings.checkpoint_interval) and self.step < settings.max_steps:
                             checkpoint = self._save()
@@ -235,25 +269,40 @@ class _Trainer:
                 warnings.warn(str(exc), stacklevel=2)
         return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
 
-    def _update(self, batch: Any) -> dict[str, float]:
-        """One optimiser step, accumulating gradients over micro-batches."""
-        import torch
+    def _collect(self, next_batch: Callable[[], tuple[Any, dict[str, float]]]) -> tuple[list[Any], dict[str, float]]:
+        """The step's ``gradient_accumulation_steps`` batches, and their collection metrics averaged."""
+        batches, totals = [], {}
+        count = self.settings.gradient_accumulation_steps
+        for _ in range(count):
+            batch, metrics = next_batch()
+            batches.append(batch)
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value / count
+        return batches, totals
 
+    def _update(self, batches: list[Any]) -> dict[str, float]:
+        """One optimiser step over the step's batches, accumulating gradients over micro-batches;
+        gradients are synchronised across processes on the last backward pass only."""
+        accelerator = self.accelerator
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
-        chunks = split_rows(batch, self.settings.micro_batch_size)
-        total = sum(rows for rows, _ in chunks)
+        pieces: list[tuple[Any, float]] = []  # (micro-batch, its share of the step's loss)
+        for batch in batches:
+            parts = split_rows(batch, self.settings.micro_batch_size)
+            total = sum(rows for rows, _ in parts)
+            pieces += [(chunk, rows / total / len(batches)) for rows, chunk in parts]
         loss_sum = 0.0
         metrics: dict[str, float] = {}
-        for rows, chunk in chunks:
-            loss, chunk_metrics = self.algorithm.loss(self.policy, chunk, self.reference)
-            (loss * (rows / total)).backward()
-            loss_sum += float(loss.detach()) * rows / total
+        for index, (chunk, weight) in enumerate(pieces):
+            last = index == len(pieces) - 1
+            with contextlib.nullcontext() if last else accelerator.no_sync(self.policy):
+                loss, chunk_metrics = self.algorithm.loss(self.policy, chunk, self.reference)
+                accelerator.backward(loss * weight)
+            loss_sum += float(loss.detach()) * weight
             for key, value in chunk_metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + value * rows / total
-        self.world.average_gradients(self.params)
+                metrics[key] = metrics.get(key, 0.0) + value * weight
         if self.settings.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
+            norm = accelerator.clip_grad_norm_(self.policy.parameters(), self.settings.max_grad_norm)
             metrics["grad_norm"] = float(norm)
         self.optimizer.step()
         self.step += 1
@@ -265,15 +314,13 @@ class _Trainer:
         return interval > 0 and (self.step % interval == 0 or self.step == self.settings.max_steps)
 
     def _save(self) -> Path | None:
-        path = None
-        if self.world.is_main:
-            path = save_checkpoint(
-                self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
-                optimizer=self.optimizer, policy=self.policy,
-                state={"algorithm": type(self.algorithm).__name__},
-            )
-        self.world.barrier()
-        return path
+        """Every rank takes part (a sharded state is saved by all); rank 0 gets the path."""
+        path = save_checkpoint(
+            self.output_dir, self.step, accelerator=self.accelerator, model=self.model,
+            tokenizer=self.tokenizer, policy=self.policy,
+            state={"algorithm": type(self.algorithm).__name__, "engine": self.engine},
+        )
+        return path if self.world.is_main else None
 
     @contextmanager
     def _graceful_interrupt(self) -> Iterator[None]:

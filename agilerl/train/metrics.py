@@ -24,9 +24,12 @@ class MetricsLog:
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= start_step] if start_step else []
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
-    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+    def write(self, step: int, metrics: Mapping[str, float], info: Mapping[str, Any] | None = None) -> None:
+        """One line: ``step``, ``info`` as given (e.g. the engine, on a run's first line), then
+        the metrics (non-finite values as null)."""
+        record = {"step": step, **(info or {}), **{k: _finite(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **{k: _finite(v) for k, v in metrics.items()}}) + "\n")
+            f.write(json.dumps(record) + "\n")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
