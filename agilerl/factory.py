@@ -9,7 +9,7 @@ from typing import Any
 from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
 from agilerl.errors import AgileRLError
 from agilerl.manifest.spec import EnvironmentSpec
-from agilerl.protocol import close_env
+from agilerl.protocol import close_env, max_turns_problem
 
 _PROBED_MAX_TURNS: dict[tuple[str, str], int] = {}
 
@@ -65,7 +65,7 @@ def resolve_max_turns(spec: EnvironmentSpec, factory: EnvFactory) -> int:
             max_turns = getattr(env, "max_turns", None)  # a remote client reads /metadata
         finally:
             close_env(env)
-        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+        if max_turns_problem(max_turns) is not None:
             where = (
                 f"the server at {source} does not publish a usable max_turns in /metadata "
                 "(OpenEnv servers do not)"

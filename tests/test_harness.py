@@ -327,14 +327,14 @@ class _BrokenEnv:
 @pytest.mark.parametrize(
     ("replies", "message"),
     [
-        ({"reset": "Guess."}, r"_BrokenEnv\.reset\(\) must return \(prompt: str, info: dict\), got str 'Guess\.'"),
-        ({"reset": (1, {})}, r"reset\(\) must return .*got a tuple of 2 \(int, dict\)"),
-        ({"step": ("Too low!", 0.0, False, False)}, r"step\(\) must return \(observation, reward, terminated, "
-         r"truncated, info\), got a tuple of 4 \(str, float, bool, bool\)"),
+        ({"reset": "Guess."}, r"_BrokenEnv\.reset\(\) must return a 2-tuple \(prompt, info\), got str"),
+        ({"reset": (1, {})}, r"_BrokenEnv\.reset\(\) prompt must be str, got int"),
+        ({"step": ("Too low!", 0.0, False, False)}, r"step\(\) must return a 5-tuple \(observation, reward, "
+         r"terminated, truncated, info\), got a 4-tuple"),
         ({"step": (7, 0.0, False, False, {})}, r"step\(\) observation must be str, got int"),
-        ({"step": ("x", float("nan"), False, False, {})}, r"reward must be a finite number, got nan"),
-        ({"step": ("x", True, False, False, {})}, r"reward must be a finite number, got True"),
-        ({"step": ("x", "1", False, False, {})}, r"reward must be a finite number, got '1'"),
+        ({"step": ("x", float("nan"), False, False, {})}, r"reward must be finite, got nan"),
+        ({"step": ("x", True, False, False, {})}, r"reward must be a number \(int or float\), got True"),
+        ({"step": ("x", "1", False, False, {})}, r"reward must be a number \(int or float\), got '1'"),
     ],
 )
 def test_an_env_breaking_the_protocol_gets_an_error_naming_the_call_and_the_value(replies, message, chatml_tokenizer):
@@ -348,7 +348,7 @@ def test_an_env_breaking_the_protocol_gets_an_error_naming_the_call_and_the_valu
 
 def test_in_process_client_reports_the_envs_state_and_closes_once(chatml_tokenizer):
     closed = []
-    env = _BrokenEnv({"step": ("Too low!", 1, 0, 0, None)})
+    env = _BrokenEnv({"step": ("Too low!", 1, False, False, {})})
     env.close = lambda: closed.append(True)
     harness = RolloutHarness.local(env, chatml_tokenizer)
     harness.reset(seed=0)
@@ -377,7 +377,7 @@ def test_a_prompt_is_a_view_that_later_turns_do_not_change(chatml_tokenizer):
 
 
 def test_max_turns_below_one_is_refused(chatml_tokenizer):
-    with pytest.raises(ValueError, match="max_turns must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_turns must be an int >= 1, got 0"):
         RolloutHarness(GuessEnv(), chatml_tokenizer, max_turns=0)
 
 

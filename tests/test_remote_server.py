@@ -573,6 +573,8 @@ def test_agilerl_serve_cli(tmp_path: Any) -> None:
     )
     try:
         assert proc.stdout is not None
+        # the env built at start-up to check --env-config closes first
+        assert proc.stdout.readline().strip() == "env closed"
         line = proc.stdout.readline()
         url = line.split(" at ")[1].split()[0]
         with RemoteEnvClient(url) as client:
