@@ -1,6 +1,17 @@
-"""Two training processes under ``accelerate launch`` (CPU, gloo): each rank plays its own tasks
-(or takes its own SFT batches), gradients are averaged, so both ranks end with identical
-weights; rank 0 alone writes files."""
+"""Two training processes on CPU (gloo) under ``accelerate launch``, DDP and FSDP2, running the
+same manifests as one plain process, through the real ``agilerl train`` command.
+
+Equivalence: DPO on the example preference data, 2 steps. One process takes batches of 4 rows;
+two processes take 2 rows each of the same shuffled epoch (rank r takes batch r, r + 2, ...), so
+every step sees the same 4 rows. DPO's loss is a mean over rows, so the mean of the two ranks'
+losses (what DDP's gradient average and the logged loss are) is exactly the one process's loss
+in real arithmetic. Tolerance: only float32 summation order differs (gloo's all-reduce and FSDP's
+reduce-scatter add the two halves in another order; padding to each rank's own longest row), a
+relative 1e-7 per operation: losses and gradient norms must agree to a relative 1e-5. Weights:
+Adam's first steps move each weight by about lr * sign(gradient), so any gradient whose sign
+differed would show as a difference of order lr (1e-5); the weights must agree to lr / 10.
+Measured: losses equal to 1e-7, weights to 4e-8 (one float32 ulp at these magnitudes).
+"""
 
 from __future__ import annotations
 
@@ -9,63 +20,37 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+LR = 1e-5
 
-RANK_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import torch
-    from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.manifest.spec import load_manifest
-    from agilerl.train.distributed import init_world
-    from agilerl.train.loops import train_llm_rollout
-    from agilerl.assembly.models import load_model_and_tokenizer
+DPO = f"""
+environment:
+  env_type: dataset
+  objective: preference
+  dataset: {EXAMPLES / "dpo" / "data.jsonl"}
+  columns: {{prompt: question}}
+  prompt_template: {{user_0: "{{question}}"}}
+  train_test_split: 0.8
+model: {{name_or_path: tiny}}
+algorithm: {{name: dpo, beta: 0.1}}
+training: {{batch_size: BATCH, max_steps: 2, lr: {LR}, evaluation_interval: 0, seed: 0}}
+"""
 
-    manifest_path, sft_path, out = sys.argv[1], sys.argv[2], sys.argv[3]
-    manifest = load_manifest(manifest_path)
-    world = init_world()
-    training = manifest.training.model_copy(update={
-        "max_steps": 2, "batch_size": 2, "group_size": 2, "evaluation_interval": 0, "output_dir": out,
-    })
-    model, tokenizer = load_model_and_tokenizer(manifest.model, seed=training.seed)
-    initial = [p.detach().clone() for p in model.parameters()]
-    seeds = []
-    with RolloutCollector.from_spec(
-        manifest.environment, tokenizer, base_dir=manifest.base_dir, batch_size=2, group_size=2,
-        seed=0, rank=world.rank, world_size=world.world_size,
-        sampling=SamplingParams(max_new_tokens=training.max_new_tokens),
-    ) as collector:
-        collect = collector.collect
-        def recording(policy):
-            batch = collect(policy)
-            seeds.extend(t.seed for t in batch.trajectories)
-            return batch
-        collector.collect = recording
-        result = train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False)
-    moved = sum(float((p.detach() - q).abs().sum()) for p, q in zip(model.parameters(), initial))
-    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-    from agilerl.data.dataset_env import DatasetEnv
-    from agilerl.train.loops import train_llm_dataset
-
-    sft = load_manifest(sft_path)
-    sft_model, _ = load_model_and_tokenizer(sft.model)
-    dataset = DatasetEnv.from_spec(sft.environment, tokenizer, base_dir=sft.base_dir, batch_size=4)
-    sft_training = sft.training.model_copy(update={
-        "max_steps": 2, "evaluation_interval": 0, "output_dir": out + "/sft",
-    })
-    sft_result = train_llm_dataset(sft_model, tokenizer, dataset, "sft", sft_training, show_progress=False)
-    sft_weights = torch.cat([p.detach().reshape(-1) for p in sft_model.parameters()])
-    with open(f"{out}/rank{world.rank}.json", "w") as f:
-        json.dump({"world_size": world.world_size, "step": result.step, "seeds": seeds,
-                   "moved": moved, "weights": weights[:2000].tolist(),
-                   "sft_step": sft_result.step, "sft_weights": sft_weights[:2000].tolist()}, f)
-    """
-)
+GRPO = f"""
+environment:
+  env_type: rollout
+  entrypoint: {EXAMPLES / "guess" / "guess_env.py"}:GuessEnv
+  env_config: {{low: 1, high: 10, target: 7, system_prompt: Reply with one number.}}
+  max_turns: 3
+model: MODEL
+algorithm: {{name: grpo, beta: 0.1}}
+training: {{batch_size: 2, group_size: 2, max_steps: 2, max_new_tokens: 3, lr: 1.0e-2,
+           evaluation_interval: 2, eval_episodes: 1, seed: 0}}
+"""
 
 
 def _free_port() -> int:
@@ -74,29 +59,96 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_cpu_ranks_average_gradients_and_shard_tasks(tmp_path):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
+def _launch(engine: str, manifest: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    flags = ["--multi_gpu"] if engine == "ddp" else ["--use_fsdp", "--fsdp_version", "2"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()),
+           "-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress", *extra]
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(checkpoint: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(checkpoint / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def dpo_runs(tmp_path_factory):
+    """The same DPO manifest: one plain process (batch 4), DDP and FSDP2 (2 x batch 2)."""
+    from agilerl.cli.main import main
+
+    root = tmp_path_factory.mktemp("dpo")
+    (root / "one.yaml").write_text(DPO.replace("BATCH", "4"))
+    (root / "two.yaml").write_text(DPO.replace("BATCH", "2"))
+    assert main(["train", str(root / "one.yaml"), "--output-dir", str(root / "one"), "--no-progress"]) == 0
+    launched = {e: _launch(e, root / "two.yaml", root / e) for e in ("ddp", "fsdp")}
+    return root, launched
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_two_processes_match_one_with_the_same_global_batch(dpo_runs, engine):
+    root, _ = dpo_runs
+    one, two = _rows(root / "one"), _rows(root / engine)
+    assert [r["step"] for r in two] == [1, 2]  # one log, written by rank 0 only
+    assert two[0]["engine"] == {"ddp": "accelerate DDP", "fsdp": "accelerate FSDP2"}[engine] + ", 2 processes, fp32, cpu"
+    assert one[0]["engine"] == "accelerate single process, 1 process, fp32, cpu"
+    for a, b in zip(one, two):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
+        assert b["algo/grad_norm"] == pytest.approx(a["algo/grad_norm"], rel=1e-5)
+    # the saved model is whole (gathered from the shards under FSDP) and loads for inference
+    base = _weights(root / "one" / "checkpoints" / "step-000002")
+    other = _weights(root / engine / "checkpoints" / "step-000002")
+    shared = base.keys() & other.keys()
+    assert len(shared) >= len(base) - 1  # a tied lm_head may be stored once or twice
+    assert max(float((base[k] - other[k]).abs().max()) for k in shared) < LR / 10
+    from agilerl.assembly.models import load_model_and_tokenizer
+    from agilerl.manifest.settings import ModelSettings
+
+    initial = load_model_and_tokenizer(ModelSettings())[0].state_dict()
+    assert max(float((base[k] - initial[k]).abs().max()) for k in base) > LR  # it did move
+
+
+def test_an_fsdp_checkpoint_resumes(dpo_runs):
+    root, _ = dpo_runs
+    saved = root / "fsdp" / "checkpoints" / "step-000002"
+    assert (saved / "accelerate" / "pytorch_model_fsdp_0").is_dir()  # sharded state, per rank
+    assert (saved / "accelerate" / "optimizer_0").is_dir()
+    result = _launch("fsdp", root / "two.yaml", root / "fsdp", "--resume", "--max-steps", "3")
+    assert "finished at step 3" in result.stdout
+    assert result.stdout.count("finished at step") == 1  # rank 0 alone reports
+    rows = _rows(root / "fsdp")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[2]["train/loss"] != rows[1]["train/loss"]  # new rows, moved weights
+    assert (root / "fsdp" / "checkpoints" / "step-000003" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(("engine", "model"), [("ddp", "{name_or_path: tiny, lora: {r: 4}}"),
+                                               ("fsdp", "{name_or_path: tiny}")])
+def test_grpo_with_a_reference_trains_under_both_engines(tmp_path, engine, model):
+    """GRPO with a KL reference (beta 0.1): LoRA under DDP (the reference is the adapters
+    switched off), full weights under FSDP2 (generation on gathered weights; rank 0 evaluates
+    alone, the other rank waits)."""
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(GRPO.replace("MODEL", model))
     out = tmp_path / "run"
-    out.mkdir()
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port())]
-    result = subprocess.run(
-        [*launcher, str(script), str(EXAMPLES / "guess" / "manifest.yaml"),
-         str(EXAMPLES / "sft" / "manifest.yaml"), str(out)],
-        check=False, capture_output=True, text=True, timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert [r["world_size"] for r in ranks] == [2, 2] and [r["step"] for r in ranks] == [2, 2]
-    assert ranks[0]["moved"] > 0
-    assert ranks[0]["weights"] == ranks[1]["weights"]  # the same averaged update on both ranks
-    assert not set(ranks[0]["seeds"]) & set(ranks[1]["seeds"])  # each rank its own tasks
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2]  # one log, written by rank 0 only
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002"]
-    # SFT: each rank takes its own batches of every epoch, and the ranks still agree
-    assert [r["sft_step"] for r in ranks] == [2, 2]
-    assert ranks[0]["sft_weights"] == ranks[1]["sft_weights"]
+    _launch(engine, manifest, out)
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # the baseline evaluation, then each step
+    assert rows[0]["engine"].startswith(f"accelerate {'DDP' if engine == 'ddp' else 'FSDP2'}, 2 processes")
+    assert all("algo/kl" in r for r in rows[1:]), rows[1]
+    assert "eval/reward" in rows[2]
+    saved = out / "checkpoints" / "step-000002"
+    if engine == "ddp":
+        assert (saved / "adapter_model.safetensors").is_file()  # only the adapters, as peft saves
+        assert not (saved / "model.safetensors").exists()
+    else:
+        assert (saved / "model.safetensors").is_file()
