@@ -54,12 +54,31 @@ class ConfigError(InvalidArgument):
 class MissingExtra(AgileRLError, ImportError):
     """An optional dependency is missing; the message is the one line to install it."""
 
+    EXTRA_OF_MODULE = {
+        # a top-level module some feature imports -> the extra that installs it
+        "torch": "train",
+        "transformers": "train",
+        "tokenizers": "train",
+        "accelerate": "train",
+        "datasets": "datasets",
+        "pyarrow": "datasets",
+        "matplotlib": "plot",
+        "peft": "lora",
+        "gguf": "gguf",
+    }
+
     def __init__(self, extra: str, what: str, missing: str) -> None:
         self.extra = extra
         super().__init__(
             f"{what} needs the '{extra}' extra ({missing} is not installed): "
             f"pip install 'agilerl-envlayer[{extra}]'"
         )
+
+    @classmethod
+    def for_module(cls, missing: str, what: str) -> MissingExtra | None:
+        """The error for a missing module one of our extras installs; None for any other module."""
+        extra = cls.EXTRA_OF_MODULE.get(missing.partition(".")[0])
+        return cls(extra, what, missing) if extra else None
 
 
 class ManifestError(AgileRLError, ValueError):

@@ -88,6 +88,7 @@ def test_a_command_needing_an_extra_names_it_in_one_line(light_venv: Path, tmp_p
     trained = _run(light_venv, "train", str(ROOT / "examples" / "guess" / "manifest.yaml"), cwd=tmp_path)
     assert trained.returncode == 2
     assert trained.stderr.strip().count("\n") == 0
+    assert "needs the 'train' extra" in trained.stderr
     assert "pip install 'agilerl-envlayer[train]'" in trained.stderr
     (tmp_path / "guess_env.py").write_text(GUESS_ENV)
     templated = _run(light_venv, "env", "check", "guess_env.py:GuessEnv", "--tokenizer", "tiny", cwd=tmp_path)

@@ -88,7 +88,7 @@ def test_ordinary_aliases_still_work(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text(
         "defaults: &cfg {system_prompt: Reply with one number.}\n"
-        "environment: {env_type: rollout, entrypoint: 'x:y', env_config: *cfg}\n"
+        "environment: {env_type: rollout, entrypoint: 'json:JSONDecoder', env_config: *cfg}\n"
     )
     result = _validate(path)
     assert result.returncode == 0, result.stderr

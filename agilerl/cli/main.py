@@ -23,17 +23,6 @@ COMMAND_MODULES = (
     "agilerl.cli.train_cmd",
 )
 
-EXTRA_OF_MODULE = {
-    # the optional dependency a command found missing -> the extra that installs it
-    "torch": "train",
-    "transformers": "train",
-    "tokenizers": "train",
-    "datasets": "datasets",
-    "pyarrow": "datasets",
-    "matplotlib": "plot",
-    "peft": "lora",
-    "gguf": "gguf",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,11 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return int(handler(args) or 0)
         except ModuleNotFoundError as exc:
-            extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
-            if extra is None:
-                raise
             command = " ".join(v for k, v in vars(args).items() if k.endswith("command") and v)
-            raise MissingExtra(extra, f"agilerl {command}", exc.name or "") from None
+            missing = MissingExtra.for_module(exc.name or "", f"agilerl {command}")
+            if missing is None:
+                raise
+            raise missing from None
     except AgileRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

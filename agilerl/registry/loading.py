@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agilerl.errors import LoadError, ModuleNotImportable
+from agilerl.errors import LoadError, MissingExtra, ModuleNotImportable
 
 _FILE_MODULE_PREFIX = "_agilerl_file_"
 
@@ -52,6 +52,9 @@ def _import_module(name: str, ref: str) -> Any:
                 "in the manifest so it is installed on first use.",
                 module=name,
             ) from exc
+        extra = MissingExtra.for_module(missing, f"{ref!r}")
+        if extra is not None:
+            raise extra from None
         raise LoadError(
             f"importing {name!r} (from {ref!r}) failed: it needs {missing!r}, which is not "
             "installed."
