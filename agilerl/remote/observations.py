@@ -117,6 +117,20 @@ def make_observation_reader(
     return _checked(processor, observation_processor)
 
 
+def process_observation(
+    observation: dict[str, Any],
+    observation_field: str | None = None,
+    observation_processor: str | ObservationProcessor | None = None,
+    *,
+    base_dir: str | Path | None = None,
+) -> str:
+    """The prompt text of one observation payload, read exactly as ``RemoteEnvClient`` reads it.
+
+    Replaces AgileRL's ``TokenObservationWrapper``: text stays text, the harness tokenizes it.
+    """
+    return make_observation_reader(observation_field, observation_processor, base_dir=base_dir)(observation)
+
+
 def _checked(processor: ObservationProcessor, ref: object) -> ObservationProcessor:
     def read(observation: dict[str, Any]) -> str:
         text = processor(observation)

@@ -74,17 +74,25 @@ class RolloutHarness:
         chat_template_kwargs: dict[str, Any] | None = None,
         observation_role: str = "user",
         renderer: ChatRenderer | None = None,
+        mcp_tool: str | None = None,
     ) -> None:
         """``env`` is a client (``InProcessEnvClient``/``RemoteEnvClient``), a text env, or a URL.
 
         ``renderer`` lets many harnesses over the same kind of env share one ``ChatRenderer`` (and
         its prompt cache); it must have been built for the same tokenizer, tools and template kwargs.
+        ``mcp_tool`` (with a URL) steps a remote MCP env through that tool.
         """
         require_max_turns(max_turns)
+        if mcp_tool is not None and not isinstance(env, str):
+            raise InvalidArgument(
+                f"mcp_tool={mcp_tool!r} applies to an env given as a URL (the harness builds its "
+                "RemoteEnvClient); pass it to RemoteEnvClient(url, mcp_tool=...) for a client you "
+                "built, and an in-process env receives the model's text in step() directly."
+            )
         if isinstance(env, str):
             from agilerl.remote.client import RemoteEnvClient
 
-            env = RemoteEnvClient(env)
+            env = RemoteEnvClient(env, mcp_tool=mcp_tool)
         elif not isinstance(env, EnvClient):
             env = InProcessEnvClient(env)
         self.client = env
@@ -105,7 +113,10 @@ class RolloutHarness:
 
     @classmethod
     def local(cls, env: Any, tokenizer: Any, max_turns: int | None = None, **kwargs: Any) -> RolloutHarness:
-        """A harness over an env object in this process; ``max_turns`` defaults to the env's own."""
+        """A harness over an env object in this process; ``max_turns`` defaults to the env's own.
+
+        ``mcp_tool`` is refused here: an in-process env gets the model's text in ``step`` directly.
+        """
         if max_turns is None:
             max_turns = getattr(env, "max_turns", None)
             if max_turns is None:
@@ -114,11 +125,21 @@ class RolloutHarness:
 
     @classmethod
     def from_spec(
-        cls, spec: EnvironmentSpec, tokenizer: Any, *, base_dir: str | Path | None = None, **kwargs: Any
+        cls,
+        spec: EnvironmentSpec,
+        tokenizer: Any,
+        *,
+        base_dir: str | Path | None = None,
+        mcp_tool: str | None = None,
+        **kwargs: Any,
     ) -> RolloutHarness:
-        """Build the env a manifest's ``environment:`` section names, with its turn budget."""
+        """Build the env a manifest's ``environment:`` section names, with its turn budget;
+        ``mcp_tool`` overrides the section's (it needs ``env_url``)."""
         from agilerl.factory import make_env_factory, resolve_max_turns
+        from agilerl.manifest.spec import parse_env_spec
 
+        if mcp_tool is not None:
+            spec = parse_env_spec({**spec.model_dump(by_alias=False, exclude_none=True), "mcp_tool": mcp_tool})
         factory = make_env_factory(spec, base_dir=base_dir)
         kwargs.setdefault("chat_template_kwargs", spec.chat_template_kwargs)
         return cls(factory(), tokenizer, max_turns=resolve_max_turns(spec, factory), **kwargs)
