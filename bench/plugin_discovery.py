@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import site
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from agilerl.registry.testing import write_distribution
+from agilerl.registry.testing import overlay_venv, write_distribution
 
 PLUGIN_SOURCE = '''
 from agilerl import hookimpl
@@ -34,31 +32,9 @@ def register_envs(register):
 '''
 
 
-def site_dirs() -> list[str]:
-    """This interpreter's site-packages folders: its own, the user's when enabled, and any other
-    ``site-packages``/``dist-packages`` folder on ``sys.path``."""
-    found = [*site.getsitepackages()]
-    if site.ENABLE_USER_SITE:
-        found.append(site.getusersitepackages())
-    found += [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
-    return [p for p in dict.fromkeys(found) if Path(p).is_dir()]
-
-
 def make_venv(root: Path, plugins: int) -> Path:
-    """A venv over this environment's packages, with ``plugins`` generated plugin dists.
-
-    ``venv --system-site-packages`` would see only the base interpreter's packages, not those of
-    a venv this runs in; a ``.pth`` file calling ``site.addsitedir`` on each of this interpreter's
-    site folders works from both (their own ``.pth`` files, editable installs included, run too).
-    """
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    python = root / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
-    overlay = "".join(f"import site; site.addsitedir({folder!r})\n" for folder in site_dirs())
-    (Path(purelib) / "_agilerl_bench_parent_env.pth").write_text(overlay)
+    """A venv over this environment's packages (``overlay_venv``), with ``plugins`` generated plugin dists."""
+    python, purelib = overlay_venv(root)
     for index in range(plugins):
         module = f"bench_plugin_{index}"
         write_distribution(

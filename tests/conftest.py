@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import site
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from agilerl.registry.testing import overlay_venv, site_dirs
 
 
 @pytest.fixture(scope="session")
@@ -42,20 +42,13 @@ class ThrowawayVenv:
     its own ``site-packages`` only: tests install real packages there, never into the
     interpreter running the suite.
 
-    It sees this interpreter's packages through a ``.pth`` file calling ``site.addsitedir`` on each
-    of this interpreter's site folders (their ``.pth`` files, editable installs included, run
-    too), so nothing is reinstalled and ``python -m pip`` / ``python -m agilerl`` work in it.
+    Built by ``agilerl.registry.testing.overlay_venv``: nothing is reinstalled, and
+    ``python -m pip`` / ``python -m agilerl`` work in it.
     """
 
     def __init__(self, root: Path) -> None:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
         self.root = root
-        self.python = root / "bin" / "python"
-        self.site_packages = Path(
-            self.run("-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
-        )
-        overlay = "".join(f"import site; site.addsitedir({folder!r})\n" for folder in site_dirs())
-        (self.site_packages / "_agilerl_tests_parent_env.pth").write_text(overlay)
+        self.python, self.site_packages = overlay_venv(root)
 
     def run(
         self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, check: bool = True
@@ -75,16 +68,6 @@ class ThrowawayVenv:
 
     def pip(self, *args: str) -> subprocess.CompletedProcess:
         return self.run("-m", "pip", "-q", *args)
-
-
-def site_dirs() -> list[str]:
-    """The running interpreter's site folders: its own, the user's when enabled, and any other
-    ``site-packages``/``dist-packages`` folder on ``sys.path``."""
-    found = [*site.getsitepackages()]
-    if site.ENABLE_USER_SITE:
-        found.append(site.getusersitepackages())
-    found += [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
-    return [p for p in dict.fromkeys(found) if Path(p).is_dir()]
 
 
 def installed_here() -> set[str]:

@@ -2,13 +2,17 @@
 
 ``write_distribution`` lays out what ``pip install`` would leave behind (modules plus a
 ``.dist-info`` folder), so entry-point discovery runs for real once the folder is on
-``sys.path``; ``build_wheel`` packs the same into a wheel that pip and uv install.
+``sys.path``; ``build_wheel`` packs the same into a wheel that pip and uv install;
+``overlay_venv`` makes a venv to install them into without touching the running interpreter.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import site
+import subprocess
+import sys
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -92,3 +96,35 @@ def _project(name: str) -> str:
 
 def _dist_info(name: str, version: str) -> str:
     return f"{_project(name)}-{version}.dist-info"
+
+
+def site_dirs() -> list[str]:
+    """The running interpreter's site folders: its own, the user's when enabled, and any other
+    ``site-packages``/``dist-packages`` folder on ``sys.path``."""
+    found = [*site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        found.append(site.getusersitepackages())
+    found += [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    return [p for p in dict.fromkeys(found) if Path(p).is_dir()]
+
+
+def overlay_venv(root: str | Path) -> tuple[Path, Path]:
+    """A new venv at ``root`` that sees this interpreter's packages; ``(python, its site-packages)``.
+
+    ``venv --system-site-packages`` would see only the base interpreter's packages, not those of
+    a venv this runs in; a ``.pth`` file calling ``site.addsitedir`` on each of this interpreter's
+    site folders works from both (their ``.pth`` files, editable installs included, run too), so
+    nothing is reinstalled and what is installed into the new venv stays there.
+    """
+    root = Path(root)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    purelib = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )
+    overlay = "".join(f"import site; site.addsitedir({folder!r})\n" for folder in site_dirs())
+    (purelib / "_agilerl_parent_env.pth").write_text(overlay)
+    return python, purelib
