@@ -7,8 +7,8 @@ calls at once.
 - ``LoopCalls``: blocking calls awaited from an event loop, on ``WorkerThreads``.
   ``ThreadPoolExecutor`` plus ``asyncio.wrap_future`` costs a condition variable, two futures and
   a loop wakeup per call; this hands results back with one wakeup per burst.
-- ``EnvCaller``: how an async caller (the env server, an in-process client's ``a*`` methods) runs a
-  sync env: inline while fast, on worker threads once slow, awaited when ``async def``.
+- ``EnvCaller``: how an async caller (the env server, an in-process client's ``a*`` methods) runs an
+  env: a sync method on worker threads (never inline on the loop), an ``async def`` one awaited.
 - ``LoopThread`` and ``shared_loop()``: an event loop on its own thread; one per process for all
   remote clients, one per env server.
 - ``run_in_threads`` / ``run_on_loop``: one call per env at once, each bounded by a timeout.
@@ -23,7 +23,6 @@ import inspect
 import logging
 import queue
 import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from functools import partial
@@ -147,56 +146,31 @@ def default_threads() -> WorkerThreads:
 
 
 class EnvCaller:
-    """Runs a sync env's calls for async code: inline while fast, on worker threads once slow,
-    awaited when the env's method is ``async def``.
+    """Runs an env's calls for async code (the env server's sessions, an in-process client's
+    ``a*`` methods): a sync method on a worker thread, always; an ``async def`` one awaited.
 
-    Hand-tuned fast path: handing every frame to a worker thread costs about half of a small
-    step's time, so a method runs inline on the event loop while its calls take under
-    ``inline_budget_s``. It moves to worker threads after ``SLOW_STRIKES`` calls over the budget
-    (a thread switch can stretch one fast call), or at once after a call over ``10 x`` the budget,
-    so a slow env stalls others for at most a few calls. ``inline_budget_s=0`` disables the fast
-    path (every call on a worker thread: the A/B baseline). Decisions are per method name and
-    shared by every client using this caller (the env server's sessions all run one factory's envs).
+    Sync calls never run on the event loop, not even fast ones: a fast env that stalls once would
+    hold the loop, and with it /health, heartbeats, every other session and shutdown, for the
+    whole stall. On a worker thread a stalled call holds only its own thread. ``LoopCalls`` keeps
+    the hop cheap (one loop wakeup per burst of finished calls). An ``async def`` method runs on
+    the loop and must not block it (that is the env's contract, as for any asyncio code).
     """
 
-    SLOW_STRIKES = 3
-    STRIKES_FORGOTTEN_AFTER = 1000  # fast calls
-
-    def __init__(self, threads: WorkerThreads, inline_budget_s: float) -> None:
+    def __init__(self, threads: WorkerThreads) -> None:
         self._threads = threads
         self._calls: LoopCalls | None = None
-        self._budget = inline_budget_s
-        self._offloaded: set[str] = set() if inline_budget_s > 0 else {"reset", "step", "state"}
-        self._strikes: dict[str, int] = {}
-        self._fast_calls: dict[str, int] = {}
+        self._is_async: dict[Any, bool] = {}
 
-    async def call(self, key: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` inline or on a worker thread (by ``key``'s record); an awaitable
-        result is awaited."""
-        if key in self._offloaded:
-            result = await self.in_thread(fn, *args, **kwargs)
-        else:
-            start = time.perf_counter()
-            try:
-                result = fn(*args, **kwargs)
-            finally:
-                self._record(key, time.perf_counter() - start)
-        if type(result) is not tuple and inspect.isawaitable(result):  # async def env methods
-            result = await result
-        return result
-
-    def _record(self, key: str, duration: float) -> None:
-        if duration <= self._budget:
-            fast = self._fast_calls.get(key, 0) + 1
-            if fast >= self.STRIKES_FORGOTTEN_AFTER:
-                self._strikes[key] = fast = 0
-            self._fast_calls[key] = fast
-            return
-        strikes = self._strikes.get(key, 0) + 1
-        self._strikes[key] = strikes
-        if strikes >= self.SLOW_STRIKES or duration > 10 * self._budget:
-            self._offloaded.add(key)
-            log.info("env.%s took %.1f ms: running it on worker threads from now on", key, duration * 1e3)
+    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``: awaited on this loop when ``async def``, else on a worker
+        thread (an awaitable it returns is awaited here)."""
+        key = getattr(fn, "__func__", fn)
+        is_async = self._is_async.get(key)
+        if is_async is None:
+            is_async = self._is_async[key] = inspect.iscoroutinefunction(fn)
+        if is_async:
+            return await fn(*args, **kwargs)
+        return await self.in_thread(fn, *args, **kwargs)
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on a worker thread, always; an awaitable result is awaited here."""
@@ -205,14 +179,9 @@ class EnvCaller:
         if calls is None or calls.loop is not loop:
             calls = self._calls = LoopCalls(self._threads, loop)
         result = await calls.run(fn, *args, **kwargs)
-        if inspect.isawaitable(result):
+        if type(result) is not tuple and inspect.isawaitable(result):
             result = await result
         return result
-
-    @property
-    def offloaded(self) -> frozenset[str]:
-        """Method names now running on worker threads."""
-        return frozenset(self._offloaded)
 
 
 # -- event-loop threads ------------------------------------------------------------------------

@@ -130,19 +130,18 @@ class WhereEnv(EchoEnv):
         return EchoEnv.step(self, action)
 
 
-def test_a_caller_runs_fast_calls_inline_and_with_no_budget_on_worker_threads() -> None:
+def test_a_caller_runs_sync_env_calls_on_worker_threads_never_on_the_loop() -> None:
     threads = WorkerThreads("test")
     WhereEnv.threads = []
 
-    async def step_with(caller: EnvCaller) -> None:
-        client = InProcessEnvClient(WhereEnv(), caller=caller)
+    async def play() -> None:
+        client = InProcessEnvClient(WhereEnv(), caller=EnvCaller(threads))
         await client.areset(0)
         await client.astep("x")
+        await client.astep("y")
 
-    asyncio.run(step_with(EnvCaller(threads, inline_budget_s=10.0)))  # every call counts as fast
-    asyncio.run(step_with(EnvCaller(threads, inline_budget_s=0)))  # the A/B switch: no inline path
-    assert WhereEnv.threads[0] == threading.current_thread().name
-    assert WhereEnv.threads[1].startswith("test-")
+    asyncio.run(play())
+    assert len(WhereEnv.threads) == 2 and all(name.startswith("test-") for name in WhereEnv.threads)
     threads.shutdown()
 
 

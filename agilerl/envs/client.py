@@ -74,10 +74,10 @@ class EnvClient:
 class InProcessEnvClient(EnvClient):
     """Wraps a text env living in this process; the same interface as ``RemoteEnvClient``.
 
-    The async methods run the env through ``caller`` (an ``EnvCaller``: inline while fast, on
-    worker threads once slow, awaited when the env's methods are ``async def``); the env server
-    passes its own so that all its sessions share one policy. Without one, every async call runs
-    on a worker thread, so a hung env never blocks the caller's event loop.
+    The async methods run the env through ``caller`` (an ``EnvCaller``: sync methods on worker
+    threads, so a hung env never blocks the caller's event loop; ``async def`` ones awaited); the
+    env server passes its own, whose threads all its sessions share. Without one, the
+    process-wide worker threads are used.
     """
 
     def __init__(self, env: Any, *, caller: EnvCaller | None = None) -> None:
@@ -116,14 +116,15 @@ class InProcessEnvClient(EnvClient):
     async def areset(
         self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
     ) -> tuple[str, dict[str, Any]]:
-        result = await self._calls().call("reset", self.env.reset, seed=seed, **reset_kwargs(row_index, evaluation))
+        result = await self._calls().call(self.env.reset, seed=seed, **reset_kwargs(row_index, evaluation))
         return check_reset_result(result, self.name)
 
     async def astep(self, action: str) -> StepResult:
-        return check_step_result(await self._calls().call("step", self.env.step, action), self.name)
+        return check_step_result(await self._calls().call(self.env.step, action), self.name)
 
     async def astate(self) -> dict[str, Any]:
-        return state_dict(await self._calls().call("state", read_state, self.env))
+        state = getattr(self.env, "state", None)
+        return state_dict(await self._calls().call(state) if callable(state) else state)
 
     async def aclose(self) -> None:
         """Close the env exactly once, on a worker thread (closing may block); an ``async def``
@@ -145,8 +146,8 @@ _default_caller: EnvCaller | None = None
 
 
 def default_threads_caller() -> EnvCaller:
-    """An ``EnvCaller`` that runs every call on the process-wide worker threads (no inline path)."""
+    """An ``EnvCaller`` on the process-wide worker threads."""
     global _default_caller
     if _default_caller is None:
-        _default_caller = EnvCaller(default_threads(), inline_budget_s=0)
+        _default_caller = EnvCaller(default_threads())
     return _default_caller

@@ -385,17 +385,34 @@ class _Connection:
         return item
 
     async def close(self, *, polite: bool) -> None:
-        """Politely: send a close frame and let the server close first; else just hang up."""
+        """Politely: send a close frame and let the server close first (within the connect
+        timeout). Else hang up at once: abort the connection, waiting for nothing (a server busy
+        in an env call would answer a close handshake only when the call returns)."""
         import aiohttp
 
+        if not polite:
+            self._abort()
+            return
         try:
-            if polite and not self._reader.done():
+            if not self._reader.done():
                 await self._ws.send_frame(CLOSE_FRAME, aiohttp.WSMsgType.TEXT)
                 await asyncio.wait_for(asyncio.shield(self._reader), timeout=self._close_timeout_s)
-            await asyncio.wait_for(self._ws.close(), timeout=5)
+            await asyncio.wait_for(self._ws.close(), timeout=self._close_timeout_s)
         except (ConnectionError, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError):
-            pass  # the server ends the session (and closes its env) either way
+            self._abort()  # the server ends the session (and closes its env) either way
         self._reader.cancel()
+
+    def _abort(self) -> None:
+        self._reader.cancel()
+        # aiohttp has no public abort for a client WebSocket; its connection's transport has one.
+        conn = getattr(self._ws, "_conn", None) or getattr(getattr(self._ws, "_response", None), "connection", None)
+        transport = getattr(conn, "transport", None)
+        if transport is not None:
+            transport.abort()
+            conn.close()  # hands the dead connection back to aiohttp's pool as closed
+        else:  # an aiohttp without those attributes: close in the background, never awaited here
+            task = asyncio.ensure_future(asyncio.wait_for(self._ws.close(), timeout=self._close_timeout_s))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def client_session() -> Any:

@@ -2,9 +2,16 @@
 
 Each session drives its env through an ``InProcessEnvClient``'s async methods, so its answers are
 checked by the same protocol rules as in-process rollouts. The clients share the server's
-``EnvCaller``: a hand-tuned fast path runs a sync env inline on the event loop while its calls
-are fast, and on worker threads once slow (``inline_budget_s=0`` turns the inline path off, for an
-A/B measurement). Each session's env is closed exactly once, whatever ends the session.
+``EnvCaller``: sync env calls run on worker threads, never on the event loop, so an env call that
+stalls holds only its own thread, not /health, heartbeats, other sessions or shutdown. Each
+session's env is closed exactly once, whatever ends the session.
+
+No peer can hold the server's resources without a deadline (what nginx, uvicorn and websockets
+do): a request head must arrive within ``header_timeout_s``; idle keep-alive connections close
+after ``keepalive_timeout_s``; open connections are capped (``max_connections``, then 503) and
+the listen backlog is bounded; a reply the peer does not take within ``send_timeout_s``, or a
+close it does not complete within ``close_timeout_s``, aborts the connection, so a client that
+stops reading frees its slot and its env is closed.
 """
 
 from __future__ import annotations
@@ -41,22 +48,31 @@ from agilerl.remote.frames import (
     schema,
     state_frame,
 )
+from agilerl.remote.guard import ConnectionGuard
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONCURRENT_ENVS = 64
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+DEFAULT_HEADER_TIMEOUT_S = 10.0  # nginx: client_header_timeout 60 s; uvicorn: keep-alive 5 s
+DEFAULT_KEEPALIVE_TIMEOUT_S = 15.0
+DEFAULT_SEND_TIMEOUT_S = 30.0  # nginx: send_timeout 60 s; websockets: ping_timeout 20 s
+DEFAULT_CLOSE_TIMEOUT_S = 2.0  # websockets: close_timeout 10 s
 TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 
 
 class _Session:
-    __slots__ = ("busy", "client", "ending", "env", "episode_id", "last_active", "last_seen", "ping_sent", "steps", "ws")
+    __slots__ = (
+        "busy", "client", "ending", "env", "episode_id", "last_active", "last_seen", "ping_sent", "sending",
+        "steps", "transport", "ws",
+    )
 
-    def __init__(self, ws: web.WebSocketResponse, env: Any, caller: EnvCaller) -> None:
+    def __init__(self, ws: web.WebSocketResponse, transport: Any, env: Any, caller: EnvCaller) -> None:
         self.ws = ws
+        self.transport = transport
         self.env = env
         self.client = InProcessEnvClient(env, caller=caller)
-        self.busy = self.ending = False
+        self.busy = self.ending = self.sending = False  # in an env call / ended / in a reply send
         self.last_active = self.last_seen = time.monotonic()  # last frame / last frame or pong
         self.ping_sent: float | None = None
         self.steps = 0
@@ -78,7 +94,12 @@ class EnvServer:
         token: str | None = None,
         heartbeat_s: float | None = 30.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        inline_budget_s: float = 0.001,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+        keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S,
+        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+        close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
+        max_connections: int | None = None,
+        backlog: int = 128,
     ) -> None:
         if max_concurrent_envs < 1:
             raise InvalidArgument(f"max_concurrent_envs must be at least 1 (got {max_concurrent_envs}).")
@@ -90,9 +111,17 @@ class EnvServer:
         self._token = token
         self._heartbeat_s = heartbeat_s
         self._max_message_bytes = max_message_bytes
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._send_timeout_s = send_timeout_s
+        self._close_timeout_s = close_timeout_s
+        self._backlog = backlog
+        # Every session's socket, plus room for /health probes and clients told CAPACITY_REACHED.
+        self.guard = ConnectionGuard(
+            header_timeout_s, max_connections if max_connections is not None else 2 * max_concurrent_envs + 64
+        )
         # One call in flight per session, plus env builds and closes around them.
         self._threads = WorkerThreads("agilerl-env", max_workers=2 * max_concurrent_envs + 2)
-        self.caller = EnvCaller(self._threads, inline_budget_s)
+        self.caller = EnvCaller(self._threads)
         self._active = 0
         self._sessions: set[_Session] = set()
         self._closing: set[asyncio.Task[None]] = set()
@@ -104,6 +133,7 @@ class EnvServer:
         self.envs_created = 0
         self.envs_closed = 0
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.base_events.Server | None = None
         self._watcher: asyncio.Task[None] | None = None
 
     @property
@@ -130,30 +160,44 @@ class EnvServer:
                 "serving on %s without a token: anyone who can reach it can run the env. "
                 "Set --token or %s.", self.host, TOKEN_ENV_VAR,
             )
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, keepalive_timeout=self._keepalive_timeout_s,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
-        if self.session_timeout_s or self._heartbeat_s:
-            self._watcher = asyncio.create_task(self._watch())
+        server = self._runner.server
+        assert server is not None
+        # Our own listener, not a TCPSite: every connection goes through the guard first.
+        self._listener = await asyncio.get_running_loop().create_server(
+            self.guard.wrap(server), self.host or None, self.port, backlog=self._backlog, reuse_address=True,
+        )
+        self.port = self._listener.sockets[0].getsockname()[1]
+        self._watcher = asyncio.create_task(self._watch())
         return self.url
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Close every session (each env exactly once), then the listener and the pool."""
+        """Close every session (each env exactly once), then the listener and the pool; done
+        within ``grace_s`` (plus ``close_timeout_s``) whatever the clients and envs do: handlers
+        still running then are cancelled, and an env close still hung is left to its thread."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
         self._stopping = True
         if self._watcher is not None:
             self._watcher.cancel()
+        if self._listener is not None:
+            self._listener.close()  # no new connections while the sessions end
         await asyncio.gather(
             *(self._end(s, WSCloseCode.GOING_AWAY, "the server is stopping") for s in list(self._sessions))
         )
         pending = self._handlers | self._closing
         if pending:
-            _, late = await asyncio.wait(pending, timeout=grace_s)
+            _, late = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
             for task in late:
                 task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=self._close_timeout_s)  # let them unwind
             if self._closing:
-                await asyncio.wait(self._closing, timeout=grace_s)
+                await asyncio.wait(self._closing, timeout=max(0.01, deadline - loop.time()))
+        self.guard.abort_all()  # keep-alive and half-sent connections
         if self._runner is not None:
             await self._runner.cleanup()
         self._threads.shutdown()
@@ -233,13 +277,12 @@ class EnvServer:
                 else f"server at capacity: {self._active} of {self.max_concurrent_envs} sessions in "
                 "use; retry later or start the server with a larger --max-concurrent-envs."
             )
-            await _send_quietly(ws, error_frame(
+            await self._hang_up(ws, request.transport, WSCloseCode.OK, error_frame(
                 ErrorCode.CAPACITY_REACHED,
                 why,
                 active_sessions=self._active,
                 max_sessions=self.max_concurrent_envs,
             ))
-            await ws.close(code=WSCloseCode.OK)
             return ws
         self._active += 1  # the slot is held from here until the env is closed
         task = asyncio.current_task()
@@ -252,15 +295,14 @@ class EnvServer:
                 env = await self._build_env()
             except Exception as exc:
                 log.exception("env factory failed")
-                await _send_quietly(ws, error_frame(
+                await self._hang_up(ws, request.transport, WSCloseCode.INTERNAL_ERROR, error_frame(
                     ErrorCode.FACTORY_ERROR, f"the env factory failed: {type(exc).__name__}: {exc}",
                     factory_name=self.name,
                 ))
-                await ws.close(code=WSCloseCode.INTERNAL_ERROR)
                 return ws
             if self._env_info is None:
                 self._describe(env)
-            session = _Session(ws, env, self.caller)
+            session = _Session(ws, request.transport, env, self.caller)
             self._sessions.add(session)
             if self._stopping:  # stop() began while the env was being built
                 await self._end(session, WSCloseCode.GOING_AWAY, "the server is stopping")
@@ -280,7 +322,7 @@ class EnvServer:
                 except asyncio.CancelledError:
                     pass  # the close task carries on and releases the slot
                 if not ws.closed:
-                    await ws.close()
+                    await self._hang_up(ws, session.transport, WSCloseCode.OK)
         return ws
 
     async def _serve(self, session: _Session) -> None:
@@ -304,10 +346,14 @@ class EnvServer:
                 session.busy = False
                 session.last_active = session.last_seen = time.monotonic()
             if reply is None:
-                await ws.close(code=WSCloseCode.OK)
+                await self._hang_up(ws, session.transport, WSCloseCode.OK)
                 return
-            if not await _send_quietly(ws, reply):
-                return
+            session.sending = True  # the watcher aborts a send the peer does not take in time
+            try:
+                if not await _send_quietly(ws, reply):
+                    return
+            finally:
+                session.sending = False
 
     async def _reply(self, session: _Session, raw: str | bytes) -> bytes | None:
         try:
@@ -370,24 +416,44 @@ class EnvServer:
                 self.envs_closed += 1
 
     async def _end(self, session: _Session, code: int, why: str) -> None:
-        """End a session from the server side: tell the client why, then close the socket."""
+        """End a session from the server side: tell the client why, then close the socket (or
+        abort it, when the peer is not taking what was already sent)."""
         if session.ending:
             return
         session.ending = True
-        await _send_quietly(session.ws, error_frame(ErrorCode.SESSION_ERROR, f"session ended: {why}"))
-        await session.ws.close(code=code, message=why[:120].encode())
+        if session.sending:  # stuck behind a reply the peer does not read: nothing polite gets through
+            if session.transport is not None:
+                session.transport.abort()
+            return
+        frame = error_frame(ErrorCode.SESSION_ERROR, f"session ended: {why}")
+        await self._hang_up(session.ws, session.transport, code, frame, why)
+
+    async def _hang_up(
+        self, ws: web.WebSocketResponse, transport: Any, code: int, frame: bytes | None = None, why: str = ""
+    ) -> None:
+        """Send ``frame`` (if any) and close ``ws`` politely within ``close_timeout_s``; past it,
+        abort the connection: aiohttp waits for the peer to drain with no deadline of its own,
+        and a closed asyncio transport still waits to flush its buffer."""
+        try:
+            await asyncio.wait_for(_close_politely(ws, code, frame, why), self._close_timeout_s)
+        except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+            if transport is not None:
+                transport.abort()
 
     async def _watch(self) -> None:
-        """End idle sessions; ping quiet ones and drop those whose pong never comes (half-open)."""
-        timeout, heartbeat = self.session_timeout_s, self._heartbeat_s
-        tick = min(t for t in (timeout and min(timeout / 4, 1.0), heartbeat and heartbeat / 4) if t)
+        """End idle sessions and those whose peer does not take a reply within ``send_timeout_s``;
+        ping quiet ones and drop those whose pong never comes (half-open)."""
+        timeout, heartbeat, send_timeout = self.session_timeout_s, self._heartbeat_s, self._send_timeout_s
+        tick = min(t for t in (1.0, timeout and timeout / 4, heartbeat and heartbeat / 4, send_timeout / 4) if t)
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
             for s in list(self._sessions):
                 if s.busy or s.ending or s.ws.closed:
-                    continue  # a busy session is not reading; its silence means nothing
-                if timeout and now - s.last_active > timeout:
+                    continue  # a busy session is in an env call, not reading; its silence means nothing
+                if s.sending and now - s.last_active > send_timeout:
+                    self._spawn(self._end(s, WSCloseCode.GOING_AWAY, "the client took no reply"))
+                elif timeout and now - s.last_active > timeout:
                     self._spawn(self._end(s, WSCloseCode.OK, f"idle for more than {timeout:g} s"))
                 elif heartbeat and now - s.last_seen > heartbeat:
                     if s.ping_sent is None or s.ping_sent < s.last_seen:
@@ -432,6 +498,12 @@ async def _ping_quietly(ws: web.WebSocketResponse) -> None:
         await ws.ping()
     except (ConnectionError, RuntimeError):
         pass  # the session is ending anyway
+
+
+async def _close_politely(ws: web.WebSocketResponse, code: int, frame: bytes | None, why: str) -> None:
+    if frame is not None:
+        await _send_quietly(ws, frame)
+    await ws.close(code=code, message=why[:120].encode())
 
 
 async def _send_quietly(ws: web.WebSocketResponse, frame: bytes) -> bool:
@@ -511,8 +583,8 @@ def resolve_env(
     """Serve an env (resolved like a manifest's ``entrypoint``) in the background.
 
     Returns ``(url, server)``; ``server.stop()`` (or ``with server:``) shuts it down.
-    ``server_options`` go to ``EnvServer`` (``heartbeat_s``, ``max_message_bytes``,
-    ``inline_budget_s``).
+    ``server_options`` go to ``EnvServer`` (``heartbeat_s``, ``max_message_bytes``, the
+    connection limits: ``header_timeout_s``, ``send_timeout_s``, ``max_connections``, ...).
     """
     server = build_server(
         entrypoint, env_config, host=host, port=port, max_concurrent_envs=max_concurrent_envs,

@@ -1,0 +1,115 @@
+"""Limits on the env server's TCP connections, in front of aiohttp's HTTP protocol.
+
+aiohttp (3.9 on) has no deadline for a request head that arrives slowly or never, and no cap on
+open connections: 1,000 half-sent requests hold 1,000 file descriptors for minutes. As nginx
+(``client_header_timeout``, ``worker_connections``) and uvicorn (``limit_concurrency``) do, each
+connection must deliver its first request head within ``header_timeout_s`` (else 408 and close),
+and past ``max_connections`` open ones a new connection gets 503 and is closed at once. Later
+requests on a kept-alive connection are bounded by aiohttp's own ``keepalive_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+_TIMED_OUT = (
+    b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+)
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
+    b"Content-Length: 0\r\n\r\n"
+)
+
+
+class ConnectionGuard:
+    """Wraps an asyncio protocol factory: a head deadline per connection and a connection cap."""
+
+    def __init__(self, header_timeout_s: float, max_connections: int) -> None:
+        self.header_timeout_s = header_timeout_s
+        self.max_connections = max_connections
+        self.open: set[_Guarded] = set()
+        self.timed_out = 0  # connections closed for a late request head
+        self.refused = 0  # connections refused over max_connections
+
+    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """The factory to give ``loop.create_server``."""
+        return lambda: _Guarded(self, factory)
+
+    def abort_all(self) -> None:
+        """Drop every connection still open (at shutdown: idle keep-alives, half-sent heads)."""
+        for conn in list(self.open):
+            conn.abort()
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: forwards everything to aiohttp's protocol; until the first request head is
+    in, watches the bytes for its end (then the watching ``data_received`` steps aside)."""
+
+    def __init__(self, guard: ConnectionGuard, factory: Callable[[], asyncio.Protocol]) -> None:
+        self._guard = guard
+        self._factory = factory
+        self._inner: Any = None
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        guard = self._guard
+        self._transport = transport  # type: ignore[assignment]
+        if len(guard.open) >= guard.max_connections:
+            guard.refused += 1
+            transport.write(_BUSY)  # type: ignore[attr-defined]
+            # Half-close and linger briefly, reading what the client sends: closing with its
+            # request unread would reset the connection before it reads the 503.
+            transport.write_eof()  # type: ignore[attr-defined]
+            asyncio.get_running_loop().call_later(1.0, transport.abort)  # type: ignore[attr-defined]
+            return
+        guard.open.add(self)
+        self._inner = inner = self._factory()
+        inner.connection_made(transport)
+        self.eof_received = inner.eof_received  # type: ignore[method-assign]
+        self.pause_writing = inner.pause_writing  # type: ignore[method-assign]
+        self.resume_writing = inner.resume_writing  # type: ignore[method-assign]
+        self._timer = asyncio.get_running_loop().call_later(guard.header_timeout_s, self._too_late)
+
+    def data_received(self, data: bytes) -> None:
+        inner = self._inner
+        if inner is None:
+            return  # refused: the 503 is sent, what the client sends is dropped
+        seen = self._tail + data
+        if b"\r\n\r\n" in seen:
+            self._head_is_in()
+        else:
+            self._tail = seen[-3:]
+        inner.data_received(data)
+
+    def _head_is_in(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.data_received = self._inner.data_received  # type: ignore[method-assign]
+
+    def _too_late(self) -> None:
+        self._timer = None
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            self._guard.timed_out += 1
+            transport.write(_TIMED_OUT)
+            transport.close()  # a few bytes into an empty buffer: the socket closes at once
+            asyncio.get_running_loop().call_later(1.0, transport.abort)  # unless the peer stalls it
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._inner is not None:
+            self._guard.open.discard(self)
+            self._inner.connection_lost(exc)
+            self._inner = None
+        self._transport = None
