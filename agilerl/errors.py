@@ -13,12 +13,13 @@ that catches the built-in kinds keeps working.
     ├── ManifestError (ValueError)              a manifest file is invalid (manifests only)
     ├── PluginError                             finding, naming, loading or installing plugins
     │   ├── RegistrationError, ScaffoldError, EnvPackagesError, StrictPluginsError
-    │   └── LoadError → ModuleNotImportable, NameNotRegistered, NameConflict
+    │   └── LoadError → ModuleNotImportable, NameNotRegistered, NameConflict, OpenEnvPackageError
     ├── EnvError                                an env (local or remote) misbehaved
     │   ├── EnvProtocolError → EnvCheckError      it broke the text-env protocol
     │   ├── EnvTimeoutError (TimeoutError)        a call did not finish in time
     │   ├── RemoteEnvError → RemoteEnvTimeout     the server failed or went silent
     │   ├── ObservationError                      no prompt text in an observation
+    │   ├── OpenEnvAdapterError (ValueError)      an OpenEnv env cannot be driven with text
     │   └── HarnessStateError, EpisodeError       used out of order
     ├── DataError → DatasetLoadError, RubricError, TemplateError
     └── TrainingError → CollectionError, CheckpointError, ModelLoadError, PlotUnavailable
@@ -65,6 +66,7 @@ class MissingExtra(AgileRLError, ImportError):
         "matplotlib": "plot",
         "peft": "lora",
         "gguf": "gguf",
+        "openenv": "openenv",
     }
 
     def __init__(self, extra: str, what: str, missing: str) -> None:
@@ -131,6 +133,10 @@ class NameConflict(LoadError):
     """Two plugins registered the same name; the message names both distributions."""
 
 
+class OpenEnvPackageError(LoadError):
+    """An installed OpenEnv package (one with an ``openenv.yaml``) holds no env class we can find."""
+
+
 class EnvError(AgileRLError):
     """An env, in process or remote, misbehaved or was used out of order."""
 
@@ -166,6 +172,10 @@ class RemoteEnvTimeout(RemoteEnvError):
 
 class ObservationError(EnvError):
     """A remote observation has no text the configured rules can find."""
+
+
+class OpenEnvAdapterError(EnvError, ValueError):
+    """An OpenEnv env cannot take text: no action field or MCP tool to put it in, or no Action type."""
 
 
 class HarnessStateError(EnvError):

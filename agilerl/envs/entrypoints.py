@@ -1,7 +1,8 @@
 """From an env name (registered, ``module:attr`` or ``file.py:attr``) to a zero-argument factory.
 
 The server builds one env per session with it; ``agilerl.factory`` adds the manifest's other
-sources (URLs, datasets) on top.
+sources (URLs, datasets) on top. An OpenEnv ``Environment`` class (or an installed OpenEnv
+package) is wrapped in :class:`~agilerl.envs.openenv_native.OpenEnvTextEnv` on the way.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agilerl.errors import AgileRLError
+from agilerl.envs.openenv_native import ADAPTER_OPTIONS, adapt_openenv, check_options, is_openenv_environment
+from agilerl.errors import AgileRLError, MissingExtra
 from agilerl.registry import resolve
+from agilerl.registry.openenv_packages import OpenEnvPackage
 
 EnvFactory = Callable[[], Any]
 
@@ -22,11 +25,18 @@ def entrypoint_factory(
     *,
     base_dir: str | Path | None = None,
     install: list[str] | None = None,
+    **openenv_options: Any,
 ) -> EnvFactory:
-    """A factory calling ``entrypoint(**env_config)``; ``system_prompt`` is set after construction."""
-    target = entrypoint
-    if isinstance(entrypoint, str):
-        target = resolve("env", entrypoint, base_dir=base_dir, install=install)
+    """A factory calling ``entrypoint(**env_config)``; ``system_prompt`` is set after construction.
+
+    For an OpenEnv env, ``openenv_options`` and the ``env_config`` keys in ``ADAPTER_OPTIONS``
+    (``action_field``, ``observation_field``, ...) configure the text adapter, not the env.
+    """
+    target = _resolve(entrypoint, base_dir, install)
+    options: dict[str, Any] = {}
+    if isinstance(target, OpenEnvPackage):
+        options["action_type"] = target.action_class()
+        target = target.environment_class()
     if not callable(target):
         raise AgileRLError(
             f"entrypoint {entrypoint!r} resolved to {type(target).__name__}, which is not callable; "
@@ -34,11 +44,38 @@ def entrypoint_factory(
         )
     config = dict(env_config or {})
     system_prompt = config.pop("system_prompt", None)
+    openenv = is_openenv_environment(target)
+    unknown = set(openenv_options) - set(ADAPTER_OPTIONS)
+    if unknown:
+        raise TypeError(f"entrypoint_factory() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    if openenv:
+        options.update({k: config.pop(k) for k in ADAPTER_OPTIONS if k in config})
+    options.update({k: v for k, v in openenv_options.items() if v is not None})
+    if options.get("action_type") is None:
+        options.pop("action_type", None)
+    if isinstance(options.get("action_type"), str):
+        options["action_type"] = resolve("env", options["action_type"], base_dir=base_dir)
+    if openenv and isinstance(target, type):
+        check_options(target, options)  # a misconfigured adapter fails here, not once per session
 
     def build() -> Any:
         env = target(**config)
+        if is_openenv_environment(env):  # an OpenEnv class, or a function that returns one
+            env = adapt_openenv(env, base_dir=base_dir, **options)
         if system_prompt is not None:
             env.system_prompt = system_prompt
         return env
 
     return build
+
+
+def _resolve(entrypoint: str | Callable[..., Any], base_dir: str | Path | None, install: list[str] | None) -> Any:
+    if not isinstance(entrypoint, str):
+        return entrypoint
+    try:
+        return resolve("env", entrypoint, base_dir=base_dir, install=install)
+    except ModuleNotFoundError as exc:  # a file.py that imports an extra's module
+        missing = MissingExtra.for_module(exc.name or "", f"env {entrypoint!r}")
+        if missing is None:
+            raise
+        raise missing from None

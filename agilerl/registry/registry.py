@@ -50,7 +50,10 @@ class Entry:
     @property
     def target_ref(self) -> str:
         """The target as text: the ``module:attr`` string, or where the object was defined."""
-        return self.target if isinstance(self.target, str) else _describe(self.target)
+        if isinstance(self.target, str):
+            return self.target
+        reference = getattr(self.target, "registry_reference", None)  # an OpenEnv package says where it is
+        return reference if isinstance(reference, str) else _describe(self.target)
 
     def load(self) -> Any:
         """The target object, importing a ``module:attr`` string the first time."""

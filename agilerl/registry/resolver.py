@@ -13,6 +13,7 @@ import pluggy
 
 from agilerl.errors import LoadError
 from agilerl.registry.loading import ModuleNotImportable, file_without_attr_message, is_reference, load_object
+from agilerl.registry.openenv_packages import add_openenv_packages
 from agilerl.registry.plugins import PluginInfo, new_plugin_manager
 from agilerl.registry.registry import (
     Kind,
@@ -42,7 +43,7 @@ def get_registry() -> Registry:
         pm, loaded = _load_manager()
         key = tuple(id(plugin) for _, plugin in pm.list_name_plugin())
         if _registry is None or _registry[0] != key:
-            _registry = (key, build_registry(pm, loaded))
+            _registry = (key, add_openenv_packages(build_registry(pm, loaded)))
         registry = _registry[1]
     check_strict(registry)
     return registry

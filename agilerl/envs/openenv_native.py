@@ -1,0 +1,283 @@
+"""OpenEnv's own environments (``openenv.core.env_server.interfaces.Environment``) as text envs.
+
+An OpenEnv env takes its own pydantic ``Action`` and returns an ``Observation`` with ``done``,
+``reward`` and env-specific fields. :class:`OpenEnvTextEnv` puts the model's text into one field
+of that Action (``action_field``), or into one MCP tool's argument (``mcp_tool``), and reads the
+observation's text exactly as ``RemoteEnvClient`` reads a served one (``agilerl.envs.observations``).
+
+Nothing here imports openenv: an env object can only exist once its module imported openenv, so
+classes are recognised by the names in their MRO, and openenv's types are imported from an env
+already built.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from pathlib import Path
+from typing import Any
+
+from agilerl.envs.observations import ObservationProcessor, make_observation_reader
+from agilerl.errors import OpenEnvAdapterError
+
+_ENVIRONMENT = ("openenv.core.env_server.interfaces", "Environment")
+_MCP_ENVIRONMENT = ("openenv.core.env_server.mcp_environment", "MCPEnvironment")
+_ACTION = ("openenv.core.env_server.types", "Action")
+_NOT_TEXT = ("reward", "done", "metadata")
+"""Observation fields that are not its content (what openenv's server leaves out too)."""
+
+ADAPTER_OPTIONS = ("action_field", "observation_field", "observation_processor", "mcp_tool", "action_type")
+"""``env_config`` keys that configure the adapter; they never reach the OpenEnv env's constructor."""
+
+DEFAULT_ACTION_FIELD = "message"
+
+
+def _has_base(obj: Any, base: tuple[str, str]) -> bool:
+    klass = obj if isinstance(obj, type) else type(obj)
+    return any((c.__module__, c.__name__) == base for c in getattr(klass, "__mro__", ()))
+
+
+def is_openenv_environment(obj: Any) -> bool:
+    """True for an OpenEnv ``Environment`` subclass or instance; never imports openenv."""
+    return _has_base(obj, _ENVIRONMENT)
+
+
+def is_mcp_environment(obj: Any) -> bool:
+    """True for an OpenEnv ``MCPEnvironment`` subclass or instance."""
+    return _has_base(obj, _MCP_ENVIRONMENT)
+
+
+def _is_specific_action(value: Any) -> bool:
+    return isinstance(value, type) and _has_base(value, _ACTION) and (value.__module__, value.__name__) != _ACTION
+
+
+def find_action_type(env_cls: type) -> type | None:
+    """The env's own Action class: ``step``'s annotation, else the ``Environment[Act, Obs, State]``
+    type argument; None when neither names one (openenv's server would need ``action_cls``)."""
+    step = getattr(env_cls, "step", None)
+    try:
+        hints = typing.get_type_hints(step) if step is not None else {}
+    except Exception:  # noqa: BLE001 - unresolvable forward references: read the raw annotation
+        hints = {}
+    if not hints and step is not None:
+        params = list(inspect.signature(step).parameters.values())
+        hints = {p.name: p.annotation for p in params[1:2]}
+    annotation = next((v for k, v in hints.items() if k not in ("self", "return", "timeout_s")), None)
+    if _is_specific_action(annotation):
+        return annotation  # type: ignore[return-value]
+    for klass in env_cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            args = typing.get_args(base)
+            if args and _is_specific_action(args[0]) and is_openenv_environment(typing.get_origin(base)):
+                return args[0]  # type: ignore[no-any-return]
+    return None
+
+
+def choose_action_field(action_type: type, requested: str | None) -> str:
+    """The Action field the text fills: ``requested``; by default ``message``, else the Action's
+    one required field. Any other required field is an error (text fills exactly one)."""
+    fields = getattr(action_type, "model_fields", {})
+    own = {name: info for name, info in fields.items() if name != "metadata"}
+    listing = ", ".join(own) or "none"
+    if requested and requested in own:
+        field = requested
+    elif requested not in (None, DEFAULT_ACTION_FIELD):
+        raise OpenEnvAdapterError(
+            f"action_field {requested!r}: {action_type.__name__} has no such field (its fields: "
+            f"{listing}); set action_field to one of them."
+        )
+    else:
+        required = [name for name, info in own.items() if info.is_required()]
+        candidates = required if required else list(own)
+        if len(candidates) != 1:
+            raise OpenEnvAdapterError(
+                f"{action_type.__name__} has no 'message' field and more than one field the text "
+                f"could go in ({listing}); set action_field (env_config: {{\"action_field\": "
+                f"{next(iter(own), 'name')!r}}})."
+            )
+        field = candidates[0]
+    others = [name for name, info in own.items() if info.is_required() and name != field]
+    if others:
+        raise OpenEnvAdapterError(
+            f"{action_type.__name__} also requires {', '.join(others)}, but the model's text fills "
+            f"one field ({field!r}); give them defaults, or write a small text env around this one."
+        )
+    return field
+
+
+def text_action(env_cls: type, action_type: type | None = None, action_field: str | None = None) -> tuple[type, str]:
+    """The Action class the text becomes and the field it fills; an error says what to set."""
+    found = action_type or find_action_type(env_cls)
+    if found is None:
+        raise OpenEnvAdapterError(
+            f"cannot tell {env_cls.__name__}'s Action type: annotate step's action "
+            "(def step(self, action: MyAction, ...)), subclass Environment[MyAction, MyObservation, "
+            "MyState], or set action_type."
+        )
+    return found, choose_action_field(found, action_field)
+
+
+def check_options(env_cls: type, options: dict[str, Any]) -> None:
+    """Fail early, on the class, for options no instance of it could use."""
+    if is_mcp_environment(env_cls):
+        return
+    if options.get("mcp_tool"):
+        raise OpenEnvAdapterError(
+            f"mcp_tool {options['mcp_tool']!r}: {env_cls.__name__} is not an MCPEnvironment, it has no tools."
+        )
+    text_action(env_cls, options.get("action_type"), options.get("action_field"))
+
+
+def observation_payload(observation: Any) -> dict[str, Any]:
+    """An Observation's content as JSON data, as openenv's server sends it (no reward/done/metadata)."""
+    if isinstance(observation, dict):
+        return {k: v for k, v in observation.items() if k not in _NOT_TEXT}
+    try:
+        return dict(observation.model_dump(mode="json", exclude=set(_NOT_TEXT)))
+    except Exception:  # noqa: BLE001 - a field JSON cannot hold: keep the python values
+        return dict(observation.model_dump(exclude=set(_NOT_TEXT)))
+
+
+class OpenEnvTextEnv:
+    """An OpenEnv env behind the text-env protocol: ``reset -> (prompt, info)``, ``step(text)``.
+
+    ``reward`` (None reads as 0.0) and ``done`` (``terminated``) come from each Observation, its
+    ``metadata`` is the info dict, and ``close()`` reaches the env once.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        *,
+        action_field: str | None = None,
+        observation_field: str | None = None,
+        observation_processor: str | ObservationProcessor | None = None,
+        mcp_tool: str | None = None,
+        action_type: type | None = None,
+        base_dir: str | Path | None = None,
+    ) -> None:
+        if isinstance(env, type):
+            env = env()
+        if not is_openenv_environment(env):
+            raise OpenEnvAdapterError(
+                f"{type(env).__name__} is not an OpenEnv Environment (openenv.core.env_server."
+                "interfaces.Environment); a text env needs no adapter."
+            )
+        self.env = env
+        self.mcp = is_mcp_environment(env)
+        self._read = make_observation_reader(observation_field, observation_processor, base_dir=base_dir)
+        self._closed = False
+        if self.mcp:
+            self.mcp_tool = mcp_tool
+            self.action_type: type | None = None
+            self.action_field = action_field
+        else:
+            if mcp_tool:
+                raise OpenEnvAdapterError(
+                    f"mcp_tool {mcp_tool!r}: {type(env).__name__} is not an MCPEnvironment, it has no tools."
+                )
+            self.action_type, self.action_field = text_action(type(env), action_type, action_field)
+        max_turns = getattr(env, "max_turns", None)
+        if isinstance(max_turns, int) and not isinstance(max_turns, bool):
+            self.max_turns = max_turns
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> tuple[str, dict[str, Any]]:
+        """Start an episode: the first observation's text, and its metadata as info."""
+        observation = self.env.reset(seed=seed, episode_id=episode_id, **kwargs)
+        return self._read(observation_payload(observation)), _info(observation)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Send the model's text as the env's own Action (or one MCP tool call)."""
+        observation = self.env.step(self._action(action))
+        reward = getattr(observation, "reward", None)
+        truncated = getattr(observation, "truncated", False)
+        return (
+            self._read(observation_payload(observation)),
+            0.0 if reward is None else float(reward),
+            bool(getattr(observation, "done", False)),
+            truncated if isinstance(truncated, bool) else False,
+            _info(observation),
+        )
+
+    def state(self) -> dict[str, Any]:
+        """The env's ``State`` as a dict."""
+        state = getattr(self.env, "state", None)
+        state = state() if callable(state) else state
+        return dict(state.model_dump()) if hasattr(state, "model_dump") else dict(state or {})
+
+    def close(self) -> None:
+        """Close the OpenEnv env exactly once."""
+        if self._closed:
+            return
+        self._closed = True
+        self.env.close()
+
+    def _action(self, text: str) -> Any:
+        if self.mcp:
+            from openenv.core.env_server.mcp_types import CallToolAction
+
+            tool, field = self._mcp_target()
+            return CallToolAction(tool_name=tool, arguments={field: text})
+        assert self.action_type is not None and self.action_field is not None
+        try:
+            return self.action_type(**{self.action_field: text})
+        except ValueError as exc:  # pydantic's ValidationError
+            raise OpenEnvAdapterError(
+                f"{self.action_type.__name__} rejected the text {text!r:.80} as {self.action_field!r}: "
+                f"{str(exc).splitlines()[-1] if str(exc) else exc}"
+            ) from exc
+
+    def _mcp_target(self) -> tuple[str, str]:
+        """The tool and its argument: as configured, else the env's only tool and its only required one."""
+        if self.mcp_tool and self.action_field:
+            return self.mcp_tool, self.action_field
+        from openenv.core.env_server.mcp_types import ListToolsAction
+
+        tools = {t.name: t for t in getattr(self.env.step(ListToolsAction()), "tools", [])}
+        if self.mcp_tool is None:
+            if len(tools) != 1:
+                raise OpenEnvAdapterError(
+                    f"{type(self.env).__name__} is an MCP env with tools {', '.join(tools) or 'none'}; "
+                    "set mcp_tool to the one the model's text goes to."
+                )
+            self.mcp_tool = next(iter(tools))
+        tool = tools.get(self.mcp_tool)
+        if tool is None:
+            raise OpenEnvAdapterError(
+                f"mcp_tool {self.mcp_tool!r}: {type(self.env).__name__} has no such tool "
+                f"(its tools: {', '.join(tools) or 'none'})."
+            )
+        if self.action_field is None:
+            schema = getattr(tool, "input_schema", None) or {}
+            params = list(schema.get("properties", {}))
+            required = schema.get("required", params)
+            if DEFAULT_ACTION_FIELD in params:
+                self.action_field = DEFAULT_ACTION_FIELD
+            elif len(required) == 1:
+                self.action_field = required[0]
+            else:
+                raise OpenEnvAdapterError(
+                    f"tool {self.mcp_tool!r} takes {', '.join(params) or 'no arguments'}; set "
+                    "action_field to the argument the model's text fills."
+                )
+        return self.mcp_tool, self.action_field
+
+
+def _info(observation: Any) -> dict[str, Any]:
+    metadata = getattr(observation, "metadata", None)
+    return dict(metadata) if isinstance(metadata, dict) else {}
+
+
+_NAMED: dict[type, type] = {}
+
+
+def adapt_openenv(env: Any, **options: Any) -> OpenEnvTextEnv:
+    """Wrap an OpenEnv env (class or instance) as a text env named like it (checks and logs say
+    ``WordEnv``, not ``OpenEnvTextEnv``)."""
+    klass = env if isinstance(env, type) else type(env)
+    named = _NAMED.get(klass)
+    if named is None:
+        named = _NAMED[klass] = type(
+            klass.__name__, (OpenEnvTextEnv,), {"__module__": __name__, "__doc__": OpenEnvTextEnv.__doc__}
+        )
+    return named(env, **options)  # type: ignore[no-any-return]

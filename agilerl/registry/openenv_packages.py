@@ -1,0 +1,168 @@
+"""Installed OpenEnv env packages, found the way openenv's ``AutoEnv`` finds them, as env names.
+
+A distribution named ``openenv-<name>`` (not ``openenv-core``) whose module ``<name>`` (dashes as
+underscores) carries an ``openenv.yaml`` is an OpenEnv env; its ``name:`` without ``_env`` is the
+key (``echo_env`` -> ``echo``), as ``AutoEnv.from_env("echo")`` names it. Listing reads metadata
+and the yaml only: no env code is imported until the env is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import importlib_metadata
+import yaml
+from packaging.utils import canonicalize_name
+
+from agilerl.errors import MissingExtra, ModuleNotImportable, OpenEnvPackageError
+from agilerl.registry.plugins import PluginInfo
+from agilerl.registry.registry import NAME_PATTERN, Entry, Registry
+
+MANIFEST = "openenv.yaml"
+DEFAULT_APP = "server.app:app"
+_ENVIRONMENT = ("openenv.core.env_server.interfaces", "Environment")
+_ACTION = ("openenv.core.env_server.types", "Action")
+
+
+@dataclass(frozen=True)
+class OpenEnvPackage:
+    """One installed OpenEnv env: where its ``openenv.yaml`` says the server app lives."""
+
+    key: str
+    distribution: str
+    version: str
+    module: str
+    app: str
+    description: str
+    manifest_path: str
+
+    @property
+    def app_module(self) -> str:
+        """The module holding the server app (``echo_env.server.app``)."""
+        return f"{self.module}.{self.app.partition(':')[0]}"
+
+    @property
+    def registry_reference(self) -> str:
+        """How listings show the target: the app module openenv.yaml names."""
+        return f"{self.app_module} (OpenEnv package {self.distribution})"
+
+    def environment_class(self) -> type:
+        """The Environment subclass the app serves: the one its module imports or defines."""
+        classes = [c for c in self._app_namespace() if _is_own(c, _ENVIRONMENT)]
+        if len(classes) != 1:
+            found = ", ".join(c.__name__ for c in classes) or "none"
+            raise OpenEnvPackageError(
+                f"OpenEnv env {self.key!r} ({self.distribution}): {self.app_module} should hold one "
+                f"Environment subclass, found {found}; name the class as 'module:Class' instead."
+            )
+        return classes[0]
+
+    def action_class(self) -> type | None:
+        """The Action subclass the app module holds, when there is exactly one (create_app's ``action_cls``)."""
+        classes = [c for c in self._app_namespace() if _is_own(c, _ACTION)]
+        return classes[0] if len(classes) == 1 else None
+
+    def _app_namespace(self) -> list[type]:
+        if importlib.util.find_spec("openenv") is None:
+            raise MissingExtra("openenv", f"OpenEnv env {self.key!r} ({self.distribution})", "openenv")
+        try:
+            module = importlib.import_module(self.app_module)
+        except ModuleNotFoundError as exc:
+            missing = MissingExtra.for_module(exc.name or "", f"OpenEnv env {self.key!r}")
+            if missing is not None:
+                raise missing from None
+            raise ModuleNotImportable(
+                f"OpenEnv env {self.key!r}: importing {self.app_module} (from {self.manifest_path}) "
+                f"failed: {exc}",
+                module=self.app_module,
+            ) from exc
+        seen: dict[int, type] = {}
+        for value in vars(module).values():
+            if inspect.isclass(value):
+                seen.setdefault(id(value), value)
+        return list(seen.values())
+
+
+def _is_own(klass: type, base: tuple[str, str]) -> bool:
+    """A subclass of openenv's ``base`` that openenv itself does not define."""
+    mro = getattr(klass, "__mro__", ())
+    return any((c.__module__, c.__name__) == base for c in mro) and not klass.__module__.startswith("openenv.")
+
+
+def discover_openenv_packages() -> list[OpenEnvPackage]:
+    """Every installed ``openenv-*`` distribution whose module carries an ``openenv.yaml``."""
+    found: dict[str, OpenEnvPackage] = {}
+    for dist in importlib_metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if not name.lower().startswith("openenv-") or canonicalize_name(name) == "openenv-core":
+            continue
+        module = name[len("openenv-"):].replace("-", "_")
+        path = _manifest_path(dist, module)
+        if path is None:
+            continue
+        package = _package(name, dist.version, module, path)
+        if package is not None:
+            found.setdefault(package.key, package)
+    return sorted(found.values(), key=lambda p: p.key)
+
+
+def add_openenv_packages(registry: Registry) -> Registry:
+    """Register each installed OpenEnv package as an env, under a plugin record of its own."""
+    for package in discover_openenv_packages():
+        info = PluginInfo(
+            name=package.distribution,
+            distribution=package.distribution,
+            version=package.version,
+            module=package.module,
+            hooks=[MANIFEST],
+            provides={"env": [package.key]},
+        )
+        registry.plugins.append(info)
+        registry.add(Entry("env", package.key, package, f"OpenEnv env: {package.description}", info))
+    return registry
+
+
+def _manifest_path(dist: Any, module: str) -> Path | None:
+    """The module's ``openenv.yaml``: from the install record, else from where the module lives
+    (an editable install); finding a top-level module's spec does not run it."""
+    for file in dist.files or ():
+        if file.parts[:1] == (module,) and file.name == MANIFEST and len(file.parts) == 2:
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / MANIFEST
+        if path.is_file():
+            return path
+    return None
+
+
+def _package(distribution: str, version: str, module: str, path: Path) -> OpenEnvPackage | None:
+    try:
+        manifest = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    env_name = str(manifest.get("name") or module)
+    key = (env_name[: -len("_env")] if env_name.endswith("_env") else env_name).lower()
+    if not NAME_PATTERN.match(key):
+        return None
+    return OpenEnvPackage(
+        key=key,
+        distribution=distribution,
+        version=version,
+        module=module,
+        app=str(manifest.get("app") or DEFAULT_APP),
+        description=str(manifest.get("description") or f"{env_name} environment"),
+        manifest_path=str(path),
+    )
