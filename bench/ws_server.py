@@ -1,13 +1,15 @@
 """WebSocket env servers under load: ours vs openenv-core's vs a bare aiohttp echo (the ceiling).
 
-The same trivial synchronous env is served by ``agilerl serve`` and by openenv-core's
-``create_app`` (run from ``.venv-openenv``, see tests/test_remote_openenv.py); the echo server
-answers every frame with a canned observation and runs no env at all. Each server runs in its
+The same trivial synchronous env is served by ``agilerl serve`` (``agilerl``: its calls run on
+worker threads) and by openenv-core's ``create_app`` (run from ``.venv-openenv``, see
+tests/test_remote_openenv.py); ``agilerl-async`` serves the same env written with ``async def``
+methods (awaited on the server's event loop); the echo server answers every frame with a canned
+observation and runs no env at all. Each server runs in its
 own process pinned to CPU 0; one load client, pinned to CPU 1, holds N sessions that step as
 fast as they can. The load client speaks raw WebSocket frames over asyncio sockets, so it costs far
 less per step than any server and the servers, not the client, set the pace. When allowed (root),
 all processes run at nice -10 so other jobs on the machine disturb the latencies less. Prints steps/s and p99 latency per server (medians over interleaved rounds)
-and the ratios against openenv-core.
+and the ratios against openenv-core and the echo ceiling.
 
     python bench/ws_server.py [--seconds 3] [--rounds 3] [--sessions 1,16,64,256]
 """
@@ -45,6 +47,16 @@ class TrivialEnv:
         return "start", {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        return action, 1.0, False, False, {}
+
+
+class AsyncTrivialEnv:
+    """``TrivialEnv`` with ``async def`` methods."""
+
+    async def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        return "start", {}
+
+    async def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         return action, 1.0, False, False, {}
 
 
@@ -126,8 +138,9 @@ def _start(name: str, max_sessions: int) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     pinned = SERVER_CPU is not None and shutil.which("taskset")
     pin = (["taskset", "-c", str(SERVER_CPU)] if pinned else []) + _PRIORITY
-    if name == "agilerl":
-        cmd = [sys.executable, "-m", "agilerl", "serve", f"{__file__}:TrivialEnv", "--port", str(port),
+    if name in ("agilerl", "agilerl-async"):
+        env = "TrivialEnv" if name == "agilerl" else "AsyncTrivialEnv"
+        cmd = [sys.executable, "-m", "agilerl", "serve", f"{__file__}:{env}", "--port", str(port),
                "--max-concurrent-envs", str(max_sessions)]
     elif name == "openenv-core":
         cmd = [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions)]
@@ -274,7 +287,7 @@ def main() -> None:
         os.sched_setaffinity(0, {CLIENT_CPU})
     _PRIORITY[:] = _raise_priority()
     levels = [int(n) for n in args.sessions.split(",")]
-    servers = ("openenv-core", "agilerl", "aiohttp-echo")
+    servers = ("openenv-core", "agilerl", "agilerl-async", "aiohttp-echo")
     started = {name: _start(name, max(levels) + 8) for name in servers}
     runs: dict[str, dict[int, list[tuple[float, float, float]]]] = {name: {n: [] for n in levels} for name in servers}
     try:  # interleaved rounds, median kept: other load on the machine hits all servers alike
@@ -294,13 +307,14 @@ def main() -> None:
         for name, by_level in runs.items()
     }
     print(f"{'sessions':>8} {'server':>13} {'steps/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'x openenv steps/s':>18} {'openenv p99 / p99':>18}")
+          f"{'x openenv steps/s':>18} {'openenv p99 / p99':>18} {'of echo steps/s':>16}")
     for n in levels:
         base_rate, _, base_p99 = results["openenv-core"][n]
+        echo_rate = results["aiohttp-echo"][n][0]
         for name in servers:
             rate, p50, p99 = results[name][n]
             print(f"{n:>8} {name:>13} {rate:>9.0f} {p50:>7.2f} {p99:>7.2f} "
-                  f"{rate / base_rate:>18.2f} {base_p99 / p99:>18.2f}")
+                  f"{rate / base_rate:>18.2f} {base_p99 / p99:>18.2f} {rate / echo_rate:>15.0%}")
 
 
 if __name__ == "__main__":
