@@ -19,6 +19,7 @@ _LAZY = {
     "InProcessEnvClient": "agilerl.envs.client",
     "RemoteEnvClient": "agilerl.remote.client",
     "resolve_env": "agilerl.remote.server",
+    "adapt_openenv": "agilerl.envs.openenv_native",
     # manifests
     "load_manifest": "agilerl.manifest.spec",
     "Manifest": "agilerl.manifest.spec",
@@ -105,6 +106,7 @@ if TYPE_CHECKING:
     from agilerl.data.qa_dataset import QADatasetEnv
     from agilerl.envs.checker import CheckReport, check_env
     from agilerl.envs.client import InProcessEnvClient
+    from agilerl.envs.openenv_native import adapt_openenv
     from agilerl.errors import (
         AgileRLError,
         CollectionError,
