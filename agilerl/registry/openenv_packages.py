@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +99,7 @@ def _is_own(klass: type, base: tuple[str, str]) -> bool:
 def discover_openenv_packages() -> list[OpenEnvPackage]:
     """Every installed ``openenv-*`` distribution whose module carries an ``openenv.yaml``."""
     found: dict[str, OpenEnvPackage] = {}
-    for dist in importlib_metadata.distributions():
+    for dist in _openenv_distributions():
         name = dist.metadata["Name"] or ""
         if not name.lower().startswith("openenv-") or canonicalize_name(name) == "openenv-core":
             continue
@@ -109,6 +111,28 @@ def discover_openenv_packages() -> list[OpenEnvPackage]:
         if package is not None:
             found.setdefault(package.key, package)
     return sorted(found.values(), key=lambda p: p.key)
+
+
+def _openenv_distributions() -> list[Any]:
+    """Installed distributions whose metadata folder starts with ``openenv``, first on sys.path
+    first: listing folders is much cheaper than reading every distribution's metadata."""
+    seen: set[str] = set()
+    found = []
+    for entry in sys.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:  # a zip, or a folder that went away
+            continue
+        for name in names:
+            lower = name.lower()
+            if not lower.startswith("openenv") or not lower.endswith((".dist-info", ".egg-info")):
+                continue
+            project = canonicalize_name(lower.partition("-")[0].removesuffix(".dist-info").removesuffix(".egg-info"))
+            if project in seen or project == "openenv-core":
+                continue
+            seen.add(project)
+            found.append(importlib_metadata.PathDistribution(Path(entry or ".") / name))
+    return found
 
 
 def add_openenv_packages(registry: Registry) -> Registry:
