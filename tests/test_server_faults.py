@@ -136,8 +136,8 @@ def stop_reading_client(server: RunningServer) -> socket.socket:
 
 @pytest.mark.parametrize(
     "limits",
-    [{"session_timeout_s": 1.0}, {"send_timeout_s": 1.0, "heartbeat_s": None}],
-    ids=["idle-timeout", "send-timeout"],
+    [{"session_timeout_s": 1.0}, {"heartbeat_s": 0.5}, {"send_timeout_s": 1.0, "heartbeat_s": None}],
+    ids=["idle-timeout", "heartbeat", "send-timeout"],
 )
 def test_a_client_that_stops_reading_frees_its_slot_and_its_env_is_closed(limits: dict[str, Any]) -> None:
     url, server = resolve_env(HangableEnv, max_concurrent_envs=1, close_timeout_s=0.5, **limits)
