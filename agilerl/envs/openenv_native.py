@@ -55,14 +55,13 @@ def find_action_type(env_cls: type) -> type | None:
     """The env's own Action class: ``step``'s annotation, else the ``Environment[Act, Obs, State]``
     type argument; None when neither names one (openenv's server would need ``action_cls``)."""
     step = getattr(env_cls, "step", None)
-    try:
-        hints = typing.get_type_hints(step) if step is not None else {}
-    except Exception:  # noqa: BLE001 - unresolvable forward references: read the raw annotation
-        hints = {}
-    if not hints and step is not None:
-        params = list(inspect.signature(step).parameters.values())
-        hints = {p.name: p.annotation for p in params[1:2]}
-    annotation = next((v for k, v in hints.items() if k not in ("self", "return", "timeout_s")), None)
+    params = list(inspect.signature(step).parameters.values())[1:2] if callable(step) else []
+    annotation = params[0].annotation if params else None
+    if params:
+        try:  # a string annotation (from __future__ import annotations) names the class
+            annotation = typing.get_type_hints(step).get(params[0].name, annotation)
+        except Exception:  # noqa: BLE001 - unresolvable forward references: keep the raw one
+            pass
     if _is_specific_action(annotation):
         return annotation  # type: ignore[return-value]
     for klass in env_cls.__mro__:
