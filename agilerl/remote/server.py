@@ -133,7 +133,7 @@ class EnvServer:
         self.envs_created = 0
         self.envs_closed = 0
         self._runner: web.AppRunner | None = None
-        self._listener: asyncio.base_events.Server | None = None
+        self._listener: asyncio.Server | None = None
         self._watcher: asyncio.Task[None] | None = None
 
     @property
