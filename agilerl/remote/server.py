@@ -63,13 +63,14 @@ TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 
 class _Session:
     __slots__ = (
-        "busy", "client", "ending", "env", "episode_id", "last_active", "last_seen", "ping_sent", "sending",
-        "steps", "transport", "ws",
+        "busy", "client", "ending", "env", "episode_id", "handler", "last_active", "last_seen", "ping_sent",
+        "sending", "steps", "transport", "ws",
     )
 
     def __init__(self, ws: web.WebSocketResponse, transport: Any, env: Any, caller: EnvCaller) -> None:
         self.ws = ws
         self.transport = transport
+        self.handler = asyncio.current_task()
         self.env = env
         self.client = InProcessEnvClient(env, caller=caller)
         self.busy = self.ending = self.sending = False  # in an env call / ended / in a reply send
@@ -175,9 +176,10 @@ class EnvServer:
         return self.url
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Close every session (each env exactly once), then the listener and the pool; done
-        within ``grace_s`` (plus ``close_timeout_s``) whatever the clients and envs do: handlers
-        still running then are cancelled, and an env close still hung is left to its thread."""
+        """Close every session and the listener, then close each env exactly once; no env call
+        delays this: a call still in flight is abandoned at once (its session is closed, so its
+        reply could go nowhere) and its env closed. ``grace_s`` bounds the env closes (one still
+        hung after it is left to its thread); a client bounds nothing (``close_timeout_s``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         self._stopping = True
@@ -188,15 +190,15 @@ class EnvServer:
         await asyncio.gather(
             *(self._end(s, WSCloseCode.GOING_AWAY, "the server is stopping") for s in list(self._sessions))
         )
-        pending = self._handlers | self._closing
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
-            for task in late:
+        unwinding = {s.handler for s in self._sessions if not s.busy}
+        for task in self._handlers - unwinding:  # in an env call, or building its env
+            task.cancel()
+        if self._handlers:
+            _, late = await asyncio.wait(self._handlers, timeout=self._close_timeout_s)
+            for task in late:  # a close handshake that hangs
                 task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=self._close_timeout_s)  # let them unwind
-            if self._closing:
-                await asyncio.wait(self._closing, timeout=max(0.01, deadline - loop.time()))
+        if self._closing:
+            await asyncio.wait(self._closing, timeout=max(0.01, deadline - loop.time()))
         self.guard.abort_all()  # keep-alive and half-sent connections
         if self._runner is not None:
             await self._runner.cleanup()
@@ -552,8 +554,8 @@ class RunningServer:
         return self.server.active_sessions
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Close every session and env, free the port, end the thread (idempotent); handlers
-        still running after ``grace_s`` are cancelled."""
+        """Close every session and env, free the port, end the thread (idempotent); env calls
+        in flight are abandoned, env closes get up to ``grace_s``."""
         if self._stopped:
             return
         self._stopped = True
