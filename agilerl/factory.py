@@ -43,11 +43,19 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
 
         return qa_env_factory(spec, base_dir=base_dir)
     assert spec.entrypoint is not None  # the spec's own rules guarantee one source
+    # how an OpenEnv-native env reads the model's text and writes the prompt (set fields only:
+    # unset, the adapter finds the action field itself)
+    adapter = {
+        name: getattr(spec, name)
+        for name in ("action_field", "observation_field", "observation_processor", "mcp_tool")
+        if name in spec.model_fields_set and getattr(spec, name) is not None
+    }
     return entrypoint_factory(
         spec.entrypoint,
         spec.env_config,
         base_dir=base_dir,
         install=spec.env_packages.packages if spec.env_packages else None,
+        **adapter,
     )
 
 
@@ -74,7 +82,7 @@ def resolve_max_turns(spec: EnvironmentSpec, factory: EnvFactory) -> int:
             )
             raise AgileRLError(
                 f"environment.max_turns is not set and {where} (got {max_turns!r}); set max_turns "
-                "in the manifest"
+                "in the manifest (agilerl env check: --max-turns N)"
             )
         _PROBED_MAX_TURNS[key] = max_turns
     return _PROBED_MAX_TURNS[key]

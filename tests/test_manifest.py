@@ -97,8 +97,17 @@ def test_env_packages_only_with_an_entrypoint():
     assert "'env_packages' applies only with 'entrypoint'" in error
 
 
-def test_mcp_tool_only_with_env_url():
-    assert "'mcp_tool' applies only with 'env_url'" in _error({**ROLLOUT, "mcp_tool": "play"})
+def test_mcp_tool_only_with_env_url_or_an_openenv_entrypoint():
+    dataset = {"env_type": "rollout", "dataset": "d.parquet", "rubric_name": "exact_match"}
+    assert "'mcp_tool' applies only with 'env_url' or an OpenEnv MCP 'entrypoint'" in _error(
+        {**dataset, "mcp_tool": "play"}
+    )
+    from agilerl.errors import InvalidArgument
+    from agilerl.factory import make_env_factory
+
+    spec = parse_env_spec({"env_type": "rollout", "entrypoint": "json:JSONDecoder", "mcp_tool": "play"})
+    with pytest.raises(InvalidArgument, match="mcp_tool set for 'json:JSONDecoder', which is not an OpenEnv"):
+        make_env_factory(spec)
 
 
 def test_observation_field_and_processor_exclude_each_other():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from agilerl.errors import AgileRLError, ConfigError, LoadError
+from agilerl.errors import AgileRLError, ConfigError, LoadError, MissingExtra
 from agilerl.manifest.spec import Manifest
 from agilerl.registry import Kind, get_registry, is_reference, load_object
 from agilerl.registry.loading import split_reference
@@ -46,6 +46,9 @@ def _reference(kind: Kind, field: str, ref: str, base: Path, offline: bool) -> l
             load_object(ref, base)
     except AgileRLError as exc:
         return [f"{field}: {exc}"]
+    except ModuleNotFoundError as exc:  # an env file that imports an extra's module (openenv)
+        missing = MissingExtra.for_module(exc.name or "", repr(ref))
+        return [f"{field}: {missing or exc}"]
     except Exception as exc:  # the user's module raised while importing
         return [f"{field}: importing {ref!r} failed: {type(exc).__name__}: {exc}"]
     return []

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.envs.openenv_native import ADAPTER_OPTIONS, adapt_openenv, check_options, is_openenv_environment
-from agilerl.errors import AgileRLError, MissingExtra
+from agilerl.errors import AgileRLError, InvalidArgument, MissingExtra
 from agilerl.registry import resolve
 from agilerl.registry.openenv_packages import OpenEnvPackage
 
@@ -48,6 +48,13 @@ def entrypoint_factory(
     unknown = set(openenv_options) - set(ADAPTER_OPTIONS)
     if unknown:
         raise TypeError(f"entrypoint_factory() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    given = sorted(k for k, v in openenv_options.items() if v is not None)
+    if given and not openenv:
+        raise InvalidArgument(
+            f"{', '.join(given)} set for {entrypoint!r}, which is not an OpenEnv Environment: these "
+            "options shape how an OpenEnv env (or an env_url server) reads the model's text; a text "
+            "env gets the text in step() directly, so remove them."
+        )
     if openenv:
         options.update({k: config.pop(k) for k in ADAPTER_OPTIONS if k in config})
     options.update({k: v for k, v in openenv_options.items() if v is not None})

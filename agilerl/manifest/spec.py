@@ -147,7 +147,9 @@ class EnvironmentSpec(_Section):
     env_url: str | list[str] | None = Field(
         None, description="URL (or list of replica URLs) of a remote OpenEnv-protocol server."
     )
-    mcp_tool: str | None = Field(None, description="With env_url: step through this MCP tool.")
+    mcp_tool: str | None = Field(
+        None, description="With env_url or an OpenEnv MCP entrypoint: step through this MCP tool."
+    )
     action_field: str = Field("message", description="Action field the model's text goes in.")
     observation_field: str | None = Field(
         None, description="Dotted path of the observation text in a remote observation."
@@ -220,8 +222,8 @@ class EnvironmentSpec(_Section):
                 "'env_config' does not reach a remote env ('env_url'): configure the env where it "
                 "is served, e.g. agilerl serve ENTRYPOINT --env-config '{...}'."
             )
-        if self.mcp_tool and not self.env_url:
-            raise ValueError("'mcp_tool' applies only with 'env_url'.")
+        if self.mcp_tool and not (self.env_url or self.entrypoint):
+            raise ValueError("'mcp_tool' applies only with 'env_url' or an OpenEnv MCP 'entrypoint'.")
         if self.observation_field and self.observation_processor:
             raise ValueError(
                 "'observation_field' and 'observation_processor' exclude each other; keep one."
