@@ -57,3 +57,12 @@ def test_process_observation_reads_a_payload_as_the_client_does():
     assert process_observation(payload, observation_field="board.rows") == '["x..",".o."]'
     assert process_observation(payload, observation_processor="json") == '{"board":{"rows":["x..",".o."]},"legal":[1,2]}'
     assert process_observation({"text": "hi"}) == "hi"
+
+
+def test_a_server_without_metadata_needs_max_turns_only_when_nothing_else_gives_it(foreign_server, chatml_tokenizer):  # noqa: F811
+    from agilerl.errors import AgileRLError
+
+    url, _ = foreign_server(_mcp_echo)
+    spec = parse_env_spec({"env_type": "rollout", "env_url": url, "mcp_tool": "echo_message"})
+    with pytest.raises(AgileRLError, match="does not publish a usable max_turns in /metadata.*set max_turns"):
+        RolloutHarness.from_spec(spec, chatml_tokenizer)

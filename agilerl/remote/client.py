@@ -142,7 +142,7 @@ class RemoteEnvClient(EnvClient):
 
     def _described(self, name: str) -> Any:
         """One field of ``/metadata`` (read once per client); None when the server does not say,
-        as OpenEnv servers do not."""
+        as OpenEnv servers do not, or has no ``/metadata`` at all."""
         metadata = self._metadata_cache if self._metadata_cache is not None else self.server_metadata()
         value = metadata.get(name)
         return value if has_member_type(name, value) else None
@@ -279,6 +279,9 @@ class RemoteEnvClient(EnvClient):
         for url in self._urls:
             try:
                 async with client_session().get(url + "/metadata", headers=self._headers, timeout=timeout) as resp:
+                    if resp.status in (404, 405):  # a server without /metadata describes nothing
+                        found.append({})
+                        continue
                     resp.raise_for_status()
                     found.append(await resp.json())
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
