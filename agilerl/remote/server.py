@@ -49,6 +49,7 @@ from agilerl.remote.frames import (
     state_frame,
 )
 from agilerl.remote.guard import ConnectionGuard
+from agilerl.remote.openenv_host import NativeSession, hosts_natively, native_schema
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,8 @@ TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 
 class _Session:
     __slots__ = (
-        "busy", "client", "ending", "env", "episode_id", "handler", "last_active", "last_seen", "ping_sent",
-        "sending", "steps", "transport", "ws",
+        "busy", "client", "ending", "env", "episode_id", "handler", "last_active", "last_seen", "native",
+        "ping_sent", "sending", "steps", "transport", "ws",
     )
 
     def __init__(self, ws: web.WebSocketResponse, transport: Any, env: Any, caller: EnvCaller) -> None:
@@ -73,6 +74,8 @@ class _Session:
         self.handler = asyncio.current_task()
         self.env = env
         self.client = InProcessEnvClient(env, caller=caller)
+        # an OpenEnv env speaks its own Action/Observation fields, as openenv's server would
+        self.native = NativeSession(env, caller) if hosts_natively(env) else None
         self.busy = self.ending = self.sending = False  # in an env call / ended / in a reply send
         self.last_active = self.last_seen = time.monotonic()  # last frame / last frame or pong
         self.ping_sent: float | None = None
@@ -220,14 +223,20 @@ class EnvServer:
         return web.json_response({"status": "healthy"})
 
     async def _schema(self, request: web.Request) -> web.Response:
-        return web.json_response(schema())
+        info = await self._described()
+        return web.json_response(info.get("native_schema") or schema())
 
-    async def _metadata(self, request: web.Request) -> web.Response:
+    async def _described(self) -> dict[str, Any]:
+        """What ``_describe`` found; when no session has built an env yet, one is built for it."""
         info = self._env_info
-        if info is None:  # no session has built an env yet: build one to describe
+        if info is None:
             if self._describing is None:  # one build, however many clients ask at once
                 self._describing = self._spawn(self._describe_a_new_env())  # stop() waits for it
             info = await asyncio.shield(self._describing)
+        return info
+
+    async def _metadata(self, request: web.Request) -> web.Response:
+        info = {k: v for k, v in (await self._described()).items() if k != "native_schema"}
         return web.json_response(
             {
                 "name": self.name,
@@ -260,6 +269,8 @@ class EnvServer:
             log.warning("env.tools is not JSON; /metadata leaves it out")
             described["tools"] = None
         self._env_info = {"description": doc.splitlines()[0] if doc else "", **described}
+        if hosts_natively(env):
+            self._env_info["native_schema"] = native_schema(env)
         return self._env_info
 
     # -- WebSocket sessions --------------------------------------------------------------------
@@ -358,6 +369,8 @@ class EnvServer:
                 session.sending = False
 
     async def _reply(self, session: _Session, raw: str | bytes) -> bytes | None:
+        if session.native is not None:
+            return await session.native.reply(raw)
         try:
             frame = parse_client_frame(raw)
             client = session.client
