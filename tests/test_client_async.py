@@ -14,7 +14,7 @@ from agilerl.envs.client import EnvClient, InProcessEnvClient
 from agilerl.errors import EnvProtocolError
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.frames import decode, parse_reply, read_observation, step_frame
-from agilerl.remote.server import resolve_env
+from agilerl.remote.hosting import resolve_env
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import ScriptedPolicy
 

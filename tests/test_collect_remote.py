@@ -10,7 +10,7 @@ import pytest
 from agilerl.rollout.collector import CollectionError, RolloutCollector
 from agilerl.rollout.policy import ScriptedPolicy
 from agilerl.remote.client import RemoteEnvClient
-from agilerl.remote.server import resolve_env
+from agilerl.remote.hosting import resolve_env
 
 
 class GuessEnv:

@@ -14,7 +14,7 @@ from agilerl.errors import EnvProtocolError, InvalidArgument, RemoteEnvError
 from agilerl.protocol import max_turns_problem, require_max_turns, reset_kwargs
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.frames import decode, reset_frame
-from agilerl.remote.server import resolve_env
+from agilerl.remote.hosting import resolve_env
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.harness import RolloutHarness
 

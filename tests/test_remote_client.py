@@ -23,7 +23,7 @@ from agilerl.remote.observations import (
     make_observation_reader,
     text_from_field,
 )
-from agilerl.remote.server import resolve_env
+from agilerl.remote.hosting import resolve_env
 from agilerl.errors import AgileRLError
 from tests.test_remote_server import (
     assert_all_closed_once,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.concurrency import shared_loop
 from agilerl.remote.client import client_session
-from agilerl.remote.server import resolve_env
+from agilerl.remote.hosting import resolve_env
 from tests.test_remote_server import assert_all_closed_once, fresh_env_class
 
 json_values = st.recursive(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from agilerl.remote.client import RemoteEnvClient
-from agilerl.remote.server import resolve_env
+from agilerl.remote.hosting import resolve_env
 from tests.test_remote_server import (
     assert_all_closed_once,
     fresh_env_class,

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from agilerl.remote.client import RemoteEnvClient, RemoteEnvError, RemoteEnvTimeout
-from agilerl.remote.server import resolve_env
+from agilerl.remote.hosting import resolve_env
 from agilerl.errors import AgileRLError
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from agilerl.errors import RemoteEnvTimeout
 from agilerl.remote.client import RemoteEnvClient
-from agilerl.remote.server import RunningServer, resolve_env
+from agilerl.remote.hosting import RunningServer, resolve_env
 
 
 class HangableEnv:

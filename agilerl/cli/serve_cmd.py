@@ -34,7 +34,7 @@ def add_parser(subparsers: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from agilerl.remote.server import build_server
+    from agilerl.remote.hosting import build_server
 
     if args.token is not None and not args.token.strip():
         raise AgileRLError("--token is empty, which would turn authentication off; give a real token or leave --token out.")

@@ -18,7 +18,7 @@ _LAZY = {
     "CheckReport": "agilerl.envs.checker",
     "InProcessEnvClient": "agilerl.envs.client",
     "RemoteEnvClient": "agilerl.remote.client",
-    "resolve_env": "agilerl.remote.server",
+    "resolve_env": "agilerl.remote.hosting",
     "adapt_openenv": "agilerl.envs.openenv_native",
     # manifests
     "load_manifest": "agilerl.manifest.spec",
@@ -125,7 +125,7 @@ if TYPE_CHECKING:
     from agilerl.protocol import TextEnv
     from agilerl.registry.resolver import get_plugin_manager, get_registry, reset_registry, resolve
     from agilerl.remote.client import RemoteEnvClient
-    from agilerl.remote.server import resolve_env
+    from agilerl.remote.hosting import resolve_env
     from agilerl.rollout.assigner import Task, TaskAssigner
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.harness import RolloutHarness
