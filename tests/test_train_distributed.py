@@ -124,6 +124,7 @@ def test_an_fsdp_checkpoint_resumes(dpo_runs):
     assert (saved / "accelerate" / "optimizer_0").is_dir()
     result = _launch("fsdp", root / "two.yaml", root / "fsdp", "--resume", "--max-steps", "3")
     assert "finished at step 3" in result.stdout
+    assert result.stderr.count("engine: accelerate FSDP2, 2 processes, fp32, cpu") == 1  # rank 0's
     assert result.stdout.count("finished at step") == 1  # rank 0 alone reports
     rows = _rows(root / "fsdp")
     assert [r["step"] for r in rows] == [1, 2, 3]

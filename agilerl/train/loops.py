@@ -230,7 +230,7 @@ class _Trainer:
         interrupted = False
         bar = ProgressBar(settings.max_steps, start, show=self.show_progress)
         header: dict[str, Any] = {"engine": self.engine}  # on this run's first metrics row
-        if self.show_progress:
+        if self.world.is_main:  # the run's first line: which engine trains
             print(f"engine: {self.engine}", file=sys.stderr, flush=True)
         with bar.running(), self._graceful_interrupt():
             try:
