@@ -40,7 +40,9 @@ def test_readme_env_check_command_runs(tmp_path):
 SET_UP = [
     'pip install torch==2.13.0 && pip install -e ".[train,plot]" && agilerl train examples/guess/manifest.yaml',
     (
-        'pip install torch==2.13.0 && pip install -e ".[dev]" ./plugins/agilerl-env-gem '
+        # the plugins after the project: they depend on agilerl-envlayer, which pip 23 (Python
+        # 3.11's bundled pip) cannot resolve from a path in the same command
+        'pip install torch==2.13.0 && pip install -e ".[dev]" && pip install ./plugins/agilerl-env-gem '
         "./plugins/agilerl-env-textarena ./plugins/agilerl-env-reasoning-gym && python -m pytest"
     ),
 ]

@@ -78,7 +78,7 @@ def _from_pretrained(source: str, gguf_file: str | None, settings: ModelSettings
             source, dtype=getattr(torch, settings.dtype), **where, **_dequantized(gguf_file)
         )
     except ImportError as exc:  # a package the model needs: gguf for a .gguf file, or the model's own
-        hint = " Install it: pip install 'agilerl[gguf]'." if gguf_file else ""
+        hint = " Install it: pip install 'agilerl-envlayer[gguf]'." if gguf_file else ""
         raise ModelLoadError(f"model.name_or_path {settings.name_or_path!r}: {exc}{hint}") from None
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
@@ -110,7 +110,7 @@ def _with_lora(model: PreTrainedModel, lora: LoraSettings, checkpoint: str | Pat
         import peft
     except ImportError:
         raise ModelLoadError(
-            "model.lora needs peft: pip install 'agilerl[lora]' (or remove model.lora)."
+            "model.lora needs peft: pip install 'agilerl-envlayer[lora]' (or remove model.lora)."
         ) from None
     if checkpoint is not None:
         return peft.PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)

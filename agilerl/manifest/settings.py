@@ -32,7 +32,7 @@ class ModelSettings(_Strict):
     name_or_path: str = Field(
         "tiny",
         description="'tiny' (built-in, offline), a local folder or .gguf file (relative to the "
-        "manifest; GGUF needs agilerl[gguf]) or a hub id.",
+        "manifest; GGUF needs agilerl-envlayer[gguf]) or a hub id.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights' dtype when loading a pretrained model."

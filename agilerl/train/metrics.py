@@ -48,7 +48,7 @@ def plot_curves(
         import matplotlib
     except ImportError:
         raise PlotUnavailable(
-            f"no {Path(png_path).name}: plotting needs matplotlib (pip install 'agilerl[plot]'); "
+            f"no {Path(png_path).name}: plotting needs matplotlib (pip install 'agilerl-envlayer[plot]'); "
             f"the numbers are in {metrics_path}"
         ) from None
 

@@ -3,7 +3,7 @@
 Returning a dict makes each component show up on its own in the training logs.
 """
 
-from agilerl.builtins.rubrics import countdown, think_answer_format
+from agilerl.llm_envs import countdown, think_answer_format
 
 
 def reward(completion: str, question: list[int], answer: int) -> dict[str, float]:
