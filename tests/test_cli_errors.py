@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-GUESS = Path(__file__).resolve().parents[1] / "examples" / "guess" / "guess_env.py"
+GUESS = Path(__file__).resolve().parents[1] / "agilerl" / "builtins" / "guess.py"
 
 
 def _agilerl(*args: str) -> subprocess.CompletedProcess[str]:

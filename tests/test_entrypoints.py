@@ -110,7 +110,7 @@ def test_file_not_found_names_the_path_tried(tmp_path):
 
 def test_env_check_cli_scripted_json():
     result = subprocess.run(
-        [sys.executable, "-m", "agilerl", "env", "check", "guess_env.py:GuessEnv",
+        [sys.executable, "-m", "agilerl", "env", "check", "guess",
          "--env-config", '{"target": 4}', "--actions", "5,2,4", "--episodes", "2", "--json"],
         capture_output=True, text=True, cwd=EXAMPLES / "guess", timeout=120,
     )
@@ -147,7 +147,7 @@ def test_env_check_cli_reports_a_broken_env(tmp_path):
 
 def test_env_config_must_be_a_json_object():
     result = subprocess.run(
-        [sys.executable, "-m", "agilerl", "env", "check", "guess_env.py:GuessEnv", "--env-config", "[1]"],
+        [sys.executable, "-m", "agilerl", "env", "check", "guess", "--env-config", "[1]"],
         capture_output=True, text=True, cwd=EXAMPLES / "guess", timeout=60,
     )
     assert result.returncode == 2 and "--env-config: must be a JSON object" in result.stderr

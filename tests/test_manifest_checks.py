@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-GUESS_ENV = Path(__file__).resolve().parents[1] / "examples" / "guess" / "guess_env.py"
+GUESS_ENV = Path(__file__).resolve().parents[1] / "agilerl" / "builtins" / "guess.py"
 
 
 def _validate(tmp_path: Path, body: str, *flags: str) -> subprocess.CompletedProcess[str]:

@@ -7,9 +7,8 @@ from typing import Any
 import pytest
 
 from agilerl.errors import InvalidArgument
-from agilerl.llm_envs import RolloutHarness
+from agilerl.llm_envs import RolloutHarness, process_observation
 from agilerl.manifest.spec import parse_env_spec
-from agilerl.remote.observations import process_observation
 from tests.test_remote_client import foreign_server  # noqa: F401 - a fixture
 
 

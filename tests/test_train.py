@@ -20,7 +20,7 @@ from agilerl.train.metrics import read_metrics
 from agilerl.assembly.models import load_model_and_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-GUESS = {"env_type": "rollout", "entrypoint": "guess_env.py:GuessEnv", "env_config": {"target": 7}}
+GUESS = {"env_type": "rollout", "entrypoint": "guess", "env_config": {"target": 7}}
 
 
 def _steps(output_dir: Path) -> list[int]:
@@ -190,7 +190,7 @@ def test_sections_are_typed_and_misspelt_keys_are_errors():
 def test_cli_errors_name_the_problem(tmp_path, capsys):
     manifest = tmp_path / "m.yaml"
     manifest.write_text(
-        f"environment:\n  env_type: rollout\n  entrypoint: {EXAMPLES / 'guess' / 'guess_env.py'}:GuessEnv\n"
+        "environment:\n  env_type: rollout\n  entrypoint: guess\n"
         "algorithm:\n  name: grpo\n  epsilon: 0.3\n"
     )
     assert main(["train", str(manifest), "--output-dir", str(tmp_path / "r")]) == 2
@@ -215,7 +215,7 @@ def test_model_from_a_local_folder_and_a_missing_hub_id(tmp_path):
     assert model.config.model_type == "qwen2" and len(loaded) == 512
     manifest = tmp_path / "hub.yaml"
     manifest.write_text(
-        f"environment:\n  env_type: rollout\n  entrypoint: {EXAMPLES / 'guess' / 'guess_env.py'}:GuessEnv\n"
+        "environment:\n  env_type: rollout\n  entrypoint: guess\n"
         "model:\n  name_or_path: agilerl-test/no-such-model\n"
     )
     result = subprocess.run(
@@ -245,7 +245,7 @@ def test_model_from_a_gguf_file_loads_exactly_and_trains(tmp_path, capsys):
 
     manifest = tmp_path / "gguf.yaml"
     manifest.write_text(
-        f"environment:\n  env_type: rollout\n  entrypoint: {EXAMPLES / 'guess' / 'guess_env.py'}:GuessEnv\n"
+        "environment:\n  env_type: rollout\n  entrypoint: guess\n"
         "model:\n  name_or_path: tiny.gguf\n"
         "training:\n  batch_size: 2\n  group_size: 2\n  max_new_tokens: 3\n"
     )
@@ -259,9 +259,9 @@ def test_model_from_a_gguf_file_loads_exactly_and_trains(tmp_path, capsys):
 def test_training_against_remote_env_replicas(tmp_path):
     from agilerl.assembly.from_manifest import train_from_manifest
     from agilerl.llm_envs.openenv_server import resolve_env
-    from agilerl.registry import load_object
+    from agilerl.registry import resolve
 
-    guess_env = load_object("guess_env.py:GuessEnv", EXAMPLES / "guess")
+    guess_env = resolve("env", "guess")
     built: dict[str, int] = {"a": 0, "b": 0}
 
     def replica(name):

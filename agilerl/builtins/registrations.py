@@ -12,7 +12,9 @@ from agilerl import hookimpl
 Register = Callable[..., None]
 
 # (name, target, description); one list per kind.
-ENVS: list[tuple[str, str, str]] = []
+ENVS: list[tuple[str, str, str]] = [
+    ("guess", "agilerl.builtins.guess:GuessEnv", "Guess a number from too high / too low hints (the docs' example)."),
+]
 OBSERVATION_PROCESSORS: list[tuple[str, str, str]] = [
     ("json", "agilerl.builtins.processors:json_text", "The whole observation as compact JSON."),
     (

@@ -20,6 +20,7 @@ _LAZY = {
     "RemoteEnvClient": "agilerl.remote.client",
     "resolve_env": "agilerl.remote.hosting",
     "adapt_openenv": "agilerl.envs.openenv_native",
+    "process_observation": "agilerl.envs.observations",
     # manifests
     "load_manifest": "agilerl.manifest.spec",
     "Manifest": "agilerl.manifest.spec",
@@ -106,6 +107,7 @@ if TYPE_CHECKING:
     from agilerl.data.qa_dataset import QADatasetEnv
     from agilerl.envs.checker import CheckReport, check_env
     from agilerl.envs.client import InProcessEnvClient
+    from agilerl.envs.observations import process_observation
     from agilerl.envs.openenv_native import adapt_openenv
     from agilerl.errors import (
         AgileRLError,

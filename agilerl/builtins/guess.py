@@ -1,4 +1,4 @@
-"""The docs' GuessEnv: guess a number, told "higher" or "lower" each turn.
+"""The built-in ``guess`` env (the docs' GuessEnv): guess a number, told "higher" or "lower" each turn.
 
 Scoring is shaped so that even a randomly initialised model finds some signal:
 
