@@ -14,15 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_import_paths import PUBLIC
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
-PUBLIC = (
-    "agilerl",
-    "agilerl.llm_envs",
-    "agilerl.llm_envs.openenv",
-    "agilerl.llm_envs.openenv_server",
-    "agilerl.llm_envs.qa_dataset",
-)
 
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 _FROM_IMPORT = re.compile(r"\bfrom\s+(agilerl[\w.]*)\s+import\s+(\([^)]*\)|[\w ,]+)")
