@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from agilerl.errors import ConfigError, ManifestError
@@ -30,9 +29,7 @@ def train_from_manifest(
     from agilerl.assembly.models import load_model_and_tokenizer
 
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if "output_dir" not in manifest.training.model_fields_set:
-        # runs/<the manifest's folder>: runs of different examples never mix
-        overrides.setdefault("output_dir", str(Path("runs") / manifest.base_dir.name))
+    overrides.setdefault("output_dir", manifest.output_dir)  # runs/<manifest folder> by default
     training = _with_overrides(manifest.training, overrides)
     spec, base_dir = manifest.environment, manifest.base_dir
     try:
