@@ -203,3 +203,15 @@ def test_pip_configuration_is_passed_to_uv_unless_uv_settings_override_it(monkey
     assert options[options.index("--find-links") + 1] == "/srv/test-wheels"
     monkeypatch.setenv("UV_FIND_LINKS", "/elsewhere")
     assert "--find-links" not in pip_index_options()
+
+
+def test_uv_merges_pip_extra_indexes_like_pip_unless_told_otherwise(monkeypatch):
+    from agilerl.registry.install import pip_index_options
+
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://example.invalid/torch-wheels")
+    monkeypatch.delenv("UV_INDEX_STRATEGY", raising=False)
+    options = pip_index_options()
+    assert "https://example.invalid/torch-wheels" in options
+    assert options[-2:] == ["--index-strategy", "unsafe-best-match"]  # pip's merge: best version anywhere
+    monkeypatch.setenv("UV_INDEX_STRATEGY", "first-index")
+    assert "--index-strategy" not in pip_index_options()
