@@ -15,6 +15,7 @@ from agilerl.errors import EnvProtocolError
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.frames import decode, parse_reply, read_observation, step_frame
 from agilerl.remote.hosting import resolve_env
+from tests.test_remote_server import wait_until
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import ScriptedPolicy
 
@@ -83,7 +84,9 @@ def test_in_process_and_remote_clients_play_the_same_episode_through_the_async_m
     url, server = resolve_env(env_cls)
     with server:
         assert asyncio.run(episode(RemoteEnvClient(url))) == EXPECTED
-        assert server.server.envs_closed == server.server.envs_created == 1
+        # the server closes the session's env after the client's close frame: wait for it
+        wait_until(lambda: server.server.envs_closed == 1)
+        assert server.server.envs_created == 1
 
 
 def test_the_sync_methods_answer_like_the_async_ones() -> None:

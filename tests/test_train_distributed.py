@@ -43,7 +43,7 @@ training: {{batch_size: BATCH, max_steps: 2, lr: {LR}, evaluation_interval: 0, s
 GRPO = f"""
 environment:
   env_type: rollout
-  entrypoint: {EXAMPLES / "guess" / "guess_env.py"}:GuessEnv
+  entrypoint: guess
   env_config: {{low: 1, high: 10, target: 7, system_prompt: Reply with one number.}}
   max_turns: 3
 model: MODEL
