@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from agilerl.errors import ConfigError, ManifestError
@@ -40,9 +42,10 @@ def train_from_manifest(
     world = current_world()  # before the collector: ranks shard tasks
     resume_ref = resume or training.resume_from
     checkpoint = find_checkpoint(resume_ref, training.output_dir) if resume_ref else None
-    model, tokenizer = load_model_and_tokenizer(
-        manifest.model, base_dir=base_dir, seed=training.seed, checkpoint=checkpoint
-    )
+    with _transformers_bars(show_progress):
+        model, tokenizer = load_model_and_tokenizer(
+            manifest.model, base_dir=base_dir, seed=training.seed, checkpoint=checkpoint
+        )
     # the trainer's accelerator places (or shards) the model on this process's device
     common: dict[str, Any] = {"resume_from": checkpoint, "show_progress": show_progress}
     if spec.env_type == "dataset":
@@ -85,3 +88,19 @@ def _with_overrides(training: TrainingSettings, overrides: dict[str, Any]) -> Tr
         return TrainingSettings.model_validate({**training.model_dump(), **overrides})
     except ValidationError as exc:
         raise ManifestError(format_validation_error(exc, "training")) from None
+
+
+@contextmanager
+def _transformers_bars(show: bool) -> Iterator[None]:
+    """``show_progress=False`` (``--no-progress``) silences transformers' loading bars too, for
+    this load only."""
+    from transformers.utils import logging as hf_logging
+
+    if show or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()

@@ -7,6 +7,9 @@ id. Optional LoRA adapters come from peft.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,10 +76,11 @@ def _from_pretrained(source: str, gguf_file: str | None, settings: ModelSettings
 
     where = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **where)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=getattr(torch, settings.dtype), **where, **_dequantized(gguf_file)
-        )
+        with _gguf_bars_follow_transformers(gguf_file):
+            tokenizer = AutoTokenizer.from_pretrained(source, **where)
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=getattr(torch, settings.dtype), **where, **_dequantized(gguf_file)
+            )
     except ImportError as exc:  # a package the model needs: gguf for a .gguf file, or the model's own
         hint = " Install it: pip install 'agilerl-envlayer[gguf]'." if gguf_file else ""
         raise ModelLoadError(f"model.name_or_path {settings.name_or_path!r}: {exc}{hint}") from None
@@ -90,6 +94,25 @@ def _from_pretrained(source: str, gguf_file: str | None, settings: ModelSettings
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+@contextmanager
+def _gguf_bars_follow_transformers(gguf_file: str | None) -> Iterator[None]:
+    """transformers' GGUF converter draws its bar with tqdm directly, ignoring
+    ``disable_progress_bar()`` (what ``--no-progress`` sets); make it follow that switch."""
+    from transformers.utils import logging as hf_logging
+
+    if gguf_file is None or hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    drawn = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(drawn, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = drawn
 
 
 def _dequantized(gguf_file: str | None) -> dict[str, Any]:
