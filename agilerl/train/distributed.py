@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agilerl.errors import ConfigError
 
@@ -173,8 +173,3 @@ def gathered_for_generation(module: torch.nn.Module) -> Iterator[None]:
         for m in sharded:
             m.reshard()
             m.set_reshard_after_forward(True, recurse=False)
-
-
-def unwrapped(accelerator: Accelerator, module: Any) -> Any:
-    """The module under a DDP (or compile) wrapper: the one whose attributes the code reads."""
-    return accelerator.unwrap_model(module, keep_fp32_wrapper=True)
