@@ -146,3 +146,38 @@ def test_generates_in_eval_mode_and_restores_training_mode(tiny_model, chatml_to
         hook.remove()
         tiny_model.eval()
     assert modes and not any(modes)
+
+
+def test_copies_of_a_prompt_share_one_prefill_and_generate_what_each_does_alone(tiny_model, chatml_tokenizer, prompts):
+    long, short = prompts
+    batch_sizes = []
+    hook = tiny_model.register_forward_pre_hook(
+        lambda module, args, kwargs: batch_sizes.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    policy = TransformersPolicy(tiny_model, chatml_tokenizer)
+    try:
+        shared = greedy(policy, [long, short, long, short, long], max_new_tokens=6)
+    finally:
+        hook.remove()
+    assert batch_sizes[0] == (2, len(long) - 1)  # one prefill per distinct prompt, last token left to generate
+    assert batch_sizes[1] == (5, 1)
+    alone = {len(p): greedy(policy, [p], max_new_tokens=6)[0] for p in prompts}
+    for prompt, gen in zip([long, short, long, short, long], shared):
+        assert gen.token_ids == alone[len(prompt)].token_ids
+        assert torch.allclose(torch.tensor(gen.logprobs), torch.tensor(alone[len(prompt)].logprobs), atol=1e-4)
+
+
+def test_the_inverse_cdf_sampler_draws_each_token_at_its_probability():
+    from agilerl.rollout.policy import _TokenChooser
+
+    probs = torch.tensor([0.5, 0.3, 0.0, 0.2])
+    chooser = _TokenChooser(SamplingParams(temperature=1.0))
+    torch.manual_seed(3)
+    draws = 20_000
+    scores = chooser(torch.zeros((draws, 1), dtype=torch.long), probs.log().expand(draws, -1).clone())
+    picks = scores.argmax(dim=-1)
+    assert torch.isneginf(scores).sum(dim=-1).eq(3).all()  # exactly one finite score per row: the pick
+    frequencies = torch.bincount(picks, minlength=4) / draws
+    assert frequencies[2] == 0  # a token of probability 0 is never drawn
+    assert torch.allclose(frequencies, probs, atol=0.02)  # 0.02 is over 5 standard deviations here
+    assert torch.allclose(chooser.chosen_logprobs()[:, 0], probs.log()[picks])
