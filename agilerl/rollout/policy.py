@@ -11,12 +11,12 @@ ratio by the truncated mass and move the clip range.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from agilerl.errors import InvalidArgument
+from agilerl.rollout.shared_prefix import shared_prefix_cache
 
 if TYPE_CHECKING:
     import torch
@@ -103,7 +103,7 @@ class TransformersPolicy:
     A prompt that already fills ``max_model_len`` gets an empty completion with reason
     ``context``; the others get at most the room left in the context. Tokens are chosen here
     (:class:`_TokenChooser`), so the model's own sampling defaults never apply. Copies of one
-    prompt in a batch (a GRPO group) share one prefill (:meth:`_shared_prefill`).
+    prompt in a batch (a GRPO group) share one prefill (:mod:`agilerl.rollout.shared_prefix`).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int | None = None) -> None:
@@ -138,7 +138,8 @@ class TransformersPolicy:
         self.model.eval()  # no dropout: the log-probs must be those the tokens were sampled from
         try:
             with torch.no_grad():
-                cache = self._shared_prefill([prompts[i] for i in rows], input_ids, attention)
+                # all but each row's last prompt token, each distinct prompt once (a GRPO group's)
+                cache = shared_prefix_cache(self.model, input_ids, attention, width - 1)
                 sequences = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention,
@@ -158,36 +159,6 @@ class TransformersPolicy:
         for r, i in enumerate(rows):
             out[i] = _cut(completions[r], logprobs[r], stops, budgets[i], params.max_new_tokens)
         return out
-
-    def _shared_prefill(self, prompts: Sequence[Sequence[int]], input_ids: Any, attention: Any) -> dict[str, Any]:
-        """``generate``'s cache argument holding every row's prompt but its last token, each
-        distinct prompt computed once; empty when no prompt repeats.
-
-        GRPO asks for ``group`` completions of each prompt; without this the prompt's forward
-        pass runs ``group`` times over (a fifth of SmolLM2-135M's generation time at group 8 on
-        a CPU). ``generate`` then feeds only each row's last prompt token.
-        """
-        import torch
-        from transformers import DynamicCache
-
-        first_row: dict[tuple[int, ...], int] = {}
-        for r, prompt in enumerate(prompts):
-            first_row.setdefault(tuple(prompt), r)
-        if len(first_row) == len(prompts) or input_ids.shape[1] < 2:
-            return {}
-        unique = torch.tensor(list(first_row.values()), device=input_ids.device)
-        mask = attention[unique, :-1]
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate numbers left-padded rows
-        accepts = inspect.signature(getattr(self.model, "get_base_model", lambda: self.model)().forward).parameters
-        cache_arg = "cache" if "cache" in accepts else "past_key_values"  # renamed in transformers 5
-        cache = DynamicCache()
-        self.model(
-            input_ids=input_ids[unique, :-1], attention_mask=mask, position_ids=positions, use_cache=True,
-            **{cache_arg: cache}, **({"logits_to_keep": 1} if "logits_to_keep" in accepts else {}),
-        )
-        slot = {key: u for u, key in enumerate(first_row)}
-        cache.batch_select_indices(torch.tensor([slot[tuple(p)] for p in prompts], device=input_ids.device))
-        return {cache_arg: cache}
 
     def _budget(self, prompt_len: int, max_new_tokens: int) -> int:
         if self.max_model_len is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agilerl.rollout.shared_prefix import shared_prefix_cache
+
 if TYPE_CHECKING:
     import torch
 
@@ -58,9 +60,17 @@ def policy_logprobs(
 def forward(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor | None
 ) -> Any:
-    """The model's forward output, with logits only for what ``mask`` needs scored."""
+    """The model's forward output, with logits only for what ``mask`` needs scored.
+
+    The rows' common unscored start (a GRPO group's prompt, a DPO pair's) runs once per distinct
+    prefix (:mod:`agilerl.rollout.shared_prefix`); the logits then cover the rest of the rows.
+    """
     keep = logits_to_keep(mask) if mask is not None and _takes_logits_to_keep(model) else 0
     if keep:
+        prefix = input_ids.shape[1] - keep  # right-padded: every row's first ``prefix`` tokens are real
+        cache = shared_prefix_cache(model, input_ids, attention_mask, prefix)
+        if cache:
+            return model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, **cache)
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep)
     return model(input_ids=input_ids, attention_mask=attention_mask)
 
