@@ -37,7 +37,7 @@ environment:
   train_test_split: 0.8
 model: {{name_or_path: tiny}}
 algorithm: {{name: dpo, beta: 0.1}}
-training: {{batch_size: BATCH, max_steps: 2, lr: {LR}, evaluation_interval: 0, seed: 0}}
+training: {{batch_size: BATCH, max_steps: 2, lr: {LR}, evaluation_interval: 2, seed: 0}}
 """
 
 GRPO = f"""
@@ -60,11 +60,16 @@ def _free_port() -> int:
 
 
 def _launch(engine: str, manifest: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return _accelerate_launch(
+        engine, ["-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress", *extra]
+    )
+
+
+def _accelerate_launch(engine: str, program: list[str]) -> subprocess.CompletedProcess[str]:
     flags = ["--multi_gpu"] if engine == "ddp" else ["--use_fsdp", "--fsdp_version", "2"]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()),
-           "-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress", *extra]
+           "--main_process_port", str(_free_port()), *program]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-4000:]
@@ -98,9 +103,13 @@ def dpo_runs(tmp_path_factory):
 def test_two_processes_match_one_with_the_same_global_batch(dpo_runs, engine):
     root, _ = dpo_runs
     one, two = _rows(root / "one"), _rows(root / engine)
-    assert [r["step"] for r in two] == [1, 2]  # one log, written by rank 0 only
+    assert [r["step"] for r in two] == [0, 1, 2]  # one log, written by rank 0 only
+    # rank 0 evaluates alone, on weights (policy and, under FSDP2, sharded reference) gathered whole
+    for a, b in zip(one[::2], two[::2]):
+        assert b["eval/loss"] == pytest.approx(a["eval/loss"], rel=1e-5)
     assert two[0]["engine"] == {"ddp": "accelerate DDP", "fsdp": "accelerate FSDP2"}[engine] + ", 2 processes, fp32, cpu"
     assert one[0]["engine"] == "accelerate single process, 1 process, fp32, cpu"
+    one, two = one[1:], two[1:]
     for a, b in zip(one, two):
         assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
         assert b["algo/grad_norm"] == pytest.approx(a["algo/grad_norm"], rel=1e-5)
@@ -127,8 +136,8 @@ def test_an_fsdp_checkpoint_resumes(dpo_runs):
     assert result.stderr.count("engine: accelerate FSDP2, 2 processes, fp32, cpu") == 1  # rank 0's
     assert result.stdout.count("finished at step") == 1  # rank 0 alone reports
     rows = _rows(root / "fsdp")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert rows[2]["train/loss"] != rows[1]["train/loss"]  # new rows, moved weights
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert rows[3]["train/loss"] != rows[2]["train/loss"]  # new rows, moved weights
     assert (root / "fsdp" / "checkpoints" / "step-000003" / "model.safetensors").is_file()
 
 
@@ -153,3 +162,32 @@ def test_grpo_with_a_reference_trains_under_both_engines(tmp_path, engine, model
         assert not (saved / "model.safetensors").exists()
     else:
         assert (saved / "model.safetensors").is_file()
+
+
+SHARDED_REFERENCE = """
+import json
+from torch.distributed.tensor import DTensor
+from agilerl.assembly.models import load_model_and_tokenizer
+from agilerl.manifest.settings import ModelSettings, TrainingSettings
+from agilerl.train.distributed import build_accelerator, prepare_reference
+from agilerl.train.reference import frozen_reference
+
+accelerator = build_accelerator(TrainingSettings())
+reference = prepare_reference(accelerator, frozen_reference(load_model_and_tokenizer(ModelSettings())[0]))
+params = list(reference.parameters())
+print(json.dumps({"sharded": all(isinstance(p, DTensor) for p in params), "trainable": any(p.requires_grad for p in params),
+                  "local": sum(p.to_local().numel() for p in params), "whole": sum(p.numel() for p in params),
+                  "eval": not reference.training}))
+"""
+
+
+def test_under_fsdp2_the_reference_is_sharded_like_the_policy(tmp_path):
+    """A model that only fits sharded must fit as its own reference too (TRL shards it as well)."""
+    script = tmp_path / "reference.py"
+    script.write_text(SHARDED_REFERENCE)
+    result = _accelerate_launch("fsdp", [str(script)])
+    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 2
+    for report in reports:
+        assert report["sharded"] and report["eval"] and not report["trainable"]
+        assert report["local"] <= report["whole"] * 0.55  # each rank holds about half

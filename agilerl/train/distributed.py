@@ -139,21 +139,36 @@ def mean_over_ranks(accelerator: Accelerator, metrics: Mapping[str, float]) -> d
     return dict(zip(keys, values.cpu().tolist()))
 
 
+def prepare_reference(accelerator: Accelerator, reference: torch.nn.Module) -> torch.nn.Module:
+    """The frozen reference placed like the policy: under FSDP2 sharded as the policy is (as
+    TRL does), so a model that only fits sharded fits as its own reference; elsewhere a whole
+    copy per rank, which DDP has nothing to synchronise for. The LoRA reference (the policy with
+    its adapters off) owns no weights and is only placed."""
+    if accelerator.is_fsdp2 and any(True for _ in reference.parameters()):
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+        return fsdp2_prepare_model(accelerator, reference).eval()
+    return accelerator.prepare_model(reference, evaluation_mode=True)
+
+
 @contextmanager
-def gathered_for_generation(module: torch.nn.Module) -> Iterator[None]:
-    """Under FSDP2, every sharded weight gathered once and kept whole while the block runs.
+def gathered_weights(*modules: torch.nn.Module | None) -> Iterator[None]:
+    """Under FSDP2, every sharded weight of ``modules`` gathered once and kept whole while the
+    block runs (every rank must enter it); outside FSDP2 nothing happens.
 
     Generation calls the model a different number of times on each rank (episodes and
-    completions end when they end); sharded weights would be gathered by collectives inside
-    every call and the ranks would wait on each other forever. Whole weights need none. As
-    TRL's ``unwrap_model_for_generation``; costs one full copy of the weights while it lasts.
+    completions end when they end), and evaluation runs on rank 0 alone; sharded weights would
+    be gathered by collectives inside every call and the ranks would wait on each other forever.
+    Whole weights need none. As TRL's ``unwrap_model_for_generation``; costs one full copy of
+    the weights while it lasts.
     """
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # torch without FSDP2: nothing can be sharded
         yield
         return
-    sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    present = [module for module in modules if module is not None]
+    sharded = [m for module in present for m in module.modules() if isinstance(m, FSDPModule)]
     if not sharded:
         yield
         return
@@ -162,7 +177,7 @@ def gathered_for_generation(module: torch.nn.Module) -> Iterator[None]:
         m.unshard()
     # transformers turns on ``synced_gpus`` for FSDP modules: one all-reduce per generated token,
     # so a rank generating alone (rank 0's evaluation) would wait forever. Whole weights need none.
-    generators = [m for m in module.modules() if callable(getattr(type(m), "generate", None))]
+    generators = [m for module in present for m in module.modules() if callable(getattr(type(m), "generate", None))]
     for m in generators:
         m.generate = functools.partial(type(m).generate, m, synced_gpus=False)
     try:

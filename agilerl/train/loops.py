@@ -29,8 +29,9 @@ from agilerl.train.distributed import (
     World,
     build_accelerator,
     describe_engine,
-    gathered_for_generation,
+    gathered_weights,
     mean_over_ranks,
+    prepare_reference,
 )
 from agilerl.train.metrics import (
     MetricsLog,
@@ -101,13 +102,13 @@ def train_llm_rollout(
         collector.assigner.assign(collector.batch_size, collector.group_size)
 
     def next_batch() -> tuple[Any, dict[str, float]]:
-        with gathered_for_generation(trainer.policy), trainer.accelerator.autocast():
+        with gathered_weights(trainer.policy), trainer.accelerator.autocast():
             rollouts = collector.collect(policy)
         batch = collate_trajectories(rollouts.trajectories, pad_id).to(trainer.device)
         return batch, {"train/reward": rollouts.stats.reward_mean, **rollouts.stats.metrics()}
 
     def evaluate() -> dict[str, float]:
-        with gathered_for_generation(trainer.policy):  # every rank gathers; rank 0 alone plays
+        with gathered_weights(trainer.policy):  # every rank gathers; rank 0 alone plays
             if not trainer.world.is_main:
                 return {}
             result = collector.evaluate(policy, num_episodes=settings.eval_episodes)
@@ -155,7 +156,7 @@ def train_llm_dataset(
         totals: dict[str, float] = {}
         count = 0
         trainer.policy.eval()
-        with torch.no_grad(), gathered_for_generation(trainer.policy):
+        with torch.no_grad(), gathered_weights(trainer.policy, trainer.reference):
             if not trainer.world.is_main:
                 trainer.policy.train()
                 return {}
@@ -193,18 +194,15 @@ class _Trainer:
         self.world = World(rank=accelerator.process_index, world_size=accelerator.num_processes)
         self.engine = describe_engine(accelerator)
         self.device = accelerator.device
-        # The reference is copied before the policy is wrapped or sharded: a frozen full copy
-        # on every rank (with LoRA none: the adapters switched off), placed and autocast by
-        # accelerate like the policy.
+        # The reference is copied before the policy is wrapped or sharded (with LoRA no copy:
+        # the adapters switched off), then placed, and under FSDP2 sharded, like the policy.
         reference = frozen_reference(model) if algorithm.needs_reference else None
         policy = algorithm.prepare_policy(model)
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer = build_optimizer(params, lr=settings.lr, weight_decay=settings.weight_decay)
         self.policy, self.optimizer = accelerator.prepare(policy, optimizer)
         self.bare_policy = accelerator.unwrap_model(self.policy)  # no DDP wrapper: rank-0-only calls
-        self.reference = (
-            accelerator.prepare_model(reference, evaluation_mode=True) if reference is not None else None
-        )
+        self.reference = prepare_reference(accelerator, reference) if reference is not None else None
         self.step = 0
         if resume_from is not None:
             self.step = restore_training_state(resume_from, accelerator)
