@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -558,7 +559,8 @@ def test_agilerl_serve_cli(tmp_path: Any) -> None:
     """))
     proc = subprocess.Popen(
         [sys.executable, "-m", "agilerl", "serve", f"{env_file}:Shout", "--port", "0",
-         "--env-config", '{"suffix": "?"}', "--max-concurrent-envs", "3"],
+         "--env-config", '{"suffix": "?"}', "--max-concurrent-envs", "3", "--header-timeout", "0.5",
+         "--max-message-bytes", "2048"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -571,6 +573,15 @@ def test_agilerl_serve_cli(tmp_path: Any) -> None:
             client.reset()
             assert client.step("hi")[0] == "HI?"
             assert client.server_metadata()["max_concurrent_envs"] == 3
+            client.reset()
+            with pytest.raises(RemoteEnvError, match="1009"):  # over --max-message-bytes: the session ends
+                client.step("x" * 4096)
+        # --header-timeout: a connection that sends nothing is told 408 after 0.5 s, not the default 10 s
+        host, port = url.split("//")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as silent:
+            started = time.monotonic()
+            assert silent.recv(64).startswith(b"HTTP/1.1 408")
+            assert time.monotonic() - started < 5
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=20)

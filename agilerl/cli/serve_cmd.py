@@ -6,8 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from agilerl.cli.args import json_object
+from agilerl.cli.args import json_object, positive_float, positive_int
 from agilerl.errors import AgileRLError
+from agilerl.remote import limits
 
 
 def add_parser(subparsers: Any) -> None:
@@ -24,11 +25,38 @@ def add_parser(subparsers: Any) -> None:
                         help="Install PKG (with uv) if the entrypoint cannot be imported; repeatable.")
     parser.add_argument("--host", default="127.0.0.1", help="Address to bind (default: loopback only).")
     parser.add_argument("--port", type=int, default=8000, help="Port (0 picks a free one; default: 8000).")
-    parser.add_argument("--max-concurrent-envs", type=int, default=64, help="Session limit (default: 64).")
-    parser.add_argument("--session-timeout", type=float, default=None, metavar="S",
+    parser.add_argument("--max-concurrent-envs", type=positive_int, default=limits.DEFAULT_MAX_CONCURRENT_ENVS,
+                        help=f"Session limit (default: {limits.DEFAULT_MAX_CONCURRENT_ENVS}).")
+    parser.add_argument("--session-timeout", type=positive_float, default=None, metavar="S",
                         help="Close sessions idle for S seconds (default: never).")
     parser.add_argument("--token", default=None, help="Bearer token required on every route.")
+    connections = parser.add_argument_group(
+        "connection limits", "What a slow, silent or flooding client may hold (the server's defaults shown)."
+    )
+    for flag, kind, option, default, what in _LIMITS:
+        connections.add_argument(flag, type=kind, dest=option, default=default,
+                                 metavar="S" if kind is positive_float else "N",
+                                 help=f"{what} (default: {default})." if default is not None else f"{what}.")
     parser.set_defaults(handler=_serve)
+
+
+_LIMITS = [  # flag, type, EnvServer keyword, default, what it bounds
+    ("--header-timeout", positive_float, "header_timeout_s", limits.DEFAULT_HEADER_TIMEOUT_S,
+     "Seconds a new connection has to send its request head (then 408)"),
+    ("--keepalive-timeout", positive_float, "keepalive_timeout_s", limits.DEFAULT_KEEPALIVE_TIMEOUT_S,
+     "Seconds an idle keep-alive HTTP connection stays open"),
+    ("--send-timeout", positive_float, "send_timeout_s", limits.DEFAULT_SEND_TIMEOUT_S,
+     "Seconds a reply may wait for a peer that does not read (then the connection is aborted)"),
+    ("--close-timeout", positive_float, "close_timeout_s", limits.DEFAULT_CLOSE_TIMEOUT_S,
+     "Seconds a closing handshake may take (then the connection is aborted)"),
+    ("--heartbeat", positive_float, "heartbeat_s", limits.DEFAULT_HEARTBEAT_S,
+     "A session silent this many seconds is pinged, and closed without a pong within half that"),
+    ("--max-connections", positive_int, "max_connections", None,
+     "Open connections, then 503 (default: 2 x --max-concurrent-envs + 64)"),
+    ("--backlog", positive_int, "backlog", limits.DEFAULT_BACKLOG, "Connections queued before accept"),
+    ("--max-message-bytes", positive_int, "max_message_bytes", limits.DEFAULT_MAX_MESSAGE_BYTES,
+     "Largest WebSocket message accepted"),
+]
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -49,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         max_concurrent_envs=args.max_concurrent_envs,
         session_timeout_s=args.session_timeout,
+        **{option: getattr(args, option) for _, _, option, _, _ in _LIMITS},
     )
     asyncio.run(_run_until_signal(server))
     return 0

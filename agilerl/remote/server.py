@@ -47,16 +47,20 @@ from agilerl.remote.frames import (
     state_frame,
 )
 from agilerl.remote.guard import ConnectionGuard
+from agilerl.remote.limits import (
+    DEFAULT_BACKLOG,
+    DEFAULT_CLOSE_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_KEEPALIVE_TIMEOUT_S,
+    DEFAULT_MAX_CONCURRENT_ENVS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_SEND_TIMEOUT_S,
+)
 from agilerl.remote.openenv_host import NativeSession, hosts_natively, native_schema
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_CONCURRENT_ENVS = 64
-DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-DEFAULT_HEADER_TIMEOUT_S = 10.0  # nginx: client_header_timeout 60 s; uvicorn: keep-alive 5 s
-DEFAULT_KEEPALIVE_TIMEOUT_S = 15.0
-DEFAULT_SEND_TIMEOUT_S = 30.0  # nginx: send_timeout 60 s; websockets: ping_timeout 20 s
-DEFAULT_CLOSE_TIMEOUT_S = 2.0  # websockets: close_timeout 10 s
 TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 
 
@@ -94,14 +98,14 @@ class EnvServer:
         max_concurrent_envs: int = DEFAULT_MAX_CONCURRENT_ENVS,
         session_timeout_s: float | None = None,
         token: str | None = None,
-        heartbeat_s: float | None = 30.0,
+        heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S,
         send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
         close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
         max_connections: int | None = None,
-        backlog: int = 128,
+        backlog: int = DEFAULT_BACKLOG,
     ) -> None:
         if max_concurrent_envs < 1:
             raise InvalidArgument(f"max_concurrent_envs must be at least 1 (got {max_concurrent_envs}).")
