@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 
@@ -18,23 +19,20 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def positive_float(text: str) -> float:
-    """Seconds and other amounts that must be above zero: a usage error otherwise."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
+def _above_zero(convert: Callable[[str], float], noun: str) -> Callable[[str], Any]:
+    """An argument type for amounts that must be above zero: a usage error otherwise."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not value > 0:  # also rejects nan
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    """Counts that must be at least 1: a usage error otherwise."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
+positive_float = _above_zero(float, "a number")
+positive_int = _above_zero(int, "a whole number")
