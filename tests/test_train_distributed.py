@@ -166,6 +166,8 @@ def test_grpo_with_a_reference_trains_under_both_engines(tmp_path, engine, model
 
 SHARDED_REFERENCE = """
 import json
+import sys
+from pathlib import Path
 from torch.distributed.tensor import DTensor
 from agilerl.assembly.models import load_model_and_tokenizer
 from agilerl.manifest.settings import ModelSettings, TrainingSettings
@@ -175,9 +177,10 @@ from agilerl.train.reference import frozen_reference
 accelerator = build_accelerator(TrainingSettings())
 reference = prepare_reference(accelerator, frozen_reference(load_model_and_tokenizer(ModelSettings())[0]))
 params = list(reference.parameters())
-print(json.dumps({"sharded": all(isinstance(p, DTensor) for p in params), "trainable": any(p.requires_grad for p in params),
-                  "local": sum(p.to_local().numel() for p in params), "whole": sum(p.numel() for p in params),
-                  "eval": not reference.training}))
+report = {"sharded": all(isinstance(p, DTensor) for p in params), "trainable": any(p.requires_grad for p in params),
+          "local": sum(p.to_local().numel() for p in params), "whole": sum(p.numel() for p in params),
+          "eval": not reference.training}
+Path(sys.argv[1], f"rank{accelerator.process_index}.json").write_text(json.dumps(report))  # a file each: prints interleave
 """
 
 
@@ -185,9 +188,8 @@ def test_under_fsdp2_the_reference_is_sharded_like_the_policy(tmp_path):
     """A model that only fits sharded must fit as its own reference too (TRL shards it as well)."""
     script = tmp_path / "reference.py"
     script.write_text(SHARDED_REFERENCE)
-    result = _accelerate_launch("fsdp", [str(script)])
-    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == 2
+    _accelerate_launch("fsdp", [str(script), str(tmp_path)])
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for report in reports:
         assert report["sharded"] and report["eval"] and not report["trainable"]
         assert report["local"] <= report["whole"] * 0.55  # each rank holds about half
