@@ -23,6 +23,7 @@ that catches the built-in kinds keeps working.
     │   └── HarnessStateError, EpisodeError       used out of order
     ├── DataError → DatasetLoadError, RubricError, TemplateError
     └── TrainingError → CollectionError, CheckpointError, ModelLoadError, PlotUnavailable
+        CollectionError → EndpointError            a model endpoint refused or failed
 """
 
 from __future__ import annotations
@@ -208,6 +209,10 @@ class TrainingError(AgileRLError):
 
 class CollectionError(TrainingError):
     """Collection cannot go on (every rollout failed, a policy broke its contract, ...)."""
+
+
+class EndpointError(CollectionError):
+    """An OpenAI-compatible model endpoint refused a request or could not be reached."""
 
 
 class CheckpointError(TrainingError):

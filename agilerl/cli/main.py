@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "agilerl.cli.plugins_cmd",
     "agilerl.cli.serve_cmd",
     "agilerl.cli.train_cmd",
+    "agilerl.cli.eval_cmd",
 )
 
 

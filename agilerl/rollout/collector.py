@@ -141,9 +141,16 @@ class RolloutCollector:
 
     def collect(self, policy: Policy) -> RolloutBatch:
         """Play one batch to the end of every episode; see the module doc."""
+        return self.play(self.assigner.assign(self.batch_size, self.group_size), policy)
+
+    def play(self, tasks: Sequence[Task], policy: Policy, *, evaluation: bool | None = None) -> RolloutBatch:
+        """Play chosen tasks at once, slot ``i`` playing ``tasks[i]`` (at most ``batch_size x
+        group_size``; group ``g`` is slots ``g*G .. g*G+G-1``), with the collector's sampling.
+        ``agilerl eval`` uses it; training draws its tasks through ``collect``."""
+        if not 0 < len(tasks) <= self.num_slots:
+            raise AgileRLError(f"play takes 1 to {self.num_slots} tasks (one per slot), got {len(tasks)}")
         start = time.perf_counter()
-        tasks = self.assigner.assign(self.batch_size, self.group_size)
-        run = self._play(dict(enumerate(tasks)), policy, self.sampling)
+        run = self._play(dict(enumerate(tasks)), policy, self.sampling, evaluation)
         return run.batch(time.perf_counter() - start)
 
     def _play(
