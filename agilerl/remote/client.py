@@ -1,20 +1,21 @@
-"""A text env that lives on a remote OpenEnv-protocol server (ours, or anyone's).
+"""A text env that lives on a remote OpenEnv-protocol server (ours, or anyone's): the policy.
 
-Every client shares one background event loop (``shared_loop()``) and one
-``aiohttp.ClientSession`` (``client_session()``), so hundreds of sessions cost one thread. The
-synchronous methods block on that loop; the ``a``-prefixed coroutines can be awaited from any
-event loop (they hop onto the shared one). Frames are built and read in ``agilerl.remote.frames``.
+This module decides what to send and what to do when it fails: which replica a session starts
+on, retrying a full or unreachable server with backoff, reading observations as text. The
+WebSocket itself and the process-wide session pool are the transport, in
+``agilerl.remote.connection``. Every client shares one background event loop (``shared_loop()``)
+and one ``aiohttp.ClientSession``, so hundreds of sessions cost one thread. The synchronous
+methods block on that loop; the ``a``-prefixed coroutines can be awaited from any event loop
+(they hop onto the shared one). Frames are built and read in ``agilerl.remote.frames``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import os
 import random
 import time
-import weakref
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +25,6 @@ from agilerl.envs.client import EnvClient
 from agilerl.errors import InvalidArgument, RemoteEnvError, RemoteEnvTimeout
 from agilerl.protocol import StepResult, has_member_type
 from agilerl.remote.frames import (
-    CLOSE_FRAME,
     STATE_FRAME,
     ErrorCode,
     Reply,
@@ -33,6 +33,7 @@ from agilerl.remote.frames import (
     reset_frame,
     step_frame,
 )
+from agilerl.remote.connection import Connection, ConnectionLost, client_session
 from agilerl.remote.observations import ObservationProcessor, make_observation_reader
 
 T = TypeVar("T")
@@ -40,10 +41,6 @@ T = TypeVar("T")
 _RETRIED_AT_RESET = frozenset({ErrorCode.CAPACITY_REACHED.value, ErrorCode.SESSION_ERROR.value})
 _SERVER_CLOSES_AFTER = _RETRIED_AT_RESET | {ErrorCode.FACTORY_ERROR.value}
 _next_replica = itertools.count()
-
-
-class _ConnectionLost(Exception):
-    """The socket failed or closed; retried at reset, fatal to an episode in progress."""
 
 
 class RemoteEnvClient(EnvClient):
@@ -85,7 +82,7 @@ class RemoteEnvClient(EnvClient):
         token = token or os.environ.get("AGILERL_ENV_TOKEN")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._loop = shared_loop()
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._metadata_cache: dict[str, Any] | None = None
         self.url: str | None = None
         """The replica this client's session is on (None before the first reset)."""
@@ -188,7 +185,7 @@ class RemoteEnvClient(EnvClient):
                     await self._connect(self._urls[(self._first + attempt) % len(self._urls)])
                 reply = await self._request(frame, "reset")
                 break
-            except (_ConnectionLost, RemoteEnvError) as exc:
+            except (ConnectionLost, RemoteEnvError) as exc:
                 if isinstance(exc, RemoteEnvError) and exc.code not in _RETRIED_AT_RESET:
                     raise
                 await self._drop()
@@ -209,7 +206,7 @@ class RemoteEnvClient(EnvClient):
             raise RemoteEnvError("step() before reset(), or after the session ended: call reset() first.")
         try:
             reply = await self._request(step_frame(action, self.action_field, self.mcp_tool), "step")
-        except _ConnectionLost as exc:
+        except ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(
                 f"the session on {self.url} ended mid-episode ({exc}); this episode is over, "
@@ -222,7 +219,7 @@ class RemoteEnvClient(EnvClient):
             raise RemoteEnvError("state() before reset(): there is no session yet.")
         try:
             reply = await self._request(STATE_FRAME, "state")
-        except _ConnectionLost as exc:
+        except ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(f"the session on {self.url} ended: {exc}") from exc
         return reply if isinstance(reply, dict) else {}
@@ -233,7 +230,7 @@ class RemoteEnvClient(EnvClient):
             await conn.close(polite=True)
 
     async def _connect(self, url: str) -> None:
-        self._conn = await _Connection.open(url, self._headers, self.connect_timeout_s)
+        self._conn = await Connection.open(url, self._headers, self.connect_timeout_s)
         self.url = url
 
     async def _request(self, frame: bytes, what: str) -> Any:
@@ -296,152 +293,6 @@ class RemoteEnvClient(EnvClient):
             return found[0]
         total = sum(m.get("max_concurrent_envs") or 0 for m in found)
         return {**found[0], "max_concurrent_envs": total, "replicas": found, "unreachable": errors}
-
-
-class _Connection:
-    """One WebSocket session. A reader task receives every frame, so the server's heartbeat
-    pings are answered while the client is idle (the model may generate for minutes), and
-    frames the server sends unasked (why it is closing) wait in order for the next request."""
-
-    def __init__(self, ws: Any, close_timeout_s: float) -> None:
-        self._ws = ws
-        self._close_timeout_s = close_timeout_s
-        self._inbox: collections.deque[str | bytes | _ConnectionLost] = collections.deque()
-        self._waiter: asyncio.Future[str | bytes | _ConnectionLost] | None = None
-        self._reader = asyncio.ensure_future(self._read())
-
-    @classmethod
-    async def open(cls, url: str, headers: dict[str, str], timeout_s: float) -> _Connection:
-        import aiohttp
-
-        try:
-            ws = await client_session().ws_connect(
-                url + "/ws",
-                headers=headers,
-                max_msg_size=0,
-                timeout=aiohttp.ClientWSTimeout(ws_close=timeout_s),
-                compress=0,
-            )
-        except aiohttp.WSServerHandshakeError as exc:
-            if exc.status == 401:
-                raise RemoteEnvError(
-                    f"{url} refused the connection: set the right token (AGILERL_ENV_TOKEN)."
-                ) from exc
-            raise _ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise _ConnectionLost(f"cannot connect to {url}: {exc}") from exc
-        return cls(ws, timeout_s)
-
-    @property
-    def closed(self) -> bool:
-        return self._reader.done() and not self._inbox
-
-    async def _read(self) -> None:
-        import aiohttp
-
-        ws = self._ws
-        try:
-            while True:
-                msg = await ws.receive()  # answers pings on the way
-                if msg.type is aiohttp.WSMsgType.TEXT or msg.type is aiohttp.WSMsgType.BINARY:
-                    self._deliver(msg.data)
-                    continue
-                reason = f"the server closed the connection (code {ws.close_code})"
-                if msg.type is aiohttp.WSMsgType.ERROR:
-                    reason = f"the connection failed: {msg.data}"
-                self._deliver(_ConnectionLost(reason))
-                return
-        except Exception as exc:  # the socket broke under the reader
-            self._deliver(_ConnectionLost(str(exc) or type(exc).__name__))
-
-    def _deliver(self, item: str | bytes | _ConnectionLost) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(item)
-        else:
-            self._inbox.append(item)
-
-    async def request(self, frame: bytes, timeout_s: float | None) -> str | bytes:
-        """Send one frame and return the next frame from the server."""
-        import aiohttp
-
-        if not self._inbox and not self._reader.done():
-            try:
-                await self._ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
-            except (ConnectionError, RuntimeError, aiohttp.ClientError):
-                pass  # the reader reports why the connection ended
-        if self._inbox:
-            item = self._inbox.popleft()
-        else:
-            loop = asyncio.get_running_loop()
-            self._waiter = waiter = loop.create_future()
-            # A bare timer, not ``wait_for``: that wraps every request in a task of its own.
-            expiry = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
-            try:
-                item = await waiter
-            finally:
-                if expiry is not None:
-                    expiry.cancel()
-        if isinstance(item, _ConnectionLost):
-            self._inbox.appendleft(item)  # every later request gets the same answer
-            raise item
-        return item
-
-    async def close(self, *, polite: bool) -> None:
-        """Politely: send a close frame and let the server close first (within the connect
-        timeout). Else hang up at once: abort the connection, waiting for nothing (a server busy
-        in an env call would answer a close handshake only when the call returns)."""
-        import aiohttp
-
-        if not polite:
-            self._abort()
-            return
-        try:
-            if not self._reader.done():
-                await self._ws.send_frame(CLOSE_FRAME, aiohttp.WSMsgType.TEXT)
-                await asyncio.wait_for(asyncio.shield(self._reader), timeout=self._close_timeout_s)
-            await asyncio.wait_for(self._ws.close(), timeout=self._close_timeout_s)
-        except (ConnectionError, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError):
-            self._abort()  # the server ends the session (and closes its env) either way
-        self._reader.cancel()
-
-    def _abort(self) -> None:
-        self._reader.cancel()
-        # aiohttp has no public abort for a client WebSocket; its connection's transport has one.
-        conn = getattr(self._ws, "_conn", None) or getattr(getattr(self._ws, "_response", None), "connection", None)
-        transport = getattr(conn, "transport", None)
-        if transport is not None:
-            transport.abort()
-            conn.close()  # hands the dead connection back to aiohttp's pool as closed
-        else:  # an aiohttp without those attributes: close in the background, never awaited here
-            task = asyncio.ensure_future(asyncio.wait_for(self._ws.close(), timeout=self._close_timeout_s))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-
-def client_session() -> Any:
-    """The one ``aiohttp.ClientSession`` of the running loop (call on that loop); on the shared
-    loop it is closed when that loop stops."""
-    import aiohttp
-
-    loop = asyncio.get_running_loop()
-    session = _sessions.get(loop)
-    if session is None or session.closed:
-        # limit=0: every WebSocket holds a connection; the default pool of 100 would queue them.
-        connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=False)
-        session = aiohttp.ClientSession(connector=connector)
-        _sessions[loop] = session
-        shared = shared_loop()
-        if shared.loop is loop:
-            shared.at_stop(session.close)
-    return session
-
-
-_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
-
-
-def _expire(waiter: asyncio.Future[Any]) -> None:
-    if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError())
 
 
 def _http_base(url: str) -> str:
