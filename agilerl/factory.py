@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
+from agilerl.envs.openenv_native import ADAPTER_OPTIONS
 from agilerl.errors import AgileRLError
 from agilerl.manifest.spec import EnvironmentSpec
 from agilerl.protocol import close_env, max_turns_problem
@@ -47,7 +48,7 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
     # unset, the adapter finds the action field itself)
     adapter = {
         name: getattr(spec, name)
-        for name in ("action_field", "observation_field", "observation_processor", "mcp_tool")
+        for name in ADAPTER_OPTIONS
         if name in spec.model_fields_set and getattr(spec, name) is not None
     }
     return entrypoint_factory(

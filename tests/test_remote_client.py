@@ -143,8 +143,8 @@ def test_observation_field_and_processors(foreign_server: Any, tmp_path: Any) ->
         with RemoteEnvClient(url, **options) as client:
             text = client.reset()[0]
             assert text == (".o." if expected == "board.rows.1" else expected)
-    with RemoteEnvClient(url) as client:  # "turn" is the one string field
-        assert client.reset()[0] == "x"
+    with RemoteEnvClient(url) as client:  # no field is obviously the text: all of them, compactly
+        assert client.reset()[0] == 'board: {"rows":["x..",".o."]}\nlegal: [1,2]\nturn: x'
 
 
 def test_default_rules_and_their_errors() -> None:
@@ -152,8 +152,7 @@ def test_default_rules_and_their_errors() -> None:
     assert default_text({"echoed_message": "e", "length": 1}) == "e"
     assert default_text({"metadata": {"a": 1}, "done": False}) == ""
     assert default_text({"tool_name": "t", "result": None, "error": {"message": "bad args"}}) == "Error: bad args"
-    with pytest.raises(ObservationError, match=r"fields: a, b\); set observation_field"):
-        default_text({"a": "1", "b": "2"})
+    assert default_text({"a": "1", "b": "2", "c": None}) == "a: 1\nb: 2"  # never one field hiding the rest
     with pytest.raises(ObservationError, match="no 'c' in the observation"):
         text_from_field({"a": {"b": 1}}, "a.c")
     assert text_from_field({"a": {"b": [1, {"c": 2}]}}, "a.b") == '[1,{"c":2}]'

@@ -11,7 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agilerl.envs.openenv_native import ADAPTER_OPTIONS, adapt_openenv, check_options, is_openenv_environment
+from agilerl.envs.openenv_native import (
+    ADAPTER_OPTIONS,
+    accepted_kwargs,
+    adapt_openenv,
+    check_options,
+    is_openenv_environment,
+)
 from agilerl.errors import AgileRLError, InvalidArgument, MissingExtra
 from agilerl.registry import resolve
 from agilerl.registry.openenv_packages import OpenEnvPackage
@@ -29,9 +35,13 @@ def entrypoint_factory(
 ) -> EnvFactory:
     """A factory calling ``entrypoint(**env_config)``; ``system_prompt`` is set after construction.
 
-    For an OpenEnv env, ``openenv_options`` and the ``env_config`` keys in ``ADAPTER_OPTIONS``
-    (``action_field``, ``observation_field``, ...) configure the text adapter, not the env.
+    For an OpenEnv env, ``openenv_options`` (``action_field``, ``observation_field``,
+    ``observation_processor``, ``mcp_tool``, ``action_type``: a manifest's top-level fields)
+    configure the text adapter; ``env_config`` holds only the env's own arguments.
     """
+    unknown = set(openenv_options) - set(ADAPTER_OPTIONS)
+    if unknown:
+        raise TypeError(f"entrypoint_factory() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
     target = _resolve(entrypoint, base_dir, install)
     options: dict[str, Any] = {}
     if isinstance(target, OpenEnvPackage):
@@ -45,19 +55,16 @@ def entrypoint_factory(
     config = dict(env_config or {})
     system_prompt = config.pop("system_prompt", None)
     openenv = is_openenv_environment(target)
-    unknown = set(openenv_options) - set(ADAPTER_OPTIONS)
-    if unknown:
-        raise TypeError(f"entrypoint_factory() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
-    given = sorted(k for k, v in openenv_options.items() if v is not None)
+    given = {k: v for k, v in openenv_options.items() if v is not None}
     if given and not openenv:
         raise InvalidArgument(
-            f"{', '.join(given)} set for {entrypoint!r}, which is not an OpenEnv Environment: these "
+            f"{', '.join(sorted(given))} set for {entrypoint!r}, which is not an OpenEnv Environment: these "
             "options shape how an OpenEnv env (or an env_url server) reads the model's text; a text "
             "env gets the text in step() directly, so remove them."
         )
-    if openenv:
-        options.update({k: config.pop(k) for k in ADAPTER_OPTIONS if k in config})
-    options.update({k: v for k, v in openenv_options.items() if v is not None})
+    if openenv and isinstance(target, type):
+        _refuse_adapter_options_in_env_config(target, config)
+    options.update(given)
     if options.get("action_type") is None:
         options.pop("action_type", None)
     if isinstance(options.get("action_type"), str):
@@ -74,6 +81,22 @@ def entrypoint_factory(
         return env
 
     return build
+
+
+def _refuse_adapter_options_in_env_config(env_cls: type, config: dict[str, Any]) -> None:
+    """``env_config`` is the env's constructor arguments: an adapter option there that the
+    constructor does not take is misplaced, and the error says where it goes."""
+    takes = accepted_kwargs(env_cls, dict.fromkeys(ADAPTER_OPTIONS))
+    misplaced = [k for k in ADAPTER_OPTIONS if k in config and k not in takes]
+    if misplaced:
+        names = ", ".join(misplaced)
+        moves = ", ".join(f"{k}: {config[k]}" for k in misplaced)
+        raise InvalidArgument(
+            f"env_config.{misplaced[0]}: env_config holds {env_cls.__name__}'s own arguments and it "
+            f"takes no {names}; the adapter's options are fields of the manifest's environment: "
+            f"section ({moves}), keywords of entrypoint_factory(), or --{misplaced[0].replace('_', '-')} "
+            "for agilerl env check."
+        )
 
 
 def _resolve(entrypoint: str | Callable[..., Any], base_dir: str | Path | None, install: list[str] | None) -> Any:

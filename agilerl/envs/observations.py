@@ -14,8 +14,8 @@ from agilerl.errors import ObservationError
 
 ObservationProcessor = Callable[[dict[str, Any]], str]
 
-TEXT_FIELDS = ("text", "prompt", "message", "observation", "stdout", "output", "content", "response")
-"""Fields the default rules read, first present string wins."""
+TEXT_FIELDS = ("text", "prompt", "message", "observation", "output", "content", "response")
+"""Fields that are obviously the text (also as a name's last part: ``echoed_message``)."""
 
 _NOT_CONTENT = frozenset({"metadata", "done", "reward", "truncated"})
 
@@ -57,34 +57,84 @@ def tool_result_text(observation: dict[str, Any]) -> str | None:
     return None
 
 
-def default_text(observation: dict[str, Any]) -> str:
-    """The default rules, in order:
+def execution_text(observation: dict[str, Any]) -> str | None:
+    """What running code printed and raised (OpenEnv's coding env: ``stdout``/``stderr``/
+    ``exit_code``; its REPL env: the same under ``result``, with ``exception``), or None if the
+    observation is not a code run. stdout alone reads as itself; anything else is labelled."""
+    run = observation.get("result") if isinstance(observation.get("result"), dict) else observation
+    if not isinstance(run.get("stdout"), str) and not isinstance(run.get("stderr"), str):
+        return None
+    parts = [run["stdout"]] if run.get("stdout") else []
+    if isinstance(run.get("stderr"), str) and run["stderr"]:
+        parts.append(f"stderr:\n{run['stderr']}")
+    if run.get("exception"):
+        parts.append(f"exception: {run['exception']}")
+    exit_code = run.get("exit_code")
+    if isinstance(exit_code, int) and not isinstance(exit_code, bool) and exit_code != 0:
+        parts.append(f"exit code: {exit_code}")
+    if len(parts) == 1 and run.get("stdout"):
+        return str(run["stdout"])
+    return "\n".join(part.rstrip("\n") for part in parts)
 
-    1. an MCP tool result: its text content (or ``Error: <message>``);
-    2. the first of ``TEXT_FIELDS`` holding a string;
-    3. the one string field, when there is exactly one;
-    4. ``""`` when the observation holds nothing but metadata/done/reward/truncated.
-    Anything else is ambiguous: an error asks for ``observation_field`` or a processor.
+
+def messages_text(observation: dict[str, Any]) -> str | None:
+    """The contents of a non-empty chat-like ``messages`` list, one per line (OpenEnv's
+    TextArena env: the game's feedback lives there, its ``prompt`` names the game after turn 1)."""
+    messages = observation.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+        return None
+    return "\n".join(m["content"] for m in messages)
+
+
+def fields_text(content: dict[str, Any]) -> str:
+    """Every field that holds something, one ``name: value`` line each (a grid one row a line),
+    so the model sees what the env said when no field is obviously the text."""
+    lines = []
+    for name, value in content.items():
+        if value is None:
+            continue
+        if isinstance(value, str):
+            lines.append(f"{name}:\n{value}" if "\n" in value else f"{name}: {value}")
+        elif isinstance(value, list) and value and all(isinstance(row, list) for row in value):
+            lines.append(f"{name}:")
+            lines.extend(_compact_json(row) for row in value)
+        else:
+            lines.append(f"{name}: {_compact_json(value)}")
+    return "\n".join(lines)
+
+
+def default_text(observation: dict[str, Any]) -> str:
+    """The default rules, in order (the first that applies wins):
+
+    1. an MCP tool result (``tool_name``): its text content, or ``Error: <message>``;
+    2. a code run (``stdout``/``stderr``, at the top or under ``result``): stdout, then the
+       labelled stderr, exception and a non-zero exit code;
+    3. a non-empty chat-like ``messages`` list: its contents, one per line;
+    4. the first field of ``TEXT_FIELDS``, or named ``*_<one of them>``, that holds a string;
+    5. the one field, when the observation holds a single string;
+    6. ``""`` when it holds nothing but metadata/done/reward/truncated;
+    7. otherwise every field, compactly (``fields_text``): never one field that hides the rest.
     """
-    if "tool_name" in observation or "result" in observation:
+    if "tool_name" in observation:
         text = tool_result_text(observation)
         if text is not None:
             return text
+    for rule in (execution_text, messages_text):
+        text = rule(observation)
+        if text is not None:
+            return text
     for name in TEXT_FIELDS:
-        value = observation.get(name)
-        if isinstance(value, str):
+        if isinstance(observation.get(name), str):
+            return str(observation[name])
+    for name, value in observation.items():
+        if isinstance(value, str) and str(name).rpartition("_")[2] in TEXT_FIELDS:
             return value
-    content = {k: v for k, v in observation.items() if k not in _NOT_CONTENT}
-    strings = [v for v in content.values() if isinstance(v, str)]
-    if len(strings) == 1:
-        return strings[0]
-    if not content:
-        return ""
-    raise ObservationError(
-        f"cannot tell which field of the remote observation is its text (fields: "
-        f"{', '.join(map(str, content))}); set observation_field (e.g. "
-        f"{next(iter(content))!r}) or observation_processor in the manifest."
-    )
+    content = {k: v for k, v in observation.items() if k not in _NOT_CONTENT and v is not None}
+    if len(content) == 1 and isinstance(next(iter(content.values())), str):
+        return str(next(iter(content.values())))
+    return fields_text(content)
 
 
 def make_observation_reader(

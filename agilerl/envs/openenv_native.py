@@ -13,6 +13,7 @@ already built.
 from __future__ import annotations
 
 import inspect
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ _NOT_TEXT = ("reward", "done", "metadata")
 """Observation fields that are not its content (what openenv's server leaves out too)."""
 
 ADAPTER_OPTIONS = ("action_field", "observation_field", "observation_processor", "mcp_tool", "action_type")
-"""``env_config`` keys that configure the adapter; they never reach the OpenEnv env's constructor."""
+"""How the adapter reads and writes text: the manifest's top-level fields, never ``env_config``
+(which holds the env's own constructor arguments)."""
 
 DEFAULT_ACTION_FIELD = "message"
 
@@ -53,7 +55,8 @@ def _is_specific_action(value: Any) -> bool:
 
 def find_action_type(env_cls: type) -> type | None:
     """The env's own Action class: ``step``'s annotation, else the ``Environment[Act, Obs, State]``
-    type argument; None when neither names one (openenv's server would need ``action_cls``)."""
+    type argument, else the one Action subclass the env's module holds; None when none names one
+    (openenv's server would need ``action_cls``)."""
     step = getattr(env_cls, "step", None)
     params = list(inspect.signature(step).parameters.values())[1:2] if callable(step) else []
     annotation = params[0].annotation if params else None
@@ -69,7 +72,11 @@ def find_action_type(env_cls: type) -> type | None:
             args = typing.get_args(base)
             if args and _is_specific_action(args[0]) and is_openenv_environment(typing.get_origin(base)):
                 return args[0]  # type: ignore[no-any-return]
-    return None
+    # OpenEnv's own envs often annotate ``step(self, action: Action)`` (the base class) and import
+    # their one Action from ``..models``: the env's module then holds exactly one.
+    module = sys.modules.get(env_cls.__module__)
+    found = {id(v): v for v in vars(module).values() if _is_specific_action(v)} if module else {}
+    return next(iter(found.values())) if len(found) == 1 else None
 
 
 def choose_action_field(action_type: type, requested: str | None) -> str:
@@ -91,8 +98,8 @@ def choose_action_field(action_type: type, requested: str | None) -> str:
         if len(candidates) != 1:
             raise OpenEnvAdapterError(
                 f"{action_type.__name__} has no 'message' field and more than one field the text "
-                f"could go in ({listing}); set action_field (env_config: {{\"action_field\": "
-                f"{next(iter(own), 'name')!r}}})."
+                f"could go in ({listing}); set action_field (in a manifest's environment: section, "
+                f"action_field: {next(iter(own), 'name')})."
             )
         field = candidates[0]
     others = [name for name, info in own.items() if info.is_required() and name != field]
@@ -181,9 +188,18 @@ class OpenEnvTextEnv:
             self.max_turns = max_turns
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> tuple[str, dict[str, Any]]:
-        """Start an episode: the first observation's text, and its metadata as info."""
-        observation = self.env.reset(seed=seed, episode_id=episode_id, **kwargs)
+        """Start an episode: the first observation's text, and its metadata as info.
+
+        ``reset`` gets only the keywords it accepts, as openenv's server passes them:
+        ``reset(self)`` and ``reset(self, fen=None)`` are both OpenEnv envs."""
+        given = {"seed": seed, "episode_id": episode_id, **kwargs}
+        observation = self.env.reset(**accepted_kwargs(self.env.reset, given))
         return self._read(observation_payload(observation)), _info(observation)
+
+    @property
+    def takes_seed(self) -> bool:
+        """Whether the env's ``reset`` accepts a seed (OpenEnv does not require one)."""
+        return "seed" in accepted_kwargs(self.env.reset, {"seed": 0})
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Send the model's text as the env's own Action (or one MCP tool call)."""
@@ -262,6 +278,14 @@ class OpenEnvTextEnv:
         return self.mcp_tool, self.action_field
 
 
+def accepted_kwargs(method: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``given`` that ``method`` accepts (all of them when it takes ``**kwargs``)."""
+    params = inspect.signature(method).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(given)
+    return {k: v for k, v in given.items() if k in params}
+
+
 def _info(observation: Any) -> dict[str, Any]:
     metadata = getattr(observation, "metadata", None)
     return dict(metadata) if isinstance(metadata, dict) else {}
@@ -271,12 +295,13 @@ _NAMED: dict[type, type] = {}
 
 
 def adapt_openenv(env: Any, **options: Any) -> OpenEnvTextEnv:
-    """Wrap an OpenEnv env (class or instance) as a text env named like it (checks and logs say
-    ``WordEnv``, not ``OpenEnvTextEnv``)."""
+    """Wrap an OpenEnv env (class or instance) as a text env named and described like it (checks,
+    logs and ``/metadata`` say ``WordEnv`` and its docstring, not ``OpenEnvTextEnv``'s)."""
     klass = env if isinstance(env, type) else type(env)
     named = _NAMED.get(klass)
     if named is None:
-        named = _NAMED[klass] = type(
-            klass.__name__, (OpenEnvTextEnv,), {"__module__": __name__, "__doc__": OpenEnvTextEnv.__doc__}
-        )
+        # the env's own docstring describes it (``/metadata``'s description, as openenv's default
+        # ``get_metadata`` says "<Name> environment" when there is none)
+        doc = inspect.getdoc(klass) if klass.__doc__ else f"{klass.__name__} environment"
+        named = _NAMED[klass] = type(klass.__name__, (OpenEnvTextEnv,), {"__module__": __name__, "__doc__": doc})
     return named(env, **options)  # type: ignore[no-any-return]

@@ -150,12 +150,17 @@ class EnvironmentSpec(_Section):
     mcp_tool: str | None = Field(
         None, description="With env_url or an OpenEnv MCP entrypoint: step through this MCP tool."
     )
-    action_field: str = Field("message", description="Action field the model's text goes in.")
+    action_field: str = Field(
+        "message", description="Action field (or MCP tool argument) the model's text goes in."
+    )
     observation_field: str | None = Field(
-        None, description="Dotted path of the observation text in a remote observation."
+        None, description="Dotted path of the text in an observation (env_url or OpenEnv entrypoint)."
     )
     observation_processor: str | None = Field(
-        None, description="Processor turning a remote observation into text."
+        None, description="Processor turning an observation (env_url or OpenEnv entrypoint) into text."
+    )
+    action_type: str | None = Field(
+        None, description="OpenEnv entrypoint: 'module:attr' of its Action class, when nothing names it."
     )
     request_timeout_s: float = Field(
         300, ge=0, description="Bound on each remote message, seconds (0 disables)."
@@ -222,6 +227,8 @@ class EnvironmentSpec(_Section):
                 "'env_config' does not reach a remote env ('env_url'): configure the env where it "
                 "is served, e.g. agilerl serve ENTRYPOINT --env-config '{...}'."
             )
+        if self.action_type and not self.entrypoint:
+            raise ValueError("'action_type' applies only with an OpenEnv 'entrypoint'.")
         if self.mcp_tool and not (self.env_url or self.entrypoint):
             raise ValueError("'mcp_tool' applies only with 'env_url' or an OpenEnv MCP 'entrypoint'.")
         if self.observation_field and self.observation_processor:

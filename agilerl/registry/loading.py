@@ -36,11 +36,18 @@ def load_object(ref: str, base_dir: str | Path | None = None) -> Any:
     if target.endswith(".py") or "/" in target or "\\" in target:
         module = _load_file(target, base_dir)
     else:
-        module = _import_module(target, ref)
+        module = _import_module(target, ref, base_dir)
     return _get_attr(module, attr, ref)
 
 
-def _import_module(name: str, ref: str) -> Any:
+def _import_module(name: str, ref: str, base_dir: str | Path | None = None) -> Any:
+    """Import ``name``; a top-level module that is not installed is looked for in the manifest's
+    folder and the current folder, as ``python -m`` finds it (the console script's path has neither)."""
+    top = name.partition(".")[0]
+    if _not_installed(top):
+        for folder in (Path(base_dir) if base_dir is not None else None, Path.cwd()):
+            if folder is not None and ((folder / top).is_dir() or (folder / f"{top}.py").is_file()):
+                _on_path(folder)
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -68,6 +75,10 @@ def _load_file(target: str, base_dir: str | Path | None) -> Any:
     path = path.resolve()
     if not path.is_file():
         raise LoadError(f"file not found: {path} (from {target!r}, relative to {base_dir or Path.cwd()}).")
+    package = _package_module(path)
+    if package is not None:
+        return _import_from_package(path, *package)
+    _on_path(path.parent)  # its sibling modules import as `python file.py` finds them
     # One module per file path, so loading a file twice gives the same classes.
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
     mod_name = f"{_FILE_MODULE_PREFIX}{path.stem}_{digest}"
@@ -84,6 +95,54 @@ def _load_file(target: str, base_dir: str | Path | None) -> Any:
         del sys.modules[mod_name]
         raise
     return module
+
+
+def _package_module(path: Path) -> tuple[Path, str] | None:
+    """For a file inside a package (its folder has ``__init__.py``): the folder above the
+    outermost package, and the file's dotted module name there; None for a loose file."""
+    if not (path.parent / "__init__.py").is_file():
+        return None
+    parts = [] if path.stem == "__init__" else [path.stem]
+    folder = path.parent
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return folder, ".".join(parts)
+
+
+def _import_from_package(path: Path, root: Path, name: str) -> Any:
+    """Import a package's file as part of its package, so ``from ..models import X`` works; the
+    outermost package's folder goes on the path too, so ``from models import X`` (OpenEnv's
+    layout when run from the env's folder) works as well."""
+    _on_path(root, first=True)
+    _on_path(root / name.partition(".")[0])
+    module = importlib.import_module(name)
+    found = Path(getattr(module, "__file__", "") or "").resolve()
+    if found != path:
+        raise LoadError(
+            f"{path} is module {name!r} of its package, but {name!r} is already imported from "
+            f"{found}; name the installed one as 'module:attr' ({name}:...), or rename the package."
+        )
+    return module
+
+
+def _not_installed(top: str) -> bool:
+    try:
+        return importlib.util.find_spec(top) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _on_path(folder: Path, *, first: bool = False) -> None:
+    """Put ``folder`` on ``sys.path`` once: first, to win over an installed namesake, else last."""
+    entry = str(folder.resolve())
+    if entry in sys.path:
+        return
+    if first:
+        sys.path.insert(0, entry)
+    else:
+        sys.path.append(entry)
+    importlib.invalidate_caches()
 
 
 def _get_attr(module: Any, attr: str, ref: str) -> Any:

@@ -1,9 +1,10 @@
 """Installed OpenEnv env packages, found the way openenv's ``AutoEnv`` finds them, as env names.
 
-A distribution named ``openenv-<name>`` (not ``openenv-core``) whose module ``<name>`` (dashes as
-underscores) carries an ``openenv.yaml`` is an OpenEnv env; its ``name:`` without ``_env`` is the
-key (``echo_env`` -> ``echo``), as ``AutoEnv.from_env("echo")`` names it. Listing reads metadata
-and the yaml only: no env code is imported until the env is used.
+A distribution named ``openenv-<name>`` (not ``openenv-core``) that installs the module ``<name>``
+(dashes as underscores) is an OpenEnv env, with or without an ``openenv.yaml`` in it (``pip install
+envs/echo_env`` installs ``openenv-echo-env`` without one). Its key is the yaml's ``name:``, else
+the module's name, without ``_env`` (``echo_env`` -> ``echo``), as ``AutoEnv.from_env("echo")``
+names it. Listing reads metadata (and the yaml) only: no env code is imported until it is used.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class OpenEnvPackage:
     module: str
     app: str
     description: str
-    manifest_path: str
+    location: str
+    """Its openenv.yaml, or its package folder when it has none."""
 
     @property
     def app_module(self) -> str:
@@ -79,7 +81,7 @@ class OpenEnvPackage:
             if missing is not None:
                 raise missing from None
             raise ModuleNotImportable(
-                f"OpenEnv env {self.key!r}: importing {self.app_module} (from {self.manifest_path}) "
+                f"OpenEnv env {self.key!r}: importing {self.app_module} (from {self.location}) "
                 f"failed: {exc}",
                 module=self.app_module,
             ) from exc
@@ -97,17 +99,17 @@ def _is_own(klass: type, base: tuple[str, str]) -> bool:
 
 
 def discover_openenv_packages() -> list[OpenEnvPackage]:
-    """Every installed ``openenv-*`` distribution whose module carries an ``openenv.yaml``."""
+    """Every installed ``openenv-*`` distribution that installs its env module."""
     found: dict[str, OpenEnvPackage] = {}
     for dist in _openenv_distributions():
         name = dist.metadata["Name"] or ""
         if not name.lower().startswith("openenv-") or canonicalize_name(name) == "openenv-core":
             continue
         module = name[len("openenv-"):].replace("-", "_")
-        path = _manifest_path(dist, module)
-        if path is None:
+        folder = _module_folder(dist, module)
+        if folder is None:
             continue
-        package = _package(name, dist.version, module, path)
+        package = _package(name, dist.version, module, folder)
         if package is not None:
             found.setdefault(package.key, package)
     return sorted(found.values(), key=lambda p: p.key)
@@ -151,30 +153,32 @@ def add_openenv_packages(registry: Registry) -> Registry:
     return registry
 
 
-def _manifest_path(dist: Any, module: str) -> Path | None:
-    """The module's ``openenv.yaml``: from the install record, else from where the module lives
-    (an editable install); finding a top-level module's spec does not run it."""
+def _module_folder(dist: Any, module: str) -> Path | None:
+    """Where the distribution's package ``module`` lives: from the install record, else from the
+    import system (an editable install); finding a top-level module's spec does not run it."""
     for file in dist.files or ():
-        if file.parts[:1] == (module,) and file.name == MANIFEST and len(file.parts) == 2:
-            path = Path(str(dist.locate_file(file)))
-            if path.is_file():
+        if file.parts[:1] == (module,) and len(file.parts) == 2 and file.name in (MANIFEST, "__init__.py"):
+            path = Path(str(dist.locate_file(file))).parent
+            if path.is_dir():
                 return path
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return None
     for location in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(location) / MANIFEST
-        if path.is_file():
-            return path
+        if Path(location).is_dir():
+            return Path(location)
     return None
 
 
-def _package(distribution: str, version: str, module: str, path: Path) -> OpenEnvPackage | None:
-    try:
-        manifest = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return None
+def _package(distribution: str, version: str, module: str, folder: Path) -> OpenEnvPackage | None:
+    path = folder / MANIFEST
+    manifest: Any = {}
+    if path.is_file():
+        try:
+            manifest = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return None
     if not isinstance(manifest, dict):
         return None
     env_name = str(manifest.get("name") or module)
@@ -188,5 +192,5 @@ def _package(distribution: str, version: str, module: str, path: Path) -> OpenEn
         module=module,
         app=str(manifest.get("app") or DEFAULT_APP),
         description=str(manifest.get("description") or f"{env_name} environment"),
-        manifest_path=str(path),
+        location=str(path if path.is_file() else folder),
     )

@@ -74,25 +74,27 @@ class RolloutHarness:
         chat_template_kwargs: dict[str, Any] | None = None,
         observation_role: str = "user",
         renderer: ChatRenderer | None = None,
-        mcp_tool: str | None = None,
+        **client_options: Any,
     ) -> None:
         """``env`` is a client (``InProcessEnvClient``/``RemoteEnvClient``), a text env, or a URL.
 
         ``renderer`` lets many harnesses over the same kind of env share one ``ChatRenderer`` (and
         its prompt cache); it must have been built for the same tokenizer, tools and template kwargs.
-        ``mcp_tool`` (with a URL) steps a remote MCP env through that tool.
+        ``client_options`` (with a URL) are ``RemoteEnvClient``'s: ``action_field``, ``mcp_tool``,
+        ``observation_field``, ``observation_processor``, ``request_timeout_s``, ``token``, ...
         """
         require_max_turns(max_turns)
-        if mcp_tool is not None and not isinstance(env, str):
+        if client_options and not isinstance(env, str):
+            named = ", ".join(f"{k}={v!r}" for k, v in client_options.items())
             raise InvalidArgument(
-                f"mcp_tool={mcp_tool!r} applies to an env given as a URL (the harness builds its "
-                "RemoteEnvClient); pass it to RemoteEnvClient(url, mcp_tool=...) for a client you "
+                f"{named} applies to an env given as a URL (the harness builds its "
+                "RemoteEnvClient); pass it to RemoteEnvClient(url, ...) for a client you "
                 "built, and an in-process env receives the model's text in step() directly."
             )
         if isinstance(env, str):
             from agilerl.remote.client import RemoteEnvClient
 
-            env = RemoteEnvClient(env, mcp_tool=mcp_tool)
+            env = RemoteEnvClient(env, **client_options)
         elif not isinstance(env, EnvClient):
             env = InProcessEnvClient(env)
         self.client = env
