@@ -22,7 +22,8 @@ that catches the built-in kinds keeps working.
     │   ├── OpenEnvAdapterError (ValueError)      an OpenEnv env cannot be driven with text
     │   └── HarnessStateError, EpisodeError       used out of order
     ├── DataError → DatasetLoadError, RubricError, TemplateError
-    └── TrainingError → CollectionError, CheckpointError, ModelLoadError, PlotUnavailable
+    └── TrainingError → CollectionError, CheckpointError, ModelLoadError, PlotUnavailable,
+                        TrackerUnavailable (ImportError)
         CollectionError → EndpointError            a model endpoint refused or failed
 """
 
@@ -225,3 +226,14 @@ class ModelLoadError(TrainingError):
 
 class PlotUnavailable(TrainingError):
     """matplotlib is not installed; the run goes on without its plot."""
+
+
+class TrackerUnavailable(TrainingError, ImportError):
+    """A tracker named in ``training.report_to`` needs a package that is not installed."""
+
+    def __init__(self, tracker: str, package: str) -> None:
+        self.package = package
+        super().__init__(
+            f"training.report_to {tracker!r} needs the {package!r} package, which is not installed: "
+            f"pip install {package}"
+        )

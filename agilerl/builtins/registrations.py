@@ -71,6 +71,18 @@ MODELS: list[tuple[str, str, str]] = [
     ),
 ]
 
+TRACKERS: list[tuple[str, str, str]] = [
+    ("tensorboard", "agilerl.builtins.trackers:tensorboard", "TensorBoard event files under <output_dir>/tensorboard."),
+    ("wandb", "agilerl.builtins.trackers:wandb", "Weights & Biases (WANDB_MODE=offline works offline)."),
+    ("trackio", "agilerl.builtins.trackers:trackio", "trackio's local store (TRACKIO_DIR)."),
+    ("mlflow", "agilerl.builtins.trackers:mlflow", "MLflow (MLFLOW_TRACKING_URI, default ./mlruns)."),
+    ("aim", "agilerl.builtins.trackers:aim", "Aim, its repository in <output_dir>."),
+    ("comet_ml", "agilerl.builtins.trackers:comet_ml", "Comet."),
+    ("clearml", "agilerl.builtins.trackers:clearml", "ClearML."),
+    ("dvclive", "agilerl.builtins.trackers:dvclive", "DVCLive."),
+    ("swanlab", "agilerl.builtins.trackers:swanlab", "SwanLab."),
+]
+
 
 def _register_all(register: Register, entries: list[tuple[str, str, str]]) -> None:
     for name, target, description in entries:
@@ -100,3 +112,8 @@ def register_algorithms(register: Register) -> None:
 @hookimpl
 def register_models(register: Register) -> None:
     _register_all(register, MODELS)
+
+
+@hookimpl
+def register_trackers(register: Register) -> None:
+    _register_all(register, TRACKERS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Strict(BaseModel):
@@ -107,3 +107,25 @@ class TrainingSettings(_Strict):
     max_context_length: int | None = Field(
         None, ge=2, description="Dataset rows longer than this are dropped."
     )
+    report_to: list[str] = Field(
+        default_factory=list,
+        description="Experiment trackers that get the metrics too (accelerate's): tensorboard, "
+        "wandb, trackio, mlflow, aim, comet_ml, clearml, dvclive, swanlab, or a plugin's "
+        "(agilerl trackers list). A single name is a list of one; 'none' or empty: metrics.jsonl only.",
+    )
+    project: str = Field(
+        "agilerl", min_length=1,
+        description="The trackers' project (wandb's project, trackio's, mlflow's experiment).",
+    )
+    run_name: str | None = Field(
+        None, min_length=1,
+        description="The run's name in the trackers; defaults to output_dir's folder name.",
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_name_is_a_list(cls, value: Any) -> Any:
+        """``report_to: wandb`` as TRL takes it; ``none`` switches tracking off."""
+        if isinstance(value, str):
+            value = [value]
+        return [] if value == ["none"] else value

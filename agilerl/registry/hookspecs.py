@@ -36,3 +36,8 @@ def register_algorithms(register: Register) -> None:
 @hookspec
 def register_models(register: Register) -> None:
     """Register models named by ``model.name_or_path``: callables ``(*, seed) -> (model, tokenizer)``."""
+
+
+@hookspec
+def register_trackers(register: Register) -> None:
+    """Register experiment trackers named by ``training.report_to``: callables ``(run) -> GeneralTracker``."""

@@ -20,6 +20,7 @@ from agilerl.errors import ConfigError
 if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
+    from accelerate.tracking import GeneralTracker
 
     from agilerl.manifest.settings import TrainingSettings
 
@@ -49,10 +50,10 @@ def current_world() -> World:
     return World(rank=state.process_index, world_size=state.num_processes)
 
 
-def build_accelerator(settings: TrainingSettings) -> Accelerator:
+def build_accelerator(settings: TrainingSettings, log_with: list[GeneralTracker] | None = None) -> Accelerator:
     """An ``Accelerator`` for ``training.mixed_precision``; DDP, FSDP or DeepSpeed come from the
     launcher's configuration (``accelerate launch --use_fsdp ...``), never from the manifest, so
-    one manifest runs unchanged on every engine."""
+    one manifest runs unchanged on every engine. ``log_with``: the run's trackers (``tracking.py``)."""
     from accelerate import Accelerator, PartialState
     from accelerate.state import AcceleratorState, GradientState
 
@@ -63,7 +64,8 @@ def build_accelerator(settings: TrainingSettings) -> Accelerator:
         GradientState._reset_state()
     try:
         accelerator = Accelerator(
-            cpu=_cpu_only(), mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False
+            cpu=_cpu_only(), mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False,
+            log_with=log_with or None,
         )
     except (ValueError, TypeError) as exc:
         raise ConfigError(

@@ -39,6 +39,7 @@ from agilerl.train.metrics import (
     ProgressBar,
     plot_curves,
 )
+from agilerl.train.tracking import Tracking, run_config
 from agilerl.errors import AgileRLError, InvalidArgument
 
 if TYPE_CHECKING:
@@ -186,11 +187,13 @@ class _Trainer:
     ) -> None:
         import torch
 
-        from agilerl.train.checkpoint import restore_training_state
+        from agilerl.train.checkpoint import read_state, restore_training_state
         from agilerl.train.reference import frozen_reference
 
         self.model, self.tokenizer, self.algorithm, self.settings = model, tokenizer, algorithm, settings
-        self.accelerator = accelerator = build_accelerator(settings)
+        # training.report_to: accelerate's trackers go into the accelerator; a resume continues their run
+        self.tracking = Tracking(settings, start_step=int(read_state(resume_from)["step"]) if resume_from else 0)
+        self.accelerator = accelerator = build_accelerator(settings, log_with=self.tracking.trackers)
         self.world = World(rank=accelerator.process_index, world_size=accelerator.num_processes)
         self.engine = describe_engine(accelerator)
         self.device = accelerator.device
@@ -230,13 +233,15 @@ class _Trainer:
         header: dict[str, Any] = {"engine": self.engine}  # on this run's first metrics row
         if self.world.is_main:  # the run's first line: which engine trains
             print(f"engine: {self.engine}", file=sys.stderr, flush=True)
-        with bar.running(), self._graceful_interrupt():
+        config = run_config(settings, self.algorithm, self.engine)
+        with self.tracking.running(self.accelerator, config), bar.running(), self._graceful_interrupt():
             try:
                 if start == 0 and settings.evaluation_interval:
                     last = evaluate()  # the untrained baseline: where the curve starts
                     if self.log is not None:
                         self.log.write(0, last, header)
                         header = {}
+                    self.tracking.log(0, last)
                     bar.update(0, last)
                 while self.step < settings.max_steps:
                     t0 = time.perf_counter()
@@ -250,6 +255,7 @@ class _Trainer:
                         if self.log is not None:
                             self.log.write(self.step, last, header)
                             header = {}
+                        self.tracking.log(self.step, last)
                         bar.update(self.step, last)
                         if self._due(settings.checkpoint_interval) and self.step < settings.max_steps:
                             checkpoint = self._save()
