@@ -1,4 +1,4 @@
-"""``agilerl plugins list|new`` and ``agilerl envs|processors|rubrics|algorithms list``."""
+"""``agilerl plugins list|new`` and ``agilerl envs|processors|rubrics|algorithms|models|trackers list``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ _LISTED_KINDS = {
     "rubrics": "rubric",
     "algorithms": "algorithm",
     "models": "model",
+    "trackers": "tracker",
 }
 
 
