@@ -5,8 +5,10 @@ dependencies come from this environment, a venv or not) gets 100 generated plugi
 each registering three envs with lazy ``module:attr`` targets. Every command runs in a fresh
 interpreter; baselines in the same run: ``python -c pass`` and ``python -c "import pluggy"``.
 Targets: ``agilerl --help`` under 2x ``import pluggy``; ``plugins list`` under 1.5 s.
+``--names`` adds one plugin registering that many names, then twice as many: ``envs list``
+(registration and listing) must stay well under a second and grow linearly (ratio near 2).
 
-    python bench/plugin_discovery.py [--plugins 100] [--repeats 7]
+    python bench/plugin_discovery.py [--plugins 100] [--repeats 7] [--names 10000]
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +53,28 @@ def make_venv(root: Path, plugins: int) -> Path:
     return python
 
 
+MANY_SOURCE = """
+from agilerl import hookimpl
+
+@hookimpl
+def register_envs(register):
+    for i in range({names}):
+        register(f"many/{{i}}", "bench_many.env:Env")
+"""
+
+
+def names_seconds(root: Path, names: int, repeats: int, env: dict[str, str]) -> float:
+    """Cold ``agilerl envs list --json`` with one plugin registering ``names`` names."""
+    site = root / f"many-{names}"
+    write_distribution(site, "agilerl-env-many", "1.0", {"bench_many/__init__.py": MANY_SOURCE.format(names=names)},
+                       plugins={"many": "bench_many"})
+    many_env = {**env, "PYTHONPATH": str(site), "AGILERL_PLUGINS": "many"}
+    listed = subprocess.run([sys.executable, "-m", "agilerl", "envs", "list", "--json"], capture_output=True,
+                            text=True, env=many_env, check=True)
+    assert sum(row["plugin"] == "many" for row in json.loads(listed.stdout)) == names
+    return cold_seconds([sys.executable, "-m", "agilerl", "envs", "list", "--json"], repeats, many_env)
+
+
 def cold_seconds(command: list[str], repeats: int, env: dict[str, str]) -> float:
     """Median wall time of ``command`` in a fresh process (one warm-up run first)."""
     times = []
@@ -65,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plugins", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--names", type=int, default=10_000, help="names one plugin registers (0: skip)")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGILERL_")}
     with tempfile.TemporaryDirectory(prefix="agilerl-bench-") as tmp:
@@ -83,6 +109,11 @@ def main() -> None:
             "agilerl plugins list --json": [python, "-m", "agilerl", "plugins", "list", "--json"],
         }
         seconds = {name: cold_seconds(cmd, args.repeats, env) for name, cmd in runs.items()}
+        if args.names:
+            for count in (args.names, 2 * args.names):
+                seconds[f"agilerl envs list --json ({count:,} names)"] = names_seconds(
+                    Path(tmp), count, args.repeats, env
+                )
     base, pluggy_s = seconds["python -c pass"], seconds["python -c 'import pluggy'"]
     print(f"{len(rows)} plugins listed ({args.plugins} generated), median of {args.repeats} cold runs")
     print(f"{'command':<44} {'seconds':>8} {'x pass':>7} {'x pluggy':>9}")
@@ -92,6 +123,10 @@ def main() -> None:
     list_s = seconds[f"agilerl plugins list ({args.plugins} plugins)"]
     print(f"agilerl --help / import pluggy: {help_ratio:.2f}x (target < 2x)")
     print(f"plugins list with {args.plugins} plugins: {list_s:.3f} s (target < 1.5 s)")
+    if args.names:
+        one, two = (seconds[f"agilerl envs list --json ({n:,} names)"] for n in (args.names, 2 * args.names))
+        print(f"{args.names:,} names listed in {one:.3f} s (target well under 1 s); twice as many: "
+              f"{two / one:.2f}x the time (linear: about 2x, less with the fixed start-up cost)")
 
 
 if __name__ == "__main__":

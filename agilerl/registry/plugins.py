@@ -7,6 +7,9 @@ distribution never hides the others; ``agilerl plugins list`` shows the causes.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +25,9 @@ BUILTIN_DISTRIBUTION = "agilerl-envlayer"
 """Our own distribution: its ``agilerl`` entry point is the built-ins, always loaded."""
 SELECT_ENV_VAR = "AGILERL_PLUGINS"
 STRICT_ENV_VAR = "AGILERL_STRICT_PLUGINS"
+TIMEOUT_ENV_VAR = "AGILERL_PLUGIN_TIMEOUT"
+DEFAULT_PLUGIN_TIMEOUT_S = 5.0
+"""How long one plugin's import (or one of its hooks) may take before it is skipped."""
 
 
 @dataclass
@@ -72,6 +78,72 @@ def selected_plugin_names() -> set[str] | None:
 def strict_plugins() -> bool:
     """``AGILERL_STRICT_PLUGINS=1`` turns a broken or conflicting plugin into an error."""
     return os.environ.get(STRICT_ENV_VAR, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def plugin_timeout() -> float | None:
+    """``AGILERL_PLUGIN_TIMEOUT`` seconds (default 5); ``0`` waits for ever."""
+    from agilerl.errors import PluginError
+
+    raw = os.environ.get(TIMEOUT_ENV_VAR, "").strip()
+    if not raw:
+        return DEFAULT_PLUGIN_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise PluginError(
+            f"{TIMEOUT_ENV_VAR}={raw!r} is not a number of seconds: set e.g. {TIMEOUT_ENV_VAR}=30 "
+            "(0 waits for ever)."
+        )
+    return seconds or None
+
+
+@dataclass
+class Outcome:
+    """What running a piece of plugin code gave: its value, or why it gave none."""
+
+    value: Any = None
+    error: str | None = None
+    """``Type: message`` of what it raised, or that it ran out of time."""
+    timed_out: bool = False
+
+
+def call_plugin_code(function: Callable[[], Any], *, deadline: bool = True) -> Outcome:
+    """Run plugin code (an import, a hook) so that it cannot hold or end the command.
+
+    It runs on a daemon thread, waited for at most :func:`plugin_timeout` seconds (a thread
+    still running then is left behind, and dies with the process); what it prints goes to
+    stderr, so ``--json`` output stays clean; anything it raises, ``SystemExit`` included, comes
+    back as ``error``. Only ``KeyboardInterrupt`` (the user's Ctrl-C) propagates.
+    """
+    timeout = plugin_timeout() if deadline else None
+    outcome = Outcome()
+
+    def target() -> None:
+        try:
+            outcome.value = function()
+        except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
+            outcome.value = exc
+            outcome.error = one_line(exc)
+
+    worker = threading.Thread(target=target, name="agilerl-plugin", daemon=True)
+    stdout, sys.stdout = sys.stdout, sys.stderr
+    try:
+        worker.start()
+        worker.join(timeout)
+    finally:
+        sys.stdout = stdout
+    if worker.is_alive():
+        return Outcome(error=f"did not finish within {timeout:g} s ({TIMEOUT_ENV_VAR}); skipped", timed_out=True)
+    if isinstance(outcome.value, KeyboardInterrupt):
+        raise outcome.value
+    return outcome
+
+
+def warn_skipped(info: PluginInfo) -> None:
+    """A skipped slow plugin is named at once: the wait the user just had needs a cause."""
+    print(f"warning: {info.source}: {info.error}", file=sys.stderr, flush=True)
 
 
 def _load_entry_points(pm: pluggy.PluginManager, selected: set[str] | None) -> list[PluginInfo]:
@@ -141,13 +213,15 @@ def _is_builtin(ep: Any) -> bool:
 
 
 def _register(pm: pluggy.PluginManager, ep: Any, info: PluginInfo) -> None:
-    try:
-        module = ep.load()
-    except BaseException as exc:  # a plugin's import may raise anything, even SystemExit
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        info.error = f"import failed: {one_line(exc)}"
+    loaded = call_plugin_code(ep.load, deadline=not info.builtin)  # the built-ins are ours: no deadline
+    if loaded.timed_out:
+        info.error = f"import {loaded.error}"
+        warn_skipped(info)
         return
+    if loaded.error is not None:
+        info.error = f"import failed: {loaded.error}"
+        return
+    module = loaded.value
     try:
         pm.register(module, name=ep.name)
     except (ValueError, pluggy.PluginValidationError) as exc:  # e.g. a hook's wrong arguments

@@ -19,8 +19,9 @@ from agilerl.registry.loading import is_reference, load_object
 from agilerl.registry.plugins import (
     STRICT_ENV_VAR,
     PluginInfo,
-    one_line,
+    call_plugin_code,
     strict_plugins,
+    warn_skipped,
 )
 
 Kind = Literal["env", "processor", "rubric", "algorithm", "model", "tracker"]
@@ -183,7 +184,7 @@ def _run_hooks(pm: pluggy.PluginManager, plugin: object, info: PluginInfo) -> li
         # What pluggy's check_pending reports, scoped to one plugin so a typo fails only it.
         info.error = "; ".join(_unknown_hook_message(name) for name in sorted(unknown))
         return []
-    staged: list[Entry] = []
+    staged: dict[tuple[Kind, str], Entry] = {}  # one lookup per name: registration stays linear
     for caller in callers:
         kind = KIND_OF_HOOK.get(caller.name)
         if kind is None:
@@ -192,14 +193,20 @@ def _run_hooks(pm: pluggy.PluginManager, plugin: object, info: PluginInfo) -> li
         for impl in caller.get_hookimpls():
             if impl.plugin is not plugin:
                 continue
-            try:
-                impl.function(*[{"register": register}[arg] for arg in impl.argnames])
-            except Exception as exc:  # noqa: BLE001 - a plugin's bug must not break the others
-                info.error = f"{caller.name} raised {one_line(exc)}"
+            outcome = call_plugin_code(
+                functools.partial(impl.function, *[{"register": register}[arg] for arg in impl.argnames]),
+                deadline=not info.builtin,
+            )
+            if outcome.timed_out:
+                info.error = f"{caller.name} {outcome.error}"
+                warn_skipped(info)
                 return []
-    for entry in staged:
+            if outcome.error is not None:  # a plugin's bug (even a SystemExit) drops only that plugin
+                info.error = f"{caller.name} raised {outcome.error}"
+                return []
+    for entry in staged.values():
         info.provides.setdefault(entry.kind, []).append(entry.name)
-    return staged
+    return list(staged.values())
 
 
 def _all_optional(caller: pluggy.HookCaller, plugin: object) -> bool:
@@ -212,7 +219,7 @@ def _unknown_hook_message(hook: str) -> str:
     return f"unknown hook {hook!r} ({hint})"
 
 
-def _register_callback(kind: Kind, info: PluginInfo, staged: list[Entry]) -> Any:
+def _register_callback(kind: Kind, info: PluginInfo, staged: dict[tuple[Kind, str], Entry]) -> Any:
     def register(name: str, target: Any, *, description: str = "") -> None:
         if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise RegistrationError(
@@ -223,8 +230,8 @@ def _register_callback(kind: Kind, info: PluginInfo, staged: list[Entry]) -> Any
             raise RegistrationError(
                 f"{kind} {name!r}: target {target!r} must be an object or a 'module:attr' string."
             )
-        if any(e.kind == kind and e.name == name for e in staged):
+        if (kind, name) in staged:
             raise RegistrationError(f"{kind} {name!r} is registered twice by the same plugin.")
-        staged.append(Entry(kind, name, target, description, info))
+        staged[kind, name] = Entry(kind, name, target, description, info)
 
     return register
