@@ -17,15 +17,20 @@ some templates put after a finished conversation (Phi-3's eos) belongs to no tur
 Some templates rewrite earlier turns as a conversation goes on (Qwen3 drops old thinking and
 empty think blocks). No full render then shows what the model saw at each turn; conversations
 are built append-only, which is what the model saw and generated, and a warning says so.
+
+What frames an episode (system prompt, tools, the role observations take) is one ``EpisodeChat``
+value: the env's defaults, overridden per episode by the same keys in ``reset``'s info.
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from agilerl.errors import ChatTemplateError
+from agilerl.errors import ChatTemplateError, EnvProtocolError
 
 # Conversations to learn the template against, ending in a user turn; the first that works is
 # used (Gemma 2 and early Mistral templates refuse a system message; Mistral v0.3 moves it to the
@@ -40,6 +45,65 @@ _PROBE = "  probe\n text  "
 _PROMPT_CACHE_SIZE = 4096
 _CACHED_OBSERVATION_CHARS = 512
 _OPENING_ROLES = frozenset({"system", "user"})
+_TOOL_SETS_KEPT = 64
+
+
+EPISODE_CHAT_KEYS = ("system_prompt", "tools", "observation_role")
+"""The ``reset`` info keys an env sets per episode; a ``step``'s info may set ``observation_role``
+for that one observation (``"tool"`` for a tool's result)."""
+
+
+@dataclass(frozen=True)
+class EpisodeChat:
+    """How an episode is framed for the model: its system prompt, the tools the chat template
+    shows, and the role each observation is rendered in.
+
+    The harness, the collector and ``agilerl env check`` all read an episode's framing through
+    ``for_episode``/``role_for``, so they render it the same way.
+    """
+
+    system_prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    observation_role: str = "user"
+
+    def for_episode(self, info: dict[str, Any], env_name: str = "env") -> EpisodeChat:
+        """These defaults overridden by the ``EPISODE_CHAT_KEYS`` that ``reset``'s info sets."""
+        changes = {key: _checked(key, info[key], env_name, "reset") for key in EPISODE_CHAT_KEYS if key in info}
+        return replace(self, **changes) if changes else self
+
+    def role_for(self, step_info: dict[str, Any], env_name: str = "env") -> str:
+        """The role of one step's observation: its info's ``observation_role``, else the episode's."""
+        if "observation_role" not in step_info:
+            return self.observation_role
+        return _checked("observation_role", step_info["observation_role"], env_name, "step")
+
+    def opening(self, prompt: str, info: dict[str, Any]) -> list[dict[str, Any]]:
+        """The conversation a reset opens: the env's own ``info["messages"]``, else the system
+        prompt (if any) and ``prompt`` as the user's message."""
+        if info.get("messages"):
+            return info["messages"]
+        messages: list[dict[str, Any]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": prompt})
+        return messages
+
+
+def _checked(key: str, value: Any, env_name: str, method: str) -> Any:
+    """``value`` when it can be the framing ``key`` (``None`` clears a prompt or tools), else an
+    ``EnvProtocolError`` naming the key, the value and the shape it needs."""
+    if key == "system_prompt" and (value is None or isinstance(value, str)):
+        return value
+    if key == "tools" and (value is None or (isinstance(value, list) and all(isinstance(t, dict) for t in value))):
+        return value or None
+    if key == "observation_role" and isinstance(value, str) and value:
+        return value
+    needs = {
+        "system_prompt": "a str (or None)",
+        "tools": "a list of JSON-schema dicts (or None)",
+        "observation_role": 'a non-empty str such as "user" or "tool"',
+    }[key]
+    raise EnvProtocolError(f"{env_name}.{method}() info[{key!r}] must be {needs}, got {value!r}")
 
 
 def render_chat(
@@ -83,6 +147,9 @@ class ChatRenderer:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.tools = tools or None
         self.template_kwargs = dict(chat_template_kwargs or {})
+        # renderers of the same tokenizer and kwargs for other tool sets, shared by the family
+        self._family: dict[str, ChatRenderer] = {_tools_key(self.tools): self}
+        self._roles: dict[str, bool] = {}
         self._prompt_cache: dict[tuple[tuple[str, str], ...], list[int]] = {}
         self._bodies: dict[tuple[str, str], list[int]] = {}  # (role, observation): close + message
         self._warmed: dict[tuple[str, str], list[int]] = {}  # long observations, encoded ahead once
@@ -112,6 +179,30 @@ class ChatRenderer:
         self._close_ids = self.encode(self.assistant_close)
         self._generation_ids = self.encode(self.generation_prompt)
         self.end_of_turn_id: int | None = self._close_ids[0] if self._close_ids else None
+
+    def with_tools(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+        """The renderer for episodes that show ``tools``: this one when they are its own, else a
+        sibling learned once per tool set and shared by every harness that shares this one."""
+        key = _tools_key(tools or None)
+        renderer = self._family.get(key)
+        if renderer is None:
+            if len(self._family) >= _TOOL_SETS_KEPT:
+                self._family.clear()
+            renderer = ChatRenderer(self.tokenizer, tools=tools, chat_template_kwargs=self.template_kwargs)
+            renderer._family = self._family
+            self._family[key] = renderer
+        return renderer
+
+    def renders_role(self, role: str) -> bool:
+        """Whether the template renders a message of ``role`` after an answer (a template without
+        a ``tool`` role may refuse one)."""
+        if role not in self._roles:
+            try:
+                self.message_text(role, "o")
+                self._roles[role] = True
+            except ChatTemplateError:
+                self._roles[role] = False
+        return self._roles[role]
 
     def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
         """The template's text for ``messages`` (one full render)."""
@@ -350,6 +441,10 @@ class ChatRenderer:
         prefix, suffix = delta.split(_SENTINEL)
         probe = self._appended({"role": role, "content": _PROBE})
         return (prefix, suffix) if probe == prefix + _PROBE + suffix else None
+
+
+def _tools_key(tools: list[dict[str, Any]] | None) -> str:
+    return json.dumps(tools, sort_keys=True, default=str)
 
 
 def _remember(cache: dict[Any, list[int]], key: Any, ids: list[int]) -> None:

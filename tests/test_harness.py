@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -567,3 +568,129 @@ def test_a_system_prompt_a_template_moves_forward_stays_where_the_model_saw_it(c
     prompt, *_ = harness.step("10")
     text = tokenizer.decode(list(prompt)[len(before):])
     assert text == "10<|im_end|>[INST] Too high![/INST]"  # the answer as generated; no system prompt moved here
+
+
+class PerTaskEnv:
+    """An env that frames each task itself: its system prompt and tools come with reset's info,
+    and a tool's result is marked for the ``tool`` role in step's info."""
+
+    max_turns = 3
+    TOOLS = [{"type": "function", "function": {"name": f"lookup_{i}", "parameters": {"type": "object"}}} for i in range(2)]
+
+    def reset(self, seed=None):
+        task = (seed or 0) % 2
+        info = {"system_prompt": f"You solve task {task}.", "tools": [self.TOOLS[task]], "task": task}
+        return f"Task {task}: call the tool, then answer.", info
+
+    def step(self, action):
+        if "call" in action:
+            return f"result of {action}", 0.0, False, False, {"observation_role": "tool"}
+        return "Checked.", 1.0, True, False, {}
+
+
+def _per_task_messages(seed):
+    task = seed % 2
+    return [
+        {"role": "system", "content": f"You solve task {task}."},
+        {"role": "user", "content": f"Task {task}: call the tool, then answer."},
+    ], [PerTaskEnv.TOOLS[task]]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reset_info_gives_each_episode_its_system_prompt_and_tools_and_a_tool_result_its_role(seed, chatml_tokenizer):
+    harness = RolloutHarness.local(PerTaskEnv(), chatml_tokenizer)
+    for episode_seed in (1 - seed, seed):  # the other task first: nothing of it may remain
+        prompt, _ = harness.reset(seed=episode_seed)
+    messages, tools = _per_task_messages(seed)
+    assert list(prompt) == _full_render(chatml_tokenizer, messages, tools=tools, add_generation_prompt=True)
+    harness.step("call it")
+    harness.step("42")
+    messages += [
+        {"role": "assistant", "content": "call it"},
+        {"role": "tool", "content": "result of call it"},
+        {"role": "assistant", "content": "42"},
+        {"role": "user", "content": "Checked."},
+    ]
+    assert harness.trajectory.token_ids == _full_render(chatml_tokenizer, messages, tools=tools)
+    assert harness.system_prompt == f"You solve task {seed}." and harness.observation_role == "user"
+
+
+def test_the_collector_frames_episodes_as_the_harness_does(chatml_tokenizer):
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import Generation
+
+    def reply(prompt):
+        text = "42" if "result of" in chatml_tokenizer.decode(list(prompt)) else "call it"
+        return Generation(chatml_tokenizer.encode(text, add_special_tokens=False))
+
+    class Scripted:
+        def generate(self, prompts, params):
+            return [reply(p) for p in prompts]
+
+    # seed 2 draws one task of each framing
+    with RolloutCollector(PerTaskEnv, chatml_tokenizer, batch_size=2, group_size=2, seed=2) as collector:
+        batch = collector.collect(Scripted())
+    seeds = set()
+    for traj in (t for group in batch.groups for t in group):
+        harness = RolloutHarness.local(PerTaskEnv(), chatml_tokenizer)
+        harness.reset(seed=traj.seed)
+        harness.step("call it")
+        harness.step("42")
+        assert traj.token_ids == harness.trajectory.token_ids and traj.rewards == [0.0, 1.0]
+        seeds.add(traj.seed % 2)
+    assert seeds == {0, 1}  # both framings met in one batch
+
+
+def test_env_check_shows_the_episodes_framing_in_text_and_through_the_template(tmp_path, capsys, monkeypatch):
+    from agilerl.cli.main import main
+
+    (tmp_path / "per_task.py").write_text(
+        "import sys\nsys.path.insert(0, %r)\nfrom test_harness import PerTaskEnv\n" % str(Path(__file__).parent)
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["env", "check", "per_task.py:PerTaskEnv", "--seed", "1", "--actions", "call it,42"]) == 0
+    text = capsys.readouterr().out
+    assert "[tools] lookup_1\n[system] You solve task 1.\n[user] Task 1: call the tool, then answer." in text
+    assert "[assistant] call it\n[tool] result of call it\n[assistant] 42\n[user] Checked." in text
+    assert main(["env", "check", "per_task.py:PerTaskEnv", "--seed", "1", "--actions", "call it,42", "--tokenizer", "tiny"]) == 0
+    templated = capsys.readouterr().out
+    assert '# Tools\n{"type": "function", "function": {"name": "lookup_1"' in templated
+    assert "<|im_start|>tool\nresult of call it<|im_end|>" in templated
+
+
+def test_a_template_without_a_tool_role_renders_the_tool_result_as_the_user(chatml_tokenizer):
+    no_tool_role = chatml_tokenizer.chat_template.replace(
+        "{%- for message in messages %}",
+        "{%- for message in messages %}{%- if message['role'] == 'tool' %}{{- raise_exception('no tool role') }}{%- endif %}",
+    )
+    tokenizer = _with_template(chatml_tokenizer, no_tool_role)
+    harness = RolloutHarness.local(PerTaskEnv(), tokenizer)
+    harness.reset(seed=0)
+    with pytest.warns(UserWarning, match="cannot render a 'tool' message"):
+        harness.step("call it")
+    harness.step("42")
+    messages, tools = _per_task_messages(0)
+    messages += [
+        {"role": "assistant", "content": "call it"},
+        {"role": "user", "content": "result of call it"},
+        {"role": "assistant", "content": "42"},
+        {"role": "user", "content": "Checked."},
+    ]
+    assert harness.trajectory.token_ids == _full_render(tokenizer, messages, tools=tools)
+
+
+@pytest.mark.parametrize(
+    ("info", "message"),
+    [
+        ({"tools": {"name": "x"}}, r"PerTaskEnv.reset\(\) info\['tools'\] must be a list of JSON-schema dicts"),
+        ({"system_prompt": 3}, r"info\['system_prompt'\] must be a str"),
+        ({"observation_role": ""}, r"info\['observation_role'\] must be a non-empty str"),
+    ],
+)
+def test_a_framing_of_the_wrong_type_is_an_error_naming_the_key_and_value(info, message, chatml_tokenizer):
+    from agilerl.errors import EnvProtocolError
+
+    env = PerTaskEnv()
+    env.reset = lambda seed=None: ("hi", info)
+    with pytest.raises(EnvProtocolError, match=message):
+        RolloutHarness.local(env, chatml_tokenizer).reset(seed=0)

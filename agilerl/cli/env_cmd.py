@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from agilerl.chat import EpisodeChat
 from agilerl.cli.args import json_object
 from agilerl.errors import InvalidArgument
 
@@ -126,21 +127,28 @@ class _TextPlayer:
 
         self.client = env if isinstance(env, EnvClient) else InProcessEnvClient(env)
         self.max_turns = max_turns
+        # the framing the harness gives an episode (EpisodeChat), so both transcripts agree
+        self.defaults = EpisodeChat(
+            system_prompt=_member(self.client, "system_prompt", str), tools=_member(self.client, "tools", list)
+        )
+        self.chat = self.defaults
+        self.name = getattr(self.client, "name", None) or type(self.client).__name__
         self.lines: list[str] = []
         self.turn = 0
 
     def reset(self, seed: int) -> None:
-        prompt, _ = self.client.reset(seed=seed)
-        system_prompt = getattr(self.client, "system_prompt", None)
-        if isinstance(system_prompt, str):
-            self.lines.append(f"[system] {system_prompt}")
-        self.lines.append(f"[user] {prompt}")
+        prompt, info = self.client.reset(seed=seed)
+        self.chat = self.defaults.for_episode(info, self.name)
+        if self.chat.tools:
+            self.lines.append(f"[tools] {', '.join(_tool_name(t) for t in self.chat.tools)}")
+        self.lines += [f"[{m.get('role')}] {m.get('content')}" for m in self.chat.opening(prompt, info)]
 
     def step(self, action: str) -> tuple[float, bool, bool]:
-        observation, reward, terminated, truncated, _ = self.client.step(action)
+        observation, reward, terminated, truncated, info = self.client.step(action)
         self.turn += 1
         truncated = truncated or (not terminated and self.turn >= self.max_turns)
-        self.lines += [f"[assistant] {action}", f"[user] {observation}"]
+        role = self.chat.role_for(info, self.name)
+        self.lines += [f"[assistant] {action}", f"[{role}] {observation}"]
         return reward, terminated, truncated
 
     def transcript(self) -> str:
@@ -148,6 +156,15 @@ class _TextPlayer:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _member(client: Any, name: str, kind: type) -> Any:
+    value = getattr(client, name, None)
+    return value if isinstance(value, kind) else None
+
+
+def _tool_name(tool: dict[str, Any]) -> str:
+    return str(tool.get("name") or (tool.get("function") or {}).get("name") or "?")
 
 
 class _TemplatedPlayer:

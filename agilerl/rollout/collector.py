@@ -235,10 +235,7 @@ class RolloutCollector:
         run.env_time_s += time.perf_counter() - t0
         answers = [(s, r) for s, r in zip(slots, results) if not isinstance(r, BaseException)]
         try:
-            if method == "reset":
-                self._warm(openings=[self._harness_of(s).opening_messages(*r) for s, r in answers])
-            else:
-                self._warm(observations=[(self._harness_of(s).observation_role, r[0]) for s, r in answers])
+            self._warm(method, answers)
         except Exception:  # only a speed-up: apply meets (and reports) the same error
             log.debug("batch tokenization failed; tokenizing answer by answer", exc_info=True)
         applied: dict[int, Any] = {}
@@ -257,9 +254,18 @@ class RolloutCollector:
                 self._replace(s)
         return applied
 
-    def _warm(self, **requests: Any) -> None:
-        if self._renderer is not None:
-            self._renderer.warm(**requests)
+    def _warm(self, method: str, answers: list[tuple[int, Any]]) -> None:
+        """Tokenize every answer's new text in one batch per renderer (one per tool set)."""
+        batches: dict[int, tuple[ChatRenderer, list[Any]]] = {}
+        for s, result in answers:
+            harness = self._harness_of(s)
+            if method == "reset":
+                renderer, item = harness.renderer_for(result[1]), harness.opening_messages(*result)
+            else:
+                renderer, item = harness.renderer, (harness.observation_role_for(result[4]), result[0])
+            batches.setdefault(id(renderer), (renderer, []))[1].append(item)
+        for renderer, items in batches.values():
+            renderer.warm(**{"openings" if method == "reset" else "observations": items})
 
     # -- env lifecycle ------------------------------------------------------------------------
 

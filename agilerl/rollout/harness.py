@@ -8,11 +8,12 @@ the same at turn 200 as at turn 1.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from agilerl.chat import ChatRenderer
+from agilerl.chat import ChatRenderer, EpisodeChat
 from agilerl.envs.client import EnvClient, InProcessEnvClient
 from agilerl.errors import HarnessStateError, InvalidArgument
 from agilerl.protocol import StepResult, require_max_turns
@@ -100,13 +101,20 @@ class RolloutHarness:
         self.client = env
         self.tokenizer = tokenizer
         self.max_turns = max_turns
-        self.system_prompt = system_prompt if system_prompt is not None else getattr(env, "system_prompt", None)
-        self.observation_role = observation_role
-        self.renderer = renderer or ChatRenderer(
-            tokenizer,
+        self.defaults = EpisodeChat(
+            system_prompt=system_prompt if system_prompt is not None else getattr(env, "system_prompt", None),
             tools=tools if tools is not None else getattr(env, "tools", None),
-            chat_template_kwargs=chat_template_kwargs,
+            observation_role=observation_role,
         )
+        """The framing of episodes whose reset info does not set their own (``EPISODE_CHAT_KEYS``)."""
+        self.chat = self.defaults
+        """The current episode's framing: ``defaults`` overridden by its reset info."""
+        self._renderers = renderer or ChatRenderer(
+            tokenizer, tools=self.defaults.tools, chat_template_kwargs=chat_template_kwargs
+        )
+        self.renderer = self._renderers
+        """The renderer of the current episode (its tools); ``renderer_for`` picks one per episode."""
+        self._unrendered_roles: set[str] = set()
         self._trajectory: Trajectory | None = None
         self._turn = 0
         self._done = True
@@ -172,7 +180,9 @@ class RolloutHarness:
         itself, e.g. for many envs at once."""
         self._check_open()
         prompt, info = result
-        ids = self.renderer.prompt_ids(self.opening_messages(prompt, info))
+        self.chat = self.defaults.for_episode(info, self._env_name)
+        self.renderer = self._renderers.with_tools(self.chat.tools)
+        ids = self.renderer.prompt_ids(self.chat.opening(prompt, info))
         self._trajectory = Trajectory(
             token_ids=ids,
             action_mask=[False] * len(ids),
@@ -221,7 +231,7 @@ class RolloutHarness:
         self._turn += 1
         truncated = truncated or (not terminated and self._turn >= self.max_turns)
         self._done = terminated or truncated
-        self._append_turn(action_ids, logprobs, observation)
+        self._append_turn(action_ids, logprobs, self.observation_role_for(info), observation)
         traj.rewards.append(reward)
         traj.terminated, traj.truncated = terminated, truncated
         return TokenView(traj.token_ids, len(traj.token_ids)), reward, terminated, truncated, info
@@ -243,21 +253,50 @@ class RolloutHarness:
             raise HarnessStateError("the harness is closed")
 
     def opening_messages(self, prompt: str, info: dict[str, Any]) -> list[dict[str, Any]]:
-        """The conversation a reset opens: the env's own ``info["messages"]``, else the system
-        prompt (if any) and ``prompt`` as the user's message."""
-        if info.get("messages"):
-            return info["messages"]
-        messages: list[dict[str, Any]] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": prompt})
-        return messages
+        """The conversation a reset of ``(prompt, info)`` opens (``EpisodeChat.opening``)."""
+        return self.defaults.for_episode(info, self._env_name).opening(prompt, info)
 
-    def _append_turn(self, action_ids: list[int], logprobs: Sequence[float] | None, observation: str) -> None:
+    def renderer_for(self, info: dict[str, Any]) -> ChatRenderer:
+        """The renderer an episode reset with ``info`` uses (one per tool set)."""
+        return self._renderers.with_tools(self.defaults.for_episode(info, self._env_name).tools)
+
+    def observation_role_for(self, info: dict[str, Any]) -> str:
+        """The role a step's observation is rendered in: its info's ``observation_role``, else the
+        episode's; ``"user"`` (warned once) where the chat template refuses that role."""
+        role = self.chat.role_for(info, self._env_name)
+        if role == "user" or self.renderer.renders_role(role):
+            return role
+        if role not in self._unrendered_roles:
+            self._unrendered_roles.add(role)
+            warnings.warn(
+                f"the chat template cannot render a {role!r} message after an answer: {self._env_name}'s "
+                f"{role} observations are rendered as user messages",
+                stacklevel=2,
+            )
+        return "user"
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The current episode's system prompt."""
+        return self.chat.system_prompt
+
+    @property
+    def observation_role(self) -> str:
+        """The current episode's observation role (a step's info may override it for one turn)."""
+        return self.chat.observation_role
+
+    @property
+    def _env_name(self) -> str:
+        name = getattr(self.client, "name", None)
+        return name if isinstance(name, str) else type(self.client).__name__
+
+    def _append_turn(
+        self, action_ids: list[int], logprobs: Sequence[float] | None, role: str, observation: str
+    ) -> None:
         """Append the completion, the template's turn close, the observation and the next opening."""
         traj = self.trajectory
         renderer = self.renderer
-        tail = renderer.turn_tail_ids(self.observation_role, observation, final=self._done)
+        tail = renderer.turn_tail_ids(role, observation, final=self._done)
         if action_ids and action_ids[-1] == renderer.end_of_turn_id and tail and tail[0] == action_ids[-1]:
             tail = tail[1:]  # the model already closed its turn
         turn = self._turn - 1
