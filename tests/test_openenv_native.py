@@ -192,7 +192,8 @@ def test_a_manifest_entrypoint_with_adapter_options(side_python: Path, envs_dir:
           env_type: rollout
           entrypoint: envs.py:WordEnv
           max_turns: 3
-          env_config: {secret: plum, observation_field: letters}
+          observation_field: letters
+          env_config: {secret: plum}
     '''))
     done = run_agilerl(side_python, "env", "check", "manifest.yaml", "--actions", "grape,plum", "--json", cwd=envs_dir)
     assert done.returncode == 0, done.stderr
@@ -201,12 +202,13 @@ def test_a_manifest_entrypoint_with_adapter_options(side_python: Path, envs_dir:
         import json
         from agilerl.envs.entrypoints import entrypoint_factory
 
-        letters = entrypoint_factory("envs.py:WordEnv", {"observation_field": "letters"})()
+        letters = entrypoint_factory("envs.py:WordEnv", observation_field="letters")()
         errors = []
-        for name, config in [("WordEnv", {"action_field": "guess"}), ("NoteEnv", {"action_field": "note"})]:
+        for name, config, options in [("WordEnv", {}, {"action_field": "guess"}), ("NoteEnv", {}, {"action_field": "note"}),
+                                      ("WordEnv", {"secret": "fig", "action_field": "word"}, {})]:
             try:
-                entrypoint_factory(f"envs.py:{name}", config)
-            except ValueError as exc:  # OpenEnvAdapterError, raised before any env is built
+                entrypoint_factory(f"envs.py:{name}", config, **options)
+            except ValueError as exc:  # OpenEnvAdapterError/InvalidArgument, raised before any env is built
                 errors.append(str(exc))
         print(json.dumps({"letters": letters.step("grape")[0], "errors": errors}))
     ''', envs_dir)
@@ -215,6 +217,9 @@ def test_a_manifest_entrypoint_with_adapter_options(side_python: Path, envs_dir:
         "action_field 'guess': WordAction has no such field (its fields: word); set action_field to one of them.",
         "NoteAction also requires word, but the model's text fills one field ('note'); give them defaults, "
         "or write a small text env around this one.",
+        "env_config.action_field: env_config holds WordEnv's own arguments and it takes no action_field; the "
+        "adapter's options are fields of the manifest's environment: section (action_field: word), keywords of "
+        "entrypoint_factory(), or --action-field for agilerl env check.",
     ]
 
 
@@ -236,8 +241,8 @@ def test_an_mcp_env_steps_through_its_tool(side_python: Path, envs_dir: Path) ->
         from agilerl.envs.entrypoints import entrypoint_factory
 
         env = entrypoint_factory("envs.py:CalcEnv")()  # one tool, one argument: both found
-        named = entrypoint_factory("envs.py:CalcEnv", {"mcp_tool": "run", "action_field": "code"})()
-        wrong = entrypoint_factory("envs.py:CalcEnv", {"mcp_tool": "eval"})()
+        named = entrypoint_factory("envs.py:CalcEnv", mcp_tool="run", action_field="code")()
+        wrong = entrypoint_factory("envs.py:CalcEnv", mcp_tool="eval")()
         wrong.reset()
         try:
             wrong.step("1")

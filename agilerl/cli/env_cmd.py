@@ -39,38 +39,69 @@ def add_parser(subparsers: Any) -> None:
         help="Show the transcript as the model sees it, chat template and all: a registered model "
         "('tiny') or a tokenizer folder / hub id (needs the [train] extra). Default: plain text.",
     )
+    check.add_argument(
+        "--strict", action="store_true",
+        help="Warnings are problems too (an OpenEnv env whose reset ignores the seed fails).",
+    )
+    adapter = check.add_argument_group(
+        "OpenEnv envs", "How the model's text reaches an OpenEnv env and its observation reads as "
+        "text (the manifest's environment fields of the same names)."
+    )
+    for option, meaning in (
+        ("action_field", "the Action field (or MCP tool argument) the text fills"),
+        ("observation_field", "dotted path of the observation's text"),
+        ("observation_processor", "a processor (registered, module:attr, file.py:attr) making the text"),
+        ("mcp_tool", "an MCP env's tool each step calls"),
+        ("action_type", "module:attr of the env's Action class, when nothing names it"),
+    ):
+        adapter.add_argument(f"--{option.replace('_', '-')}", dest=option, metavar="VALUE", help=meaning)
     check.add_argument("--json", action="store_true", help="Print a JSON summary instead.")
     check.set_defaults(handler=_check)
+
+
+_SPEC_FLAGS = ("max_turns", "action_field", "observation_field", "observation_processor", "mcp_tool", "action_type")
+CHECK_TURNS = 5
+"""Turns an episode plays when neither the env nor the flags give a budget."""
 
 
 def _spec_for(args: argparse.Namespace) -> tuple[Any, Path | None]:
     from agilerl.manifest.spec import load_manifest, parse_env_spec
 
+    flags = {name: getattr(args, name) for name in _SPEC_FLAGS if getattr(args, name) is not None}
     path = Path(args.source)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         manifest = load_manifest(path)
-        spec = manifest.environment
-        if args.max_turns is not None:
-            spec = spec.model_copy(update={"max_turns": args.max_turns})
-        return spec, manifest.base_dir
+        fields = manifest.environment.model_dump(by_alias=True, exclude_unset=True)
+        return parse_env_spec({**fields, **flags}), manifest.base_dir
     fields = {"env_type": "rollout", "entrypoint": args.source, "env_config": args.env_config}
-    if args.max_turns is not None:
-        fields["max_turns"] = args.max_turns
-    return parse_env_spec(fields), None
+    return parse_env_spec({**fields, **flags}), None
+
+
+def _turn_budget(spec: Any, factory: Any, summary: dict[str, Any]) -> int:
+    """The spec's or the env's max_turns; else a short one for the check (a manifest must set it)."""
+    from agilerl.errors import AgileRLError
+    from agilerl.factory import resolve_max_turns
+
+    try:
+        return resolve_max_turns(spec, factory)
+    except AgileRLError:  # no budget anywhere: play a short episode, and say so
+        summary["notes"].append(f"played {CHECK_TURNS} turns an episode; --max-turns N to change")
+        return CHECK_TURNS
 
 
 def _check(args: argparse.Namespace) -> int:
     from agilerl.envs.checker import check_env
-    from agilerl.factory import make_env_factory, resolve_max_turns
+    from agilerl.factory import make_env_factory
 
     if args.episodes < 0:
         raise InvalidArgument(f"--episodes must be >= 0, got {args.episodes}")
     spec, base_dir = _spec_for(args)
     factory = make_env_factory(spec, base_dir=base_dir)
-    report = check_env(factory(), seed=args.seed, raise_on_error=False)
+    report = check_env(factory(), seed=args.seed, raise_on_error=False, strict=args.strict)
     summary: dict[str, Any] = {
         "env": report.env_name,
         "problems": report.problems,
+        "warnings": report.warnings,
         "notes": report.notes,
         "episodes": 0,
         "turns": [],
@@ -80,7 +111,7 @@ def _check(args: argparse.Namespace) -> int:
         "errors": [],
     }
     if report.ok and args.episodes:
-        max_turns = resolve_max_turns(spec, factory)
+        max_turns = _turn_budget(spec, factory, summary)
         tokenizer = _load_tokenizer(args.tokenizer, base_dir) if args.tokenizer else None
         policy = _policy(args)
         for episode in range(args.episodes):
@@ -222,6 +253,8 @@ def _print_report(summary: dict[str, Any]) -> None:
     print(f"env {summary['env']}: {status}")
     for p in summary["problems"]:
         print(f"  problem: {p}")
+    for w in summary["warnings"]:
+        print(f"  warning: {w}")
     for n in summary["notes"]:
         print(f"  note: {n}")
     for e in summary["errors"]:

@@ -6,16 +6,19 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from agilerl.envs.openenv_native import OpenEnvTextEnv
 from agilerl.errors import EnvCheckError
 from agilerl.protocol import close_env, max_turns_problem, reset_problems, step_problems
 
 
 @dataclass
 class CheckReport:
-    """What ``check_env`` found: problems break the protocol, notes are worth knowing."""
+    """What ``check_env`` found: problems break the protocol, warnings are likely mistakes that
+    some envs make on purpose (``strict`` makes them problems), notes are worth knowing."""
 
     env_name: str
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -23,8 +26,13 @@ class CheckReport:
         return not self.problems
 
 
-def check_env(env: Any, *, seed: int = 0, action: str = "1", raise_on_error: bool = True) -> CheckReport:
-    """Run one reset (twice, for reproducibility) and one step, and check every shape and type."""
+def check_env(
+    env: Any, *, seed: int = 0, action: str = "1", raise_on_error: bool = True, strict: bool = False
+) -> CheckReport:
+    """Run one reset (twice, for reproducibility) and one step, and check every shape and type.
+
+    An OpenEnv env need not honour seeds (OpenEnv does not ask it to): a reset that does not
+    reproduce is a warning for one, unless ``strict``; for a text env it is a problem."""
     report = CheckReport(type(env).__name__)
     problems = report.problems
     for name in ("reset", "step"):
@@ -33,14 +41,22 @@ def check_env(env: Any, *, seed: int = 0, action: str = "1", raise_on_error: boo
     if problems:
         return _finish(report, raise_on_error)
     _check_optional_members(env, report)
+    if isinstance(env, OpenEnvTextEnv) and not env.takes_seed:
+        report.notes.append("reset() takes no seed: OpenEnv allows that, but episodes cannot be replayed by seed")
     first = _call(report, "reset", env.reset, seed=seed)
     if first is not None and _check_reset_result(first, report):
         again = _call(report, "reset (second time, same seed)", env.reset, seed=seed)
         if again is not None and isinstance(again, tuple) and again[:1] != first[:1]:
-            problems.append(
-                f"reset(seed={seed}) is not reproducible: two calls gave different prompts "
-                f"({first[0]!r:.60} vs {again[0]!r:.60}); seed your random generator from `seed`"
+            openenv = isinstance(env, OpenEnvTextEnv)
+            fix = (
+                "its reset() takes no seed" if openenv and not env.takes_seed
+                else "seed your random generator from `seed`"
             )
+            found = (
+                f"reset(seed={seed}) is not reproducible: two calls gave different prompts "
+                f"({first[0]!r:.60} vs {again[0]!r:.60}); {fix}"
+            )
+            (report.warnings if openenv and not strict else problems).append(found)
         result = _call(report, f"step({action!r})", env.step, action)
         if result is not None:
             _check_step_result(result, report)
