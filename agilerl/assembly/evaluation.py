@@ -294,8 +294,9 @@ class _Transcript:
 
     def add(self, action: str, result: StepResult) -> None:
         self.messages.append({"role": "assistant", "content": action})
-        observation, reward, terminated, truncated, _ = result
-        self.messages.append({"role": "user", "content": observation, "reward": reward})
+        observation, _, terminated, truncated, _ = result
+        if observation or not (terminated or truncated):  # an empty last word is no message
+            self.messages.append({"role": "user", "content": observation})
 
 
 class _Recorded(EnvClient):

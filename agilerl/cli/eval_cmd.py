@@ -84,7 +84,7 @@ def _eval(args: argparse.Namespace) -> int:
         temperature=temperature, top_p=args.top_p, top_k=args.top_k,
         max_new_tokens=args.max_new_tokens or (training.max_new_tokens if training else DEFAULT_MAX_NEW_TOKENS),
     )
-    label = {"model": model_name, "backend": backend, "env": env_label}
+    label = {"model": model_name, "backend": backend, "env": env_label, "env_config": spec.env_config}
     output = Path(args.output or Path("evals") / f"{_slug(env_label)}--{_slug(model_name)}.jsonl")
     plan = EvalPlan(
         output=output, num_tasks=args.num_tasks,

