@@ -8,7 +8,9 @@ calls at once.
   ``ThreadPoolExecutor`` plus ``asyncio.wrap_future`` costs a condition variable, two futures and
   a loop wakeup per call; this hands results back with one wakeup per burst.
 - ``EnvCaller``: how an async caller (the env server, an in-process client's ``a*`` methods) runs an
-  env: a sync method on worker threads (never inline on the loop), an ``async def`` one awaited.
+  env: a sync method on worker threads (never inline on the loop), an ``async def`` one awaited;
+  ``EnvCaller.own_thread()`` gives one env (one server session) a thread of its own, so an env
+  bound to the thread that built it (sqlite, Playwright's sync API) works.
 - ``LoopThread`` and ``shared_loop()``: an event loop on its own thread; one per process for all
   remote clients, one per env server.
 - ``run_in_threads`` / ``run_on_loop``: one call per env at once, each bounded by a timeout.
@@ -61,8 +63,14 @@ class WorkerThreads:
             self._free -= 1
         self._queue.put(task)
 
+    @property
+    def idle(self) -> bool:
+        """True when a worker is free and no task waits (a new task starts at once)."""
+        return self._free > 0
+
     def shutdown(self) -> None:
-        """Let idle workers exit; one stuck in a call exits when the call returns."""
+        """Let idle workers exit once the tasks already queued ran; one stuck in a call exits when
+        the call returns."""
         with self._lock:
             self._closed = True
             workers, self._workers = self._workers, 0
@@ -75,8 +83,15 @@ class WorkerThreads:
         threading.Thread(target=self._work, name=f"{self._name}-{self._workers}", daemon=True).start()
 
     def _work(self) -> None:
-        while (task := self._queue.get()) is not None:
+        get = self._queue.get
+        while True:
+            task = get()
+            if task is None:
+                return
             task()
+            # Drop the task before waiting for the next: an idle worker holding its last task
+            # would keep that call's env (and whatever it allocated) alive after it is closed.
+            task = None
             with self._lock:
                 self._free += 1
 
@@ -93,6 +108,13 @@ class LoopCalls:
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on a worker thread; call on this object's loop."""
+        return await self.run_on(self._threads, fn, args, kwargs)
+
+    async def run_on(
+        self, threads: WorkerThreads, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``fn(*args, **kwargs)`` on one of ``threads``; results of every pool come back in the
+        same bursts (one loop wakeup for many)."""
         future = self.loop.create_future()
 
         def task() -> None:
@@ -109,7 +131,8 @@ class LoopCalls:
                 except RuntimeError:  # the loop is closed: nobody is waiting any more
                     pass
 
-        self._threads.submit(task)
+        threads.submit(task)
+        del task  # the worker holds the only reference: it is freed once it ran
         return await future
 
     def _deliver(self) -> None:
@@ -156,10 +179,30 @@ class EnvCaller:
     the loop and must not block it (that is the env's contract, as for any asyncio code).
     """
 
-    def __init__(self, threads: WorkerThreads) -> None:
+    def __init__(self, threads: WorkerThreads, *, shares: EnvCaller | None = None) -> None:
         self._threads = threads
+        self._root = shares or self  # whose LoopCalls (and async-ness memo) this caller uses
         self._calls: LoopCalls | None = None
-        self._is_async: dict[Any, bool] = {}
+        self._is_async: dict[Any, bool] = self._root._is_async if shares else {}
+
+    def own_thread(self, name: str) -> EnvCaller:
+        """A caller whose sync calls all run on one new thread of its own (OpenEnv gives each
+        session one executor thread); finished calls still reach the loop in this caller's
+        bursts. ``release()`` lets the thread exit after the calls already queued."""
+        return EnvCaller(WorkerThreads(name, max_workers=1), shares=self._root)
+
+    @property
+    def idle(self) -> bool:
+        """True when a sync call would start at once (no call of this caller's is stuck)."""
+        return self._threads.idle
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on this caller's thread and wait for nothing; it must not raise."""
+        self._threads.submit(partial(fn, *args))
+
+    def release(self) -> None:
+        """Let this caller's threads exit once the calls already queued ran (see ``own_thread``)."""
+        self._threads.shutdown()
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``: awaited on this loop when ``async def``, else on a worker
@@ -175,10 +218,11 @@ class EnvCaller:
     async def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on a worker thread, always; an awaitable result is awaited here."""
         loop = asyncio.get_running_loop()
-        calls = self._calls  # one read: another loop's thread may swap it meanwhile
+        root = self._root
+        calls = root._calls  # one read: another loop's thread may swap it meanwhile
         if calls is None or calls.loop is not loop:
-            calls = self._calls = LoopCalls(self._threads, loop)
-        result = await calls.run(fn, *args, **kwargs)
+            calls = root._calls = LoopCalls(root._threads, loop)
+        result = await calls.run_on(self._threads, fn, args, kwargs)
         if type(result) is not tuple and inspect.isawaitable(result):
             result = await result
         return result

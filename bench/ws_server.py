@@ -11,7 +11,13 @@ less per step than any server and the servers, not the client, set the pace. Whe
 all processes run at nice -10 so other jobs on the machine disturb the latencies less. Prints steps/s and p99 latency per server (medians over interleaved rounds)
 and the ratios against openenv-core and the echo ceiling.
 
-    python bench/ws_server.py [--seconds 3] [--rounds 3] [--sessions 1,16,64,256]
+The MCP case (``--cases mcp``) serves an MCP env shaped like OpenEnv's echo env (an
+``MCPEnvironment`` with an ``echo_message`` tool; every step is a ``call_tool``) by ``agilerl
+serve`` and by openenv-core, both from ``.venv-openenv``, and measures the same env stepped in
+process (``await env.step_async(...)`` inside one held ``mcp_session()`` per env, N envs on one
+event loop pinned to the server CPU): the env's own rate, with no server at all.
+
+    python bench/ws_server.py [--seconds 3] [--rounds 3] [--sessions 1,16,64,256] [--cases sync,mcp]
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ _CPUS = sorted(os.sched_getaffinity(0))
 # a container's CPU ids need not start at 0). With a single CPU nothing is pinned.
 SERVER_CPU, CLIENT_CPU = (_CPUS[0], _CPUS[1]) if len(_CPUS) > 1 else (None, None)
 STEP_FRAME = json.dumps({"type": "step", "data": {"message": "ping"}})
+MCP_STEP_FRAME = json.dumps({"type": "step", "data": {
+    "type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "ping"}}})
 RESET_FRAME = json.dumps({"type": "reset", "data": {"seed": 0}})
 
 
@@ -87,6 +95,77 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 '''
 
 
+MCP_ENV = '''
+from fastmcp import FastMCP
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.types import Observation, State
+
+
+class EchoMcpEnv(MCPEnvironment):
+    """OpenEnv's echo env, reduced: one echo_message tool."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self):
+        mcp = FastMCP("echo")
+
+        @mcp.tool
+        def echo_message(message: str) -> str:
+            """Echo the message back."""
+            return message
+
+        super().__init__(mcp)
+        self._state = State(step_count=0)
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self._state = State(step_count=0)
+        return Observation(done=False, reward=0.0)
+
+    def _step_impl(self, action, timeout_s=None, **kwargs):
+        return Observation(done=False, metadata={"error": "unknown action"})
+
+    @property
+    def state(self):
+        return self._state
+'''
+
+OPENENV_MCP_SERVER = '''
+import sys, uvicorn
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+from mcp_echo_env import EchoMcpEnv
+
+app = create_app(EchoMcpEnv, CallToolAction, CallToolObservation, max_concurrent_envs=int(sys.argv[2]))
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+'''
+
+IN_PROCESS_MCP = '''
+import asyncio, sys, time
+from openenv.core.env_server.mcp_types import CallToolAction
+from mcp_echo_env import EchoMcpEnv
+
+sessions, seconds, warmup = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+action = CallToolAction(tool_name="echo_message", arguments={"message": "ping"})
+
+async def one(env, measure_from, stop_at):
+    steps = 0
+    async with env.mcp_session():
+        env.reset()
+        while (now := time.perf_counter()) < stop_at:
+            await env.step_async(action)
+            steps += now >= measure_from
+    return steps
+
+async def main():
+    envs = [EchoMcpEnv() for _ in range(sessions)]
+    start = time.perf_counter()
+    steps = await asyncio.gather(*(one(e, start + warmup, start + warmup + seconds) for e in envs))
+    print(sum(steps) / seconds)
+
+asyncio.run(main())
+'''
+
+
 def echo_server(port: int, step_latency_s: float = 0.0) -> None:
     """A bare aiohttp WebSocket server answering each frame with a fixed observation frame (a
     step frame after ``step_latency_s``: bench/collector.py's floor for a slow env)."""
@@ -134,20 +213,31 @@ def _raise_priority() -> list[str]:
 _PRIORITY: list[str] = []
 
 
-def _start(name: str, max_sessions: int) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+def _pin() -> list[str]:
     pinned = SERVER_CPU is not None and shutil.which("taskset")
-    pin = (["taskset", "-c", str(SERVER_CPU)] if pinned else []) + _PRIORITY
-    if name in ("agilerl", "agilerl-async"):
-        env = "TrivialEnv" if name == "agilerl" else "AsyncTrivialEnv"
-        cmd = [sys.executable, "-m", "agilerl", "serve", f"{__file__}:{env}", "--port", str(port),
-               "--max-concurrent-envs", str(max_sessions)]
-    elif name == "openenv-core":
-        cmd = [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions)]
-    else:
-        cmd = [sys.executable, __file__, "--echo-server", str(port)]
+    return (["taskset", "-c", str(SERVER_CPU)] if pinned else []) + _PRIORITY
+
+
+def _command(name: str, port: int, max_sessions: int, mcp_dir: Path) -> list[str]:
+    serve = ["-m", "agilerl", "serve", "--port", str(port), "--max-concurrent-envs", str(max_sessions)]
+    commands = {
+        "agilerl": [sys.executable, *serve, f"{__file__}:TrivialEnv"],
+        "agilerl-async": [sys.executable, *serve, f"{__file__}:AsyncTrivialEnv"],
+        "openenv-core": [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions)],
+        "aiohttp-echo": [sys.executable, __file__, "--echo-server", str(port)],
+        # the MCP env needs openenv-core, so both of its servers run from its venv
+        "agilerl-mcp": [str(OPENENV_PYTHON), *serve, str(mcp_dir / "mcp_echo_env.py:EchoMcpEnv")],
+        "openenv-mcp": [str(OPENENV_PYTHON), "-c", OPENENV_MCP_SERVER, str(port), str(max_sessions)],
+    }
+    return commands[name]
+
+
+def _start(name: str, max_sessions: int, mcp_dir: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
     log = tempfile.TemporaryFile()  # a pipe could fill up and stall the server
-    proc = subprocess.Popen(pin + cmd, stdout=subprocess.DEVNULL, stderr=log)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(mcp_dir), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(_pin() + _command(name, port, max_sessions, mcp_dir), stdout=subprocess.DEVNULL,
+                            stderr=log, env=env, cwd=mcp_dir)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -234,10 +324,10 @@ async def _open(host: str, port: int) -> _RawSession:
     return session
 
 
-async def _load(url: str, sessions: int, seconds: float, warmup: float) -> tuple[float, float, float]:
+async def _load(url: str, sessions: int, seconds: float, warmup: float, step_frame: str = STEP_FRAME) -> tuple[float, float, float]:
     """N sessions stepping back to back; returns (steps/s, p50 ms, p99 ms) after the warm-up."""
     host, port = url.removeprefix("http://").split(":")
-    step, reset, close = (_client_frame(f) for f in (STEP_FRAME, RESET_FRAME, '{"type":"close"}'))
+    step, reset, close = (_client_frame(f) for f in (step_frame, RESET_FRAME, '{"type":"close"}'))
     conns = [await _open(host, int(port)) for _ in range(sessions)]
     for conn in conns:
         await conn.request(reset)
@@ -268,11 +358,64 @@ async def _load(url: str, sessions: int, seconds: float, warmup: float) -> tuple
     return total / seconds, pick(0.5), pick(0.99)
 
 
+CASES = {  # case: (its servers, the baseline the ratios are against, the step frame)
+    "sync": (("openenv-core", "agilerl", "agilerl-async", "aiohttp-echo"), "openenv-core", STEP_FRAME),
+    "mcp": (("openenv-mcp", "agilerl-mcp"), "openenv-mcp", MCP_STEP_FRAME),
+}
+
+
+def _in_process_mcp(sessions: int, seconds: float, warmup: float, mcp_dir: Path) -> float:
+    """The MCP env's own steps/s: N envs on one event loop, pinned like a server, no server."""
+    cmd = _pin() + [str(OPENENV_PYTHON), "-c", IN_PROCESS_MCP, str(sessions), str(seconds), str(warmup)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=mcp_dir, check=True,
+                          env={**os.environ, "PYTHONPATH": str(mcp_dir)})
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def _run_case(case: str, levels: list[int], args: argparse.Namespace, mcp_dir: Path) -> None:
+    servers, baseline, frame = CASES[case]
+    started = {name: _start(name, max(levels) + 8, mcp_dir) for name in servers}
+    runs: dict[str, dict[int, list[tuple[float, float, float]]]] = {name: {n: [] for n in levels} for name in servers}
+    in_process: dict[int, list[float]] = {n: [] for n in levels}
+    try:  # interleaved rounds, median kept: other load on the machine hits all servers alike
+        for n in levels:
+            for _ in range(args.rounds):
+                for name in servers:
+                    runs[name][n].append(asyncio.run(_load(started[name][1], n, args.seconds, args.warmup, frame)))
+                if case == "mcp":
+                    in_process[n].append(_in_process_mcp(n, args.seconds, args.warmup, mcp_dir))
+    finally:
+        for proc, _ in started.values():
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    results = {
+        name: {n: tuple(statistics.median(r[i] for r in rounds) for i in range(3)) for n, rounds in by_level.items()}
+        for name, by_level in runs.items()
+    }
+    ceiling = "aiohttp-echo" if case == "sync" else "in-process"
+    print(f"\n{case} case: ratios against {baseline} and {ceiling}, medians of {args.rounds} rounds")
+    print(f"{'sessions':>8} {'server':>13} {'steps/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'x ' + baseline:>14} {'base p99 / p99':>15} {'of ' + ceiling:>16}")
+    for n in levels:
+        base_rate, _, base_p99 = results[baseline][n]
+        top = results["aiohttp-echo"][n][0] if case == "sync" else statistics.median(in_process[n])
+        for name in servers:
+            rate, p50, p99 = results[name][n]
+            print(f"{n:>8} {name:>13} {rate:>9.0f} {p50:>7.2f} {p99:>7.2f} "
+                  f"{rate / base_rate:>14.2f} {base_p99 / p99:>15.2f} {rate / top:>15.0%}")
+        if case == "mcp":
+            print(f"{n:>8} {'in-process':>13} {top:>9.0f} {'':>7} {'':>7} {top / base_rate:>14.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--sessions", default="1,16,64,256")
+    parser.add_argument("--cases", default="sync,mcp", help="sync (text envs), mcp (an OpenEnv MCP env).")
     parser.add_argument("--rounds", type=int, default=3, help="Runs per level; medians are shown.")
     parser.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--echo-step-latency-ms", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -287,34 +430,10 @@ def main() -> None:
         os.sched_setaffinity(0, {CLIENT_CPU})
     _PRIORITY[:] = _raise_priority()
     levels = [int(n) for n in args.sessions.split(",")]
-    servers = ("openenv-core", "agilerl", "agilerl-async", "aiohttp-echo")
-    started = {name: _start(name, max(levels) + 8) for name in servers}
-    runs: dict[str, dict[int, list[tuple[float, float, float]]]] = {name: {n: [] for n in levels} for name in servers}
-    try:  # interleaved rounds, median kept: other load on the machine hits all servers alike
-        for n in levels:
-            for _ in range(args.rounds):
-                for name in servers:
-                    runs[name][n].append(asyncio.run(_load(started[name][1], n, args.seconds, args.warmup)))
-    finally:
-        for proc, _ in started.values():
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    results = {
-        name: {n: tuple(statistics.median(r[i] for r in rounds) for i in range(3)) for n, rounds in by_level.items()}
-        for name, by_level in runs.items()
-    }
-    print(f"{'sessions':>8} {'server':>13} {'steps/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'x openenv steps/s':>18} {'openenv p99 / p99':>18} {'of echo steps/s':>16}")
-    for n in levels:
-        base_rate, _, base_p99 = results["openenv-core"][n]
-        echo_rate = results["aiohttp-echo"][n][0]
-        for name in servers:
-            rate, p50, p99 = results[name][n]
-            print(f"{n:>8} {name:>13} {rate:>9.0f} {p50:>7.2f} {p99:>7.2f} "
-                  f"{rate / base_rate:>18.2f} {base_p99 / p99:>18.2f} {rate / echo_rate:>15.0%}")
+    with tempfile.TemporaryDirectory() as mcp_dir:
+        (Path(mcp_dir) / "mcp_echo_env.py").write_text(MCP_ENV)
+        for case in args.cases.split(","):
+            _run_case(case, levels, args, Path(mcp_dir))
 
 
 if __name__ == "__main__":

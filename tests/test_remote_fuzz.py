@@ -38,7 +38,7 @@ frames = st.one_of(
     st.binary(max_size=40),
 )
 
-REPLY_TYPES = {"observation", "state", "error"}
+REPLY_TYPES = {"observation", "state", "error", "mcp"}
 
 
 class RawSession:

@@ -172,6 +172,8 @@ def test_our_client_drives_an_openenv_mcp_env(openenv_server: object) -> None:
 
 
 def test_openenv_generic_client_drives_our_server(openenv_python: Path, tmp_path: Path) -> None:
+    """openenv's GenericEnvClient plays a text env: the env's info (here the answer) never
+    reaches it, and a reply it JSON-parsed into a number or a bool is taken as its text."""
     env_cls = fresh_env_class()
     script = tmp_path / "generic_client.py"
     script.write_text(textwrap.dedent('''
@@ -180,12 +182,13 @@ def test_openenv_generic_client_drives_our_server(openenv_python: Path, tmp_path
 
         with GenericEnvClient(base_url=sys.argv[1]).sync() as env:
             first = env.reset(seed=5)
-            step = env.step({"message": "hi"})
+            step = env.step({"message": 7})
+            flag = env.step({"message": True})
             last = env.step({"message": "win"})
             state = env.state()
         print(json.dumps({
             "reset": first.observation, "step": [step.observation, step.reward, step.done],
-            "last": [last.observation, last.reward, last.done], "state": state,
+            "flag": flag.observation, "last": [last.observation, last.reward, last.done], "state": state,
         }))
     '''))
     url, server = resolve_env(env_cls, {"max_turns": 5})
@@ -193,8 +196,14 @@ def test_openenv_generic_client_drives_our_server(openenv_python: Path, tmp_path
         done = subprocess.run([str(openenv_python), str(script), url], check=False, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr[-3000:]
         seen = json.loads(done.stdout.strip().splitlines()[-1])
-        assert seen["reset"] == {"text": "start 5", "truncated": False, "metadata": {"seed": 5}}
-        assert seen["step"] == [{"text": "HI", "truncated": False, "metadata": {"turn": 1}}, 0.5, False]
-        assert seen["last"] == [{"text": "WIN", "truncated": False, "metadata": {"turn": 2}}, 0.5, True]
-        assert seen["state"]["step_count"] == 2 and seen["state"]["turn"] == 2
+        assert seen["reset"] == {"text": "start 5", "truncated": False}  # no metadata: the seed stays home
+        assert seen["step"] == [{"text": "7", "truncated": False}, 0.5, False]
+        assert seen["flag"] == {"text": "TRUE", "truncated": False}
+        assert seen["last"] == [{"text": "WIN", "truncated": False}, 0.5, True]
+        assert seen["state"]["step_count"] == 3 and seen["state"]["turn"] == 3
         assert_all_closed_once(server, env_cls, built=1)
+    # our own client asks for the info through the protocol (/ws?metadata=1), and gets it
+    url, server = resolve_env(env_cls, {"max_turns": 5})
+    with server, RemoteEnvClient(url) as client:
+        assert client.reset(seed=5) == ("start 5", {"seed": 5})
+        assert client.step("hi")[4] == {"turn": 1}

@@ -94,12 +94,12 @@ def assert_all_closed_once(server: Any, env_cls: type[CountedEnv], built: int | 
         assert len(closes) == built
 
 
-async def raw_exchange(url: str, frames: list[str], **ws_options: Any) -> tuple[list[Any], Any]:
+async def raw_exchange(url: str, frames: list[str], path: str = "/ws", **ws_options: Any) -> tuple[list[Any], Any]:
     """Send frames one by one over a bare socket; return the replies and the close code
     (None when the server left the socket open)."""
     replies: list[Any] = []
     async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(url + "/ws", **ws_options) as ws:
+        async with http.ws_connect(url + path, **ws_options) as ws:
             for frame in frames:
                 await ws.send_str(frame)
                 msg = await ws.receive(timeout=10)
@@ -242,7 +242,7 @@ def test_bad_frames_get_error_frames_and_the_session_goes_on(env_cls: type[Count
         "{not json",
         '{"type": "dance"}',
         '{"data": {}}',
-        '{"type": "step", "data": {"message": 3}}',
+        '{"type": "step", "data": {"message": ["not", "text"]}}',
         '{"type": "step", "data": {"message": "before reset is fine for this env"}}',
         '{"type": "reset", "data": {"seed": 3}}',
         '{"type": "state"}',
@@ -254,7 +254,8 @@ def test_bad_frames_get_error_frames_and_the_session_goes_on(env_cls: type[Count
         assert codes[:4] == ["INVALID_JSON", "UNKNOWN_TYPE", "UNKNOWN_TYPE", "VALIDATION_ERROR"]
         assert replies[3]["data"]["message"].startswith("invalid message: data.message:")
         assert replies[4]["type"] == "observation"
-        assert replies[5]["data"]["observation"] == {"text": "start 3", "truncated": False, "metadata": {"seed": 3}}
+        # a client that did not ask for info (no ?metadata=1) never sees it
+        assert replies[5]["data"]["observation"] == {"text": "start 3", "truncated": False}
         assert replies[6]["type"] == "state"
         assert close_code == 1000
         assert_all_closed_once(server, env_cls, built=1)

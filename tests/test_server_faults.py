@@ -182,7 +182,7 @@ def test_a_hung_env_call_delays_neither_health_nor_other_sessions_nor_stop(env_c
 
 
 def _in_call(server: RunningServer) -> bool:
-    return any(session.busy for session in server.server._sessions)
+    return any(link.busy for link in server.server._links)
 
 
 # -- 3. request_timeout_s ----------------------------------------------------------------------

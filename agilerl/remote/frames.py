@@ -2,9 +2,11 @@
 
 Server side: client frames are validated straight from the raw text (pydantic parses the JSON),
 so one call tells a malformed frame (INVALID_JSON), an unknown ``type`` (UNKNOWN_TYPE) and bad
-fields (VALIDATION_ERROR) apart. Replies are built as plain dicts and encoded with
-``pydantic_core``: values JSON cannot hold (objects in ``info``, NaN) become strings or null
-instead of failing.
+fields (VALIDATION_ERROR) apart. Replies are built as plain dicts (the HTTP routes send their
+``data``) and encoded with ``pydantic_core``: values JSON cannot hold (objects in ``info``, NaN)
+become strings or null instead of failing. The env's ``info`` rides in the observation's
+``metadata`` only for a session that asked for it (``/ws?metadata=1``): OpenEnv's server keeps
+``metadata`` off the wire, and a generic client shows the whole observation to the model.
 
 Client side: ``reset_frame``/``step_frame``/``STATE_FRAME``/``CLOSE_FRAME`` build requests;
 ``parse_reply`` and ``read_observation`` read any OpenEnv server's replies leniently
@@ -17,7 +19,7 @@ from enum import Enum
 from typing import Annotated, Any, Literal, NamedTuple
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agilerl.protocol import reset_kwargs
 
@@ -45,8 +47,18 @@ class ResetData(_Lenient):
     evaluation: bool | None = Field(default=None, description="Dataset envs: draw from the test split.")
 
 
+def _scalar_as_text(value: Any) -> Any:
+    """A number or bool stands for the text it was parsed from: clients that JSON-parse the
+    model's reply (verifiers' openenv taskset) send ``"7"`` as ``7``."""
+    if isinstance(value, (bool, int, float)):
+        return encode(value).decode()
+    return value
+
+
 class StepData(_Lenient):
-    message: str = Field(description="The model's text.")
+    message: Annotated[str, BeforeValidator(_scalar_as_text)] = Field(
+        description="The model's text (a JSON number or bool is taken as its text)."
+    )
 
 
 class ResetFrame(_Lenient):
@@ -67,8 +79,13 @@ class CloseFrame(_Lenient):
     type: Literal["close"]
 
 
+class McpFrame(_Lenient):
+    type: Literal["mcp"]
+    data: dict[str, Any] = Field(description="A JSON-RPC 2.0 request (tools/list, tools/call).")
+
+
 ClientFrame = Annotated[
-    ResetFrame | StepFrame | StateFrame | CloseFrame, Field(discriminator="type")
+    ResetFrame | StepFrame | StateFrame | CloseFrame | McpFrame, Field(discriminator="type")
 ]
 CLIENT_FRAME: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
 
@@ -90,7 +107,7 @@ class FrameError(Exception):
         self.extra = extra
 
 
-def parse_client_frame(raw: str | bytes) -> ResetFrame | StepFrame | StateFrame | CloseFrame:
+def parse_client_frame(raw: str | bytes) -> ResetFrame | StepFrame | StateFrame | CloseFrame | McpFrame:
     """Validate one client frame, or raise ``FrameError`` with the matching code."""
     try:
         return CLIENT_FRAME.validate_json(raw)
@@ -102,7 +119,7 @@ def parse_client_frame(raw: str | bytes) -> ResetFrame | StepFrame | StateFrame 
         if kinds & {"union_tag_invalid", "union_tag_not_found"}:
             raise FrameError(
                 ErrorCode.UNKNOWN_TYPE,
-                "unknown message type: 'type' must be one of reset, step, state, close.",
+                "unknown message type: 'type' must be one of reset, step, state, close, mcp.",
             ) from None
         details = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'][1:]) or '(frame)'}: {e['msg']}" for e in errors
@@ -120,26 +137,70 @@ def decode(raw: str | bytes) -> Any:
     return pydantic_core.from_json(raw)
 
 
-def observation_frame(text: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> bytes:
-    """A step or reset reply; ``done`` is either end, ``truncated`` rides in the observation."""
-    return encode(
-        {
-            "type": "observation",
-            "data": {
-                "observation": {"text": text, "truncated": truncated, "metadata": info},
-                "reward": reward,
-                "done": terminated or truncated,
-            },
-        }
-    )
+INFO_QUERY = "metadata"
+"""``/ws?metadata=1``: the session asks for each observation's ``info`` (as ``metadata``)."""
 
 
-def state_frame(state: dict[str, Any]) -> bytes:
-    return encode({"type": "state", "data": state})
+def observation_frame(
+    text: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A step or reset reply; ``done`` is either end, ``truncated`` rides in the observation, and
+    ``info`` only when given (None: the client did not ask for it)."""
+    observation: dict[str, Any] = {"text": text, "truncated": truncated}
+    if info is not None:
+        observation["metadata"] = info
+    return {"type": "observation", "data": {"observation": observation, "reward": reward, "done": terminated or truncated}}
 
 
-def error_frame(code: ErrorCode, message: str, **extra: Any) -> bytes:
-    return encode({"type": "error", "data": {"message": message, "code": code.value, **extra}})
+def state_frame(state: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "state", "data": state}
+
+
+def error_frame(code: ErrorCode, message: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "error", "data": {"message": message, "code": code.value, **extra}}
+
+
+# -- MCP JSON-RPC (HTTP ``/mcp`` and the ``{"type": "mcp", "data": <request>}`` frame) --------
+
+
+class RpcCode(int, Enum):
+    """JSON-RPC 2.0 error codes, as OpenEnv's ``JsonRpcErrorCode``."""
+
+    PARSE_ERROR = -32700
+    INVALID_REQUEST = -32600
+    METHOD_NOT_FOUND = -32601
+    INVALID_PARAMS = -32602
+    INTERNAL_ERROR = -32603
+    SERVER_ERROR = -32000
+
+
+class RpcRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    jsonrpc: Literal["2.0"]
+    method: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    id: str | int | None = None
+
+
+def rpc_result(result: Any, request_id: str | int | None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def rpc_error(code: RpcCode, message: str, request_id: str | int | None = None, data: Any = None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code.value, "message": message, "data": data}}
+
+
+def parse_rpc(payload: Any) -> RpcRequest | dict[str, Any]:
+    """A JSON-RPC request, or the error response that answers a malformed one."""
+    try:
+        return RpcRequest.model_validate(payload)
+    except ValidationError as exc:
+        return rpc_error(RpcCode.INVALID_REQUEST, f"Invalid request: {exc}")
+
+
+def mcp_frame(response: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "mcp", "data": response}
 
 
 def schema() -> dict[str, Any]:

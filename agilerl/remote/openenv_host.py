@@ -1,25 +1,46 @@
-"""Hosting an OpenEnv-native env on ``/ws`` as openenv's own server does: the env's own fields.
+"""Hosting an OpenEnv-native env as openenv's own server does: the env's own fields, its own calls.
 
-A text env is served as text (``{"message": ...}`` in, ``{"text": ...}`` out). An OpenEnv env
-(an :class:`~agilerl.envs.openenv_native.OpenEnvTextEnv` from the entrypoint) is served natively
-instead, so openenv's ``GenericEnvClient`` sends the env's Action fields (``{"word": "kiwi"}``,
-or an MCP ``{"type": "call_tool", ...}``) and gets the Observation's fields back, exactly as
-``openenv.core.env_server.http_server`` answers. :class:`NativeSession` answers one session's
-frames; :func:`native_schema` is its ``GET /schema``. Frames are built with ``agilerl.remote.frames``.
+An OpenEnv env (an :class:`~agilerl.envs.openenv_native.OpenEnvTextEnv` from the entrypoint) is
+served natively, so openenv's ``GenericEnvClient`` sends the env's Action fields (``{"word":
+"kiwi"}``, or an MCP ``{"type": "call_tool", ...}``) and gets the Observation's fields back,
+exactly as ``openenv.core.env_server.http_server`` answers:
+
+- ``reset_async``/``step_async`` are awaited on the session's loop where the env overrides them
+  (an ``MCPEnvironment`` does); otherwise ``reset``/``step`` run on the session's own thread;
+- an MCP env's ``mcp_session()`` is held open for the whole session (one MCP client session per
+  WebSocket session, not one per step);
+- ``metadata`` stays off the wire (``serialize_observation`` leaves it out);
+- the ``mcp`` frame and ``POST /mcp`` answer JSON-RPC ``tools/list`` and ``tools/call``.
+
+:class:`NativeSession` answers one session's frames; :func:`native_schema` is its ``GET /schema``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import typing
 from typing import Any
 
 from pydantic import ValidationError
 
 from agilerl.concurrency import EnvCaller
 from agilerl.envs.openenv_native import OpenEnvTextEnv, is_mcp_environment
-from agilerl.remote.frames import ErrorCode, decode, encode, error_frame, state_frame
+from agilerl.remote.frames import (
+    ErrorCode,
+    RpcCode,
+    decode,
+    encode,
+    error_frame,
+    mcp_frame,
+    parse_rpc,
+    rpc_error,
+    rpc_result,
+    state_frame,
+)
 
 _NOT_CONTENT = {"reward", "done", "metadata"}
+_ENVIRONMENT = ("openenv.core.env_server.interfaces", "Environment")
 
 
 def hosts_natively(env: Any) -> bool:
@@ -27,25 +48,19 @@ def hosts_natively(env: Any) -> bool:
     return isinstance(env, OpenEnvTextEnv)
 
 
-def observation_reply(observation: Any) -> bytes:
+def observation_reply(observation: Any) -> dict[str, Any]:
     """An observation frame as openenv's ``serialize_observation`` writes it."""
     content = observation.model_dump(exclude=_NOT_CONTENT)
-    return encode({"type": "observation", "data": {"observation": content, "reward": observation.reward, "done": observation.done}})
+    return {"type": "observation", "data": {"observation": content, "reward": observation.reward, "done": observation.done}}
 
 
 def native_schema(adapter: OpenEnvTextEnv) -> dict[str, Any]:
     """``GET /schema`` for a natively hosted env: its Action, Observation and State schemas."""
     env = adapter.env
-    action = adapter.action_type
-    if action is None:  # an MCP env takes openenv's tool-call action
-        from openenv.core.env_server.mcp_types import CallToolAction
-
-        action = CallToolAction
-    hints = _return_hints(type(env))
     state = getattr(env, "state", None)
     return {
-        "action": action.model_json_schema(),
-        "observation": hints.model_json_schema() if hints is not None else {"type": "object"},
+        "action": _action_class(adapter).model_json_schema(),
+        "observation": _observation_class(type(env)).model_json_schema(),
         "state": type(state).model_json_schema() if hasattr(state, "model_json_schema") else {"type": "object"},
     }
 
@@ -53,16 +68,32 @@ def native_schema(adapter: OpenEnvTextEnv) -> dict[str, Any]:
 class NativeSession:
     """One WebSocket session's frames, answered by an OpenEnv env in its own terms.
 
-    ``reply`` takes a raw client frame and returns the raw reply, or None for ``close``; env calls
-    run through ``caller`` (worker threads), as text sessions' do.
+    ``open()`` enters the env's ``mcp_session()`` (MCP envs) and ``close()`` leaves it, both on
+    the session's task; ``reply`` takes a raw client frame and returns the reply, or None for
+    ``close``. Sync env calls run through ``caller`` (the session's own thread).
     """
 
     def __init__(self, adapter: OpenEnvTextEnv, caller: EnvCaller) -> None:
         self.adapter = adapter
-        self.env = adapter.env
+        self.env = env = adapter.env
         self.caller = caller
+        self.action_type = _action_class(adapter)
+        self.mcp_env = is_mcp_environment(env)
+        base = next(c for c in type(env).__mro__ if (c.__module__, c.__name__) == _ENVIRONMENT)
+        self.reset_async = type(env).reset_async is not base.reset_async
+        self.step_async = type(env).step_async is not base.step_async
+        self.reset_params = _accepting(env.reset_async if self.reset_async else env.reset)
+        self._held = contextlib.AsyncExitStack()
 
-    async def reply(self, raw: str | bytes) -> bytes | None:
+    async def open(self) -> None:
+        factory = getattr(self.env, "mcp_session", None)
+        if callable(factory):
+            await self._held.enter_async_context(factory())
+
+    async def close(self) -> None:
+        await self._held.aclose()
+
+    async def reply(self, raw: str | bytes) -> dict[str, Any] | None:
         try:
             frame = decode(raw)
         except ValueError as exc:
@@ -71,16 +102,23 @@ class NativeSession:
             return error_frame(ErrorCode.INVALID_JSON, "a frame is a JSON object")
         kind = frame.get("type")
         data = frame.get("data") or {}
+        env = self.env
         try:
-            if kind == "reset":
-                kwargs = _accepted(self.env.reset, data)
-                return observation_reply(await self.caller.in_thread(self.env.reset, **kwargs))
             if kind == "step":
                 action = self._action(data)
-                return observation_reply(await self.caller.in_thread(self.env.step, action))
+                if self.step_async:
+                    return observation_reply(await env.step_async(action))
+                return observation_reply(await self.caller.in_thread(env.step, action))
+            if kind == "reset":
+                kwargs = _accepted(self.reset_params, data)
+                if self.reset_async:
+                    return observation_reply(await env.reset_async(**kwargs))
+                return observation_reply(await self.caller.in_thread(env.reset, **kwargs))
             if kind == "state":
-                state = getattr(self.env, "state", None)
+                state = getattr(env, "state", None)
                 return state_frame(state.model_dump() if hasattr(state, "model_dump") else dict(state or {}))
+            if kind == "mcp":
+                return mcp_frame(await self.mcp(data))
             if kind == "close":
                 return None
             return error_frame(ErrorCode.UNKNOWN_TYPE, f"Unknown message type: {kind}")
@@ -90,34 +128,86 @@ class NativeSession:
         except Exception as exc:  # noqa: BLE001 - the env's failure is the client's error frame
             return error_frame(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}")
 
+    async def mcp(self, payload: Any) -> dict[str, Any]:
+        """A JSON-RPC ``tools/list`` or ``tools/call``, through the session's MCP client."""
+        request = parse_rpc(payload)
+        if isinstance(request, dict):
+            return request
+        method, params, rid = request.method, request.params, request.id
+        client = getattr(self.env, "mcp_client", None)
+        if method not in ("tools/list", "tools/call"):
+            return rpc_error(RpcCode.METHOD_NOT_FOUND, f"Method not found: {method}", rid)
+        if client is None:
+            return rpc_error(RpcCode.INTERNAL_ERROR, "Environment does not support MCP", rid)
+        try:
+            async with self.env.mcp_session():  # re-entrant: the session's own is already open
+                if method == "tools/list":
+                    tools = await client.list_tools()
+                    return rpc_result({"tools": [_plain(t) for t in tools]}, rid)
+                name = params.get("name")
+                if not name:
+                    return rpc_error(RpcCode.INVALID_PARAMS, "Missing 'name' in params", rid)
+                result = await client.call_tool(name=name, arguments=params.get("arguments", {}))
+                return rpc_result(decode(encode(result)), rid)
+        except Exception as exc:  # noqa: BLE001 - the tool's failure is the client's error
+            return rpc_error(RpcCode.INTERNAL_ERROR, str(exc), rid)
+
     def _action(self, data: dict[str, Any]) -> Any:
         """The env's own Action from the frame's data; MCP ``call_tool``/``list_tools`` as openenv routes them."""
-        if is_mcp_environment(self.env) and data.get("type") in ("call_tool", "list_tools"):
+        if self.mcp_env and data.get("type") in ("call_tool", "list_tools"):
             from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
 
             mcp = CallToolAction if data["type"] == "call_tool" else ListToolsAction
             return mcp.model_validate(data)
-        action = self.adapter.action_type
-        if action is None:
-            from openenv.core.env_server.mcp_types import CallToolAction
-
-            action = CallToolAction
-        return action.model_validate(data)
+        return self.action_type.model_validate(data)
 
 
-def _accepted(method: Any, data: dict[str, Any]) -> dict[str, Any]:
-    """The keys of ``data`` that ``method`` accepts (all of them when it takes ``**kwargs``)."""
+def _plain(value: Any) -> Any:
+    return value.model_dump() if hasattr(value, "model_dump") else dict(value)
+
+
+def _action_class(adapter: OpenEnvTextEnv) -> Any:
+    """The env's Action class; an MCP env takes openenv's tool-call action."""
+    if adapter.action_type is not None:
+        return adapter.action_type
+    from openenv.core.env_server.mcp_types import CallToolAction
+
+    return CallToolAction
+
+
+def _accepting(method: Any) -> set[str] | None:
+    """The keyword names ``method`` accepts; None when it takes ``**kwargs`` (then all)."""
     params = inspect.signature(method).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return dict(data)
-    return {k: v for k, v in data.items() if k in params}
-
-
-def _return_hints(env_cls: type) -> Any:
-    try:
-        import typing
-
-        annotation = typing.get_type_hints(env_cls.reset).get("return")
-    except Exception:  # noqa: BLE001 - unresolvable annotations: no schema
         return None
-    return annotation if hasattr(annotation, "model_json_schema") else None
+    return set(params)
+
+
+def _accepted(params: set[str] | None, data: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``data`` the method accepts, as openenv's server passes only those."""
+    return dict(data) if params is None else {k: v for k, v in data.items() if k in params}
+
+
+def _observation_class(env_cls: type) -> Any:
+    """The env's Observation class, as openenv's ``create_app`` is given it: an MCP env's is
+    ``CallToolObservation``; else ``reset``'s or ``step``'s return annotation, else the
+    ``Environment[Act, Obs, State]`` argument; failing all, openenv's ``Observation``."""
+    if is_mcp_environment(env_cls):
+        from openenv.core.env_server.mcp_types import CallToolObservation
+
+        return CallToolObservation
+    for method in (env_cls.reset, env_cls.step):
+        try:
+            annotation = typing.get_type_hints(method).get("return")
+        except Exception:  # noqa: BLE001 - unresolvable annotations: look further
+            annotation = None
+        if hasattr(annotation, "model_json_schema"):
+            return annotation
+    for klass in env_cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            args = typing.get_args(base)
+            if len(args) > 1 and hasattr(args[1], "model_json_schema"):
+                return args[1]
+    from openenv.core.env_server.types import Observation
+
+    return Observation

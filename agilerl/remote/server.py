@@ -1,17 +1,20 @@
-"""Serve any text env over OpenEnv's WebSocket protocol (aiohttp), one fresh env per session.
+"""Serve any text env, or an OpenEnv env as it is, over OpenEnv's protocol (aiohttp): the routes.
 
-Each session drives its env through an ``InProcessEnvClient``'s async methods, so its answers are
-checked by the same protocol rules as in-process rollouts. The clients share the server's
-``EnvCaller``: sync env calls run on worker threads, never on the event loop, so an env call that
-stalls holds only its own thread, not /health, heartbeats, other sessions or shutdown. Each
-session's env is closed exactly once, whatever ends the session.
+``/ws`` holds one fresh env per WebSocket session, and the HTTP routes (``/health``,
+``/metadata``, ``/schema``, and ``/reset``, ``/step``, ``/state``, ``/mcp`` as OpenEnv's server
+defines them: each call on a fresh env, closed after it) answer beside it. The parts live in
+their own modules: frame dispatch (``dispatch``, ``openenv_host``), envs built and closed
+exactly once on their session's own thread (``lifecycle``), deadlines and how a session ends
+(``watchdog``), connection limits in front of aiohttp (``guard``).
 
-No peer can hold the server's resources without a deadline (what nginx, uvicorn and websockets
-do): a request head must arrive within ``header_timeout_s``; idle keep-alive connections close
-after ``keepalive_timeout_s``; open connections are capped (``max_connections``, then 503) and
-the listen backlog is bounded; a reply the peer does not take within ``send_timeout_s``, or a
-close it does not complete within ``close_timeout_s``, aborts the connection, so a client that
-stops reading frees its slot and its env is closed.
+No env call can stall the server: a sync env runs on its session's own thread, never on the
+event loop, so a call that hangs holds only its session, not /health, heartbeats, other sessions
+or shutdown. No peer can hold its resources without a deadline (what nginx, uvicorn and
+websockets do): a request head must arrive within ``header_timeout_s``; idle keep-alive
+connections close after ``keepalive_timeout_s``; open connections are capped
+(``max_connections``, then 503) and the listen backlog is bounded; a reply the peer does not
+take within ``send_timeout_s``, or a close it does not complete within ``close_timeout_s``,
+aborts the connection, so a client that stops reading frees its slot and its env is closed.
 """
 
 from __future__ import annotations
@@ -22,31 +25,29 @@ import inspect
 import ipaddress
 import json
 import logging
-import threading
 import time
-import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from itertools import count
+from typing import Any, TypeVar
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from agilerl.concurrency import EnvCaller, WorkerThreads
-from agilerl.envs.client import InProcessEnvClient
 from agilerl.errors import InvalidArgument
-from agilerl.protocol import close_env, describe_env
+from agilerl.protocol import describe_env
+from agilerl.remote.dispatch import Session, session_for
 from agilerl.remote.frames import (
+    INFO_QUERY,
     ErrorCode,
-    FrameError,
-    ResetFrame,
-    StateFrame,
-    StepFrame,
+    RpcCode,
+    decode,
+    encode,
     error_frame,
-    observation_frame,
-    parse_client_frame,
+    rpc_error,
     schema,
-    state_frame,
 )
 from agilerl.remote.guard import ConnectionGuard
+from agilerl.remote.lifecycle import EnvLifecycle, concurrency_limit, served_class
 from agilerl.remote.limits import (
     DEFAULT_BACKLOG,
     DEFAULT_CLOSE_TIMEOUT_S,
@@ -57,36 +58,18 @@ from agilerl.remote.limits import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
 )
-from agilerl.remote.openenv_host import NativeSession, hosts_natively, native_schema
+from agilerl.remote.openenv_host import hosts_natively, native_schema
+from agilerl.remote.watchdog import Link, Watchdog, send_quietly
 
 log = logging.getLogger(__name__)
 
 TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
-
-
-class _Session:
-    __slots__ = (
-        "busy", "client", "ending", "env", "episode_id", "handler", "last_active", "last_seen", "native",
-        "ping_sent", "sending", "steps", "transport", "ws",
-    )
-
-    def __init__(self, ws: web.WebSocketResponse, transport: Any, env: Any, caller: EnvCaller) -> None:
-        self.ws = ws
-        self.transport = transport
-        self.handler = asyncio.current_task()
-        self.env = env
-        self.client = InProcessEnvClient(env, caller=caller)
-        # an OpenEnv env speaks its own Action/Observation fields, as openenv's server would
-        self.native = NativeSession(env, caller) if hosts_natively(env) else None
-        self.busy = self.ending = self.sending = False  # in an env call / ended / in a reply send
-        self.last_active = self.last_seen = time.monotonic()  # last frame / last frame or pong
-        self.ping_sent: float | None = None
-        self.steps = 0
-        self.episode_id: str | None = None
+T = TypeVar("T")
+_HTTP_STATUS = {ErrorCode.VALIDATION_ERROR.value: 422, ErrorCode.INVALID_JSON.value: 400}
 
 
 class EnvServer:
-    """The aiohttp application: ``/ws`` sessions, ``/health``, ``/metadata``, ``/schema``."""
+    """The aiohttp application: ``/ws`` sessions and the HTTP routes beside them."""
 
     def __init__(
         self,
@@ -113,31 +96,31 @@ class EnvServer:
         self.host, self.port = host, port
         self.max_concurrent_envs = max_concurrent_envs
         self.session_timeout_s = session_timeout_s or None
-        self._factory = factory
-        self._token = token
-        self._heartbeat_s = heartbeat_s
+        self._expected = f"Bearer {token}".encode() if token else None
         self._max_message_bytes = max_message_bytes
         self._keepalive_timeout_s = keepalive_timeout_s
-        self._send_timeout_s = send_timeout_s
         self._close_timeout_s = close_timeout_s
         self._backlog = backlog
         # Every session's socket, plus room for /health probes and clients told CAPACITY_REACHED.
         self.guard = ConnectionGuard(
             header_timeout_s, max_connections if max_connections is not None else 2 * max_concurrent_envs + 64
         )
-        # One call in flight per session, plus env builds and closes around them.
-        self._threads = WorkerThreads("agilerl-env", max_workers=2 * max_concurrent_envs + 2)
-        self.caller = EnvCaller(self._threads)
+        # Sessions get a thread each (own_thread); these spare ones take the closes that would
+        # queue behind a hung call.
+        self._spare = EnvCaller(WorkerThreads("agilerl-env", max_workers=max_concurrent_envs + 2))
+        self.envs = EnvLifecycle(factory, self._spare)
         self._active = 0
-        self._sessions: set[_Session] = set()
-        self._closing: set[asyncio.Task[None]] = set()
+        self._links: set[Link] = set()
+        self._closing: set[asyncio.Task[Any]] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
+        self.watchdog = Watchdog(
+            self._links, self._spawn, session_timeout_s=self.session_timeout_s, heartbeat_s=heartbeat_s,
+            send_timeout_s=send_timeout_s, close_timeout_s=close_timeout_s,
+        )
         self._env_info: dict[str, Any] | None = None
         self._describing: asyncio.Task[dict[str, Any]] | None = None
         self._stopping = False
-        self._counts = threading.Lock()
-        self.envs_created = 0
-        self.envs_closed = 0
+        self._thread_names = count(1)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -148,20 +131,32 @@ class EnvServer:
         return self._active
 
     @property
+    def envs_created(self) -> int:
+        return self.envs.created
+
+    @property
+    def envs_closed(self) -> int:
+        return self.envs.closed
+
+    @property
     def url(self) -> str:
         return f"http://{_url_host(self.host)}:{self.port}"
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth] if self._token else [])
+        app = web.Application(middlewares=[self._auth] if self._expected else [])
         app.router.add_get("/ws", self._ws)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metadata", self._metadata)
         app.router.add_get("/schema", self._schema)
+        app.router.add_post("/reset", self._http_reset)
+        app.router.add_post("/step", self._http_step)
+        app.router.add_get("/state", self._http_state)
+        app.router.add_post("/mcp", self._http_mcp)
         return app
 
     async def start(self) -> str:
         """Bind and start serving; returns the base URL (the real port when ``port`` was 0)."""
-        if not _is_loopback(self.host) and not self._token:
+        if not _is_loopback(self.host) and not self._expected:
             log.warning(
                 "serving on %s without a token: anyone who can reach it can run the env. "
                 "Set --token or %s.", self.host, TOKEN_ENV_VAR,
@@ -177,7 +172,7 @@ class EnvServer:
             self.guard.wrap(server), self.host or None, self.port, backlog=self._backlog, reuse_address=True,
         )
         self.port = self._listener.sockets[0].getsockname()[1]
-        self._watcher = asyncio.create_task(self._watch())
+        self._watcher = asyncio.create_task(self.watchdog.run())
         return self.url
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -193,9 +188,9 @@ class EnvServer:
         if self._listener is not None:
             self._listener.close()  # no new connections while the sessions end
         await asyncio.gather(
-            *(self._end(s, WSCloseCode.GOING_AWAY, "the server is stopping") for s in list(self._sessions))
+            *(self.watchdog.end(s, WSCloseCode.GOING_AWAY, "the server is stopping") for s in list(self._links))
         )
-        unwinding = {s.handler for s in self._sessions if not s.busy}
+        unwinding = {s.handler for s in self._links if not s.busy}
         for task in self._handlers - unwinding:  # in an env call, or building its env
             task.cancel()
         if self._handlers:
@@ -207,19 +202,33 @@ class EnvServer:
         self.guard.abort_all()  # keep-alive and half-sent connections
         if self._runner is not None:
             await self._runner.cleanup()
-        self._threads.shutdown()
+        self._spare.release()
 
-    # -- HTTP routes ---------------------------------------------------------------------------
+    # -- what every route shares ----------------------------------------------------------------
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self._token}".encode()):
+        if not _credential_matches(request.headers.get("Authorization", ""), self._expected):
             return web.json_response(
                 {"error": "missing or wrong bearer token: send 'Authorization: Bearer <token>'."},
                 status=401,
             )
         return await handler(request)
+
+    def _own_thread(self) -> EnvCaller:
+        return self._spare.own_thread(f"agilerl-session-{next(self._thread_names)}")
+
+    def _note(self, env: Any) -> None:
+        """The first env built describes them all (``/metadata``) and sets the session limit."""
+        if self._env_info is not None:
+            return
+        self._describe(env)
+        limit, why = concurrency_limit(env, self.max_concurrent_envs)
+        if why is not None:
+            log.warning(why)
+            self.max_concurrent_envs = limit
+
+    # -- HTTP routes ---------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "healthy"})
@@ -227,15 +236,6 @@ class EnvServer:
     async def _schema(self, request: web.Request) -> web.Response:
         info = await self._described()
         return web.json_response(info.get("native_schema") or schema())
-
-    async def _described(self) -> dict[str, Any]:
-        """What ``_describe`` found; when no session has built an env yet, one is built for it."""
-        info = self._env_info
-        if info is None:
-            if self._describing is None:  # one build, however many clients ask at once
-                self._describing = self._spawn(self._describe_a_new_env())  # stop() waits for it
-            info = await asyncio.shield(self._describing)
-        return info
 
     async def _metadata(self, request: web.Request) -> web.Response:
         info = {k: v for k, v in (await self._described()).items() if k != "native_schema"}
@@ -250,30 +250,103 @@ class EnvServer:
             }
         )
 
-    async def _describe_a_new_env(self) -> dict[str, Any]:
+    async def _http_reset(self, request: web.Request) -> web.Response:
+        """``POST /reset``: a fresh env's first observation (OpenEnv's stateless route)."""
+        body = await _json_body(request, default={})
+        if not isinstance(body, dict):
+            return _http_error(error_frame(ErrorCode.VALIDATION_ERROR, "the body is a JSON object of reset keywords"))
+        return await self._one_call({"type": "reset", "data": body})
+
+    async def _http_step(self, request: web.Request) -> web.Response:
+        """``POST /step`` with ``{"action": {...}}``: one step of a fresh env."""
+        body = await _json_body(request, default=None)
+        if not isinstance(body, dict) or not isinstance(body.get("action"), dict):
+            errors = [{"type": "missing", "loc": ["body", "action"], "msg": "Field required"}]
+            return _http_error(error_frame(ErrorCode.VALIDATION_ERROR, "Invalid message", errors=errors))
+        return await self._one_call({"type": "step", "data": body["action"]})
+
+    async def _http_state(self, request: web.Request) -> web.Response:
+        """``GET /state``: a fresh env's state."""
+        return await self._one_call({"type": "state"})
+
+    async def _http_mcp(self, request: web.Request) -> web.Response:
+        """``POST /mcp``: one JSON-RPC request (``tools/list``, ``tools/call``) on a fresh env."""
         try:
-            env = await self._build_env()
-            info = self._describe(env)
-            await self._close_env(env)
-            return info
+            payload = decode(await request.read())
+        except ValueError:
+            return web.json_response(rpc_error(RpcCode.PARSE_ERROR, "Parse error"))
+        try:
+            answer = await self._with_fresh_env(lambda session: session.mcp(payload))
+        except Exception as exc:
+            answer = rpc_error(RpcCode.SERVER_ERROR, f"the env factory failed: {type(exc).__name__}: {exc}")
+        return web.Response(body=encode(answer), content_type="application/json")
+
+    async def _one_call(self, frame: dict[str, Any]) -> web.Response:
+        raw = encode(frame)
+        try:
+            reply = await self._with_fresh_env(lambda session: session.reply(raw))
+        except Exception as exc:
+            reply = error_frame(ErrorCode.FACTORY_ERROR, f"the env factory failed: {type(exc).__name__}: {exc}")
+        if reply is None or reply["type"] == "error":
+            return _http_error(reply)
+        return web.Response(body=encode(reply["data"]), content_type="application/json")
+
+    async def _with_fresh_env(self, use: Callable[[Session], Awaitable[T]]) -> T:
+        """``use`` a session on a fresh env (its own thread), closed right after."""
+        caller = self._own_thread()
+        try:
+            env = await self.envs.build(caller)
+            try:
+                self._note(env)
+                session = session_for(env, caller, with_info=False)
+                await session.open()
+                try:
+                    return await use(session)
+                finally:
+                    await session.close()
+            finally:
+                await self.envs.close(env, caller)
+        finally:
+            caller.release()
+
+    async def _described(self) -> dict[str, Any]:
+        """What ``_describe`` found; when no session has built an env yet, one is built for it."""
+        info = self._env_info
+        if info is None:
+            if self._describing is None:  # one build, however many clients ask at once
+                self._describing = self._spawn(self._describe_a_new_env())  # stop() waits for it
+            info = await asyncio.shield(self._describing)
+        return info
+
+    async def _describe_a_new_env(self) -> dict[str, Any]:
+        caller = self._own_thread()
+        try:
+            env = await self.envs.build(caller)
+            self._note(env)
+            await self.envs.close(env, caller)
+            assert self._env_info is not None
+            return self._env_info
         except Exception as exc:
             return {"description": "", "factory_error": f"{type(exc).__name__}: {exc}"}
         finally:
+            caller.release()
             self._describing = None  # after a failed build, the next request tries again
 
     def _describe(self, env: Any) -> dict[str, Any]:
-        """What clients need to treat the env as a local one (``describe_env``), plus a summary."""
-        doc = inspect.getdoc(type(env)) or ""
+        """What clients need to treat the env as a local one (``describe_env``), plus a summary:
+        the first line of the env class's docstring (an OpenEnv env's own, not its adapter's)."""
+        doc = inspect.getdoc(served_class(env)) or ""
         described = describe_env(env)
         try:
             json.dumps(described["tools"])
         except (TypeError, ValueError):
             log.warning("env.tools is not JSON; /metadata leaves it out")
             described["tools"] = None
-        self._env_info = {"description": doc.splitlines()[0] if doc else "", **described}
+        info = {"description": doc.splitlines()[0] if doc else "", **described}
         if hosts_natively(env):
-            self._env_info["native_schema"] = native_schema(env)
-        return self._env_info
+            info["native_schema"] = native_schema(env)
+        self._env_info = info
+        return info
 
     # -- WebSocket sessions --------------------------------------------------------------------
 
@@ -292,192 +365,107 @@ class EnvServer:
                 else f"server at capacity: {self._active} of {self.max_concurrent_envs} sessions in "
                 "use; retry later or start the server with a larger --max-concurrent-envs."
             )
-            await self._hang_up(ws, request.transport, WSCloseCode.OK, error_frame(
-                ErrorCode.CAPACITY_REACHED,
-                why,
-                active_sessions=self._active,
-                max_sessions=self.max_concurrent_envs,
-            ))
+            await self.watchdog.hang_up(ws, request.transport, WSCloseCode.OK, encode(error_frame(
+                ErrorCode.CAPACITY_REACHED, why, active_sessions=self._active, max_sessions=self.max_concurrent_envs,
+            )))
             return ws
         self._active += 1  # the slot is held from here until the env is closed
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
-        session: _Session | None = None
+        caller = self._own_thread()
+        env: Any = None
+        link: Link | None = None
+        session: Session | None = None
         try:
             await ws.prepare(request)
             try:
-                env = await self._build_env()
+                env = await self.envs.build(caller)
             except Exception as exc:
                 log.exception("env factory failed")
-                await self._hang_up(ws, request.transport, WSCloseCode.INTERNAL_ERROR, error_frame(
+                await self.watchdog.hang_up(ws, request.transport, WSCloseCode.INTERNAL_ERROR, encode(error_frame(
                     ErrorCode.FACTORY_ERROR, f"the env factory failed: {type(exc).__name__}: {exc}",
                     factory_name=self.name,
-                ))
+                )))
                 return ws
-            if self._env_info is None:
-                self._describe(env)
-            session = _Session(ws, request.transport, env, self.caller)
-            self._sessions.add(session)
+            self._note(env)
+            link = Link(ws, request.transport)
+            self._links.add(link)
             if self._stopping:  # stop() began while the env was being built
-                await self._end(session, WSCloseCode.GOING_AWAY, "the server is stopping")
-            else:
-                await self._serve(session)
+                await self.watchdog.end(link, WSCloseCode.GOING_AWAY, "the server is stopping")
+                return ws
+            session = session_for(env, caller, with_info=request.query.get(INFO_QUERY) in ("1", "true"))
+            await self._serve(link, session)
         finally:
             self._handlers.discard(task)
-            if session is None:
+            if link is not None:
+                self._links.discard(link)
+            if session is not None:
+                await self._leave(session)
+            if env is None:
                 self._active -= 1
+                caller.release()
             else:
-                self._sessions.discard(session)
-                closing = asyncio.ensure_future(self._close_env(session.env, release=True))
-                self._closing.add(closing)
-                closing.add_done_callback(self._closing.discard)
+                closing = self._spawn(self._close_and_release(env, caller))
                 try:
                     await asyncio.shield(closing)
                 except asyncio.CancelledError:
                     pass  # the close task carries on and releases the slot
-                if not ws.closed:
-                    await self._hang_up(ws, session.transport, WSCloseCode.OK)
+                if link is not None and not ws.closed:
+                    await self.watchdog.hang_up(ws, link.transport, WSCloseCode.OK)
         return ws
 
-    async def _serve(self, session: _Session) -> None:
-        ws = session.ws
+    async def _serve(self, link: Link, session: Session) -> None:
+        ws = link.ws
+        try:
+            await session.open()
+        except Exception as exc:
+            log.exception("opening the env's session failed")
+            await self.watchdog.hang_up(ws, link.transport, WSCloseCode.INTERNAL_ERROR, encode(error_frame(
+                ErrorCode.SESSION_ERROR, f"the env's session could not start: {type(exc).__name__}: {exc}",
+            )))
+            return
         while True:
             msg = await ws.receive()
             kind = msg.type
             if kind is not WSMsgType.TEXT and kind is not WSMsgType.BINARY:
                 if kind is WSMsgType.PONG:
-                    session.last_seen = time.monotonic()
+                    link.last_seen = time.monotonic()
                     continue
                 if kind is WSMsgType.PING:
-                    session.last_seen = time.monotonic()
+                    link.last_seen = time.monotonic()
                     await ws.pong(msg.data)
                     continue
                 return  # close, error, or the socket went away
-            session.busy = True
+            link.busy = True
             try:
-                reply = await self._reply(session, msg.data)
+                reply = await session.reply(msg.data)
             finally:
-                session.busy = False
-                session.last_active = session.last_seen = time.monotonic()
+                link.busy = False
+                link.last_active = link.last_seen = time.monotonic()
             if reply is None:
-                await self._hang_up(ws, session.transport, WSCloseCode.OK)
+                await self.watchdog.hang_up(ws, link.transport, WSCloseCode.OK)
                 return
-            session.sending = True  # the watcher aborts a send the peer does not take in time
+            link.sending = True  # the watchdog aborts a send the peer does not take in time
             try:
-                if not await _send_quietly(ws, reply):
+                if not await send_quietly(ws, encode(reply)):
                     return
             finally:
-                session.sending = False
+                link.sending = False
 
-    async def _reply(self, session: _Session, raw: str | bytes) -> bytes | None:
-        if session.native is not None:
-            return await session.native.reply(raw)
+    async def _leave(self, session: Session) -> None:
+        """Close what the session held open (an MCP client session), within ``close_timeout_s``."""
         try:
-            frame = parse_client_frame(raw)
-            client = session.client
-            if type(frame) is StepFrame:
-                result = await client.astep(frame.data.message)
-                session.steps += 1
-                return observation_frame(*result)
-            if type(frame) is ResetFrame:
-                data = frame.data
-                text, info = await client.areset(data.seed, row_index=data.row_index, evaluation=data.evaluation)
-                session.steps = 0
-                session.episode_id = uuid.uuid4().hex
-                return observation_frame(text, 0.0, False, False, info)
-            if type(frame) is StateFrame:
-                state = await client.astate()
-                return state_frame({"episode_id": session.episode_id, "step_count": session.steps, **state})
-            return None  # close
-        except FrameError as exc:
-            return error_frame(exc.code, str(exc), **exc.extra)
-        except Exception as exc:
-            return error_frame(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}")
+            await asyncio.wait_for(session.close(), self._close_timeout_s)
+        except Exception:  # noqa: BLE001 - the env is closed next either way
+            log.warning("closing the env's session failed", exc_info=True)
 
-    async def _build_env(self) -> Any:
-        """A fresh env from the factory, built on a worker thread. If the caller is cancelled
-        first (``stop()``'s grace ran out), the env is closed once it exists: none is left open."""
-        claim = _Claim()
+    async def _close_and_release(self, env: Any, caller: EnvCaller) -> None:
         try:
-            return await self.caller.in_thread(self._build_in_thread, claim)
-        except asyncio.CancelledError:
-            orphan = claim.abandon()
-            if orphan is not None:  # built, but its delivery was cancelled
-                self._threads.submit(lambda: self._close_in_thread(orphan))
-            raise
-
-    def _build_in_thread(self, claim: _Claim) -> Any:
-        env = self._factory()
-        with self._counts:
-            self.envs_created += 1
-        if not claim.deliver(env):
-            self._close_in_thread(env)
-        return env
-
-    async def _close_env(self, env: Any, *, release: bool = False) -> None:
-        try:
-            await self.caller.in_thread(self._close_in_thread, env)
+            await self.envs.close(env, caller)
         finally:
-            if release:
-                self._active -= 1
-
-    def _close_in_thread(self, env: Any) -> None:
-        """Close an env; its failure is logged, never raised (the session is over either way)."""
-        try:
-            close_env(env)
-        except Exception:
-            log.exception("env.close() failed")
-        finally:
-            with self._counts:
-                self.envs_closed += 1
-
-    async def _end(self, session: _Session, code: int, why: str) -> None:
-        """End a session from the server side: tell the client why, then close the socket (or
-        abort it, when the peer is not taking what was already sent)."""
-        if session.ending:
-            return
-        session.ending = True
-        if session.sending:  # stuck behind a reply the peer does not read: nothing polite gets through
-            if session.transport is not None:
-                session.transport.abort()
-            return
-        frame = error_frame(ErrorCode.SESSION_ERROR, f"session ended: {why}")
-        await self._hang_up(session.ws, session.transport, code, frame, why)
-
-    async def _hang_up(
-        self, ws: web.WebSocketResponse, transport: Any, code: int, frame: bytes | None = None, why: str = ""
-    ) -> None:
-        """Send ``frame`` (if any) and close ``ws`` politely within ``close_timeout_s``; past it,
-        abort the connection: aiohttp waits for the peer to drain with no deadline of its own,
-        and a closed asyncio transport still waits to flush its buffer."""
-        try:
-            await asyncio.wait_for(_close_politely(ws, code, frame, why), self._close_timeout_s)
-        except (asyncio.TimeoutError, ConnectionError, RuntimeError):
-            if transport is not None:
-                transport.abort()
-
-    async def _watch(self) -> None:
-        """End idle sessions and those whose peer does not take a reply within ``send_timeout_s``;
-        ping quiet ones and drop those whose pong never comes (half-open)."""
-        timeout, heartbeat, send_timeout = self.session_timeout_s, self._heartbeat_s, self._send_timeout_s
-        tick = min(t for t in (1.0, timeout and timeout / 4, heartbeat and heartbeat / 4, send_timeout / 4) if t)
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            for s in list(self._sessions):
-                if s.busy or s.ending or s.ws.closed:
-                    continue  # a busy session is in an env call, not reading; its silence means nothing
-                if s.sending and now - s.last_active > send_timeout:
-                    self._spawn(self._end(s, WSCloseCode.GOING_AWAY, "the client took no reply"))
-                elif timeout and now - s.last_active > timeout:
-                    self._spawn(self._end(s, WSCloseCode.OK, f"idle for more than {timeout:g} s"))
-                elif heartbeat and now - s.last_seen > heartbeat:
-                    if s.ping_sent is None or s.ping_sent < s.last_seen:
-                        s.ping_sent = now
-                        self._spawn(_ping_quietly(s.ws))
-                    elif now - s.ping_sent > heartbeat / 2:
-                        self._spawn(self._end(s, WSCloseCode.GOING_AWAY, "no pong to a heartbeat ping"))
+            caller.release()
+            self._active -= 1
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -486,52 +474,35 @@ class EnvServer:
         return task
 
 
-class _Claim:
-    """Hands a built env to the coroutine still waiting for it; once that gave up, the builder
-    thread closes the env itself."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._abandoned = False
-        self._env: Any = None
-
-    def deliver(self, env: Any) -> bool:
-        with self._lock:
-            if self._abandoned:
-                return False
-            self._env = env
-            return True
-
-    def abandon(self) -> Any:
-        """Give up; returns the env when it was already built (the caller must close it)."""
-        with self._lock:
-            self._abandoned = True
-            env, self._env = self._env, None
-            return env
-
-
-async def _ping_quietly(ws: web.WebSocketResponse) -> None:
+def _credential_matches(given: str, expected: bytes | None) -> bool:
+    """Constant-time check of an ``Authorization`` value; any value that is not even text
+    (non-ASCII bytes aiohttp kept as surrogates) simply does not match."""
     try:
-        await ws.ping()
-    except (ConnectionError, RuntimeError):
-        pass  # the session is ending anyway
-
-
-async def _close_politely(ws: web.WebSocketResponse, code: int, frame: bytes | None, why: str) -> None:
-    if frame is not None:
-        await _send_quietly(ws, frame)
-    await ws.close(code=code, message=why[:120].encode())
-
-
-async def _send_quietly(ws: web.WebSocketResponse, frame: bytes) -> bool:
-    """Send one text frame; False when the peer is gone (that ends the session, not the server)."""
-    if ws.closed:
+        return expected is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)
+    except (UnicodeError, TypeError):
         return False
+
+
+async def _json_body(request: web.Request, default: Any) -> Any:
+    raw = await request.read()
+    if not raw.strip():
+        return default
     try:
-        await ws.send_frame(frame, WSMsgType.TEXT)
-        return True
-    except (ConnectionError, RuntimeError):
-        return False
+        return decode(raw)
+    except ValueError:
+        return _INVALID
+
+
+_INVALID = object()
+
+
+def _http_error(frame: dict[str, Any] | None) -> web.Response:
+    """An error frame as OpenEnv's HTTP routes answer: 422 with ``detail`` for bad input, 500."""
+    data = (frame or {}).get("data") or {"message": "the request closed the session", "code": None}
+    status = _HTTP_STATUS.get(data.get("code"), 500)
+    detail = data.get("errors") or data.get("message")
+    return web.Response(body=encode({"detail": detail, "code": data.get("code")}), status=status,
+                        content_type="application/json")
 
 
 def _is_loopback(host: str) -> bool:

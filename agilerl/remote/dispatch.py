@@ -1,0 +1,104 @@
+"""Frame dispatch: one session's client frames answered by its env.
+
+A text env is served as text (``{"message": ...}`` in, ``{"text": ...}`` out) through an
+``InProcessEnvClient``, so its answers are checked by the same protocol rules as in-process
+rollouts; an OpenEnv env is served in its own terms by ``openenv_host.NativeSession``. Both
+answer ``reply(raw) -> frame | None`` (None: the client closed) and ``mcp(payload)`` (a JSON-RPC
+request), and hold what the session needs open between ``open()`` and ``close()``. The HTTP
+routes reuse them on a one-call session (``/reset``, ``/step``, ``/state``, ``/mcp``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Protocol
+
+from agilerl.concurrency import EnvCaller
+from agilerl.envs.client import InProcessEnvClient
+from agilerl.remote.frames import (
+    ErrorCode,
+    FrameError,
+    McpFrame,
+    ResetFrame,
+    RpcCode,
+    StateFrame,
+    StepFrame,
+    error_frame,
+    mcp_frame,
+    observation_frame,
+    parse_client_frame,
+    parse_rpc,
+    rpc_error,
+    state_frame,
+)
+from agilerl.remote.openenv_host import NativeSession, hosts_natively
+
+
+class Session(Protocol):
+    """What a WebSocket (or one HTTP call) needs from its env."""
+
+    async def open(self) -> None: ...
+
+    async def reply(self, raw: str | bytes) -> dict[str, Any] | None: ...
+
+    async def mcp(self, payload: Any) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+def session_for(env: Any, caller: EnvCaller, *, with_info: bool) -> Session:
+    """The dispatcher for ``env``: native for an OpenEnv env, text otherwise. ``with_info``: the
+    client asked for each observation's info (``/ws?metadata=1``)."""
+    if hosts_natively(env):
+        return NativeSession(env, caller)
+    return TextSession(env, caller, with_info=with_info)
+
+
+class TextSession:
+    """A text env's session: ``reset``/``step``/``state``/``close`` frames through its client."""
+
+    def __init__(self, env: Any, caller: EnvCaller, *, with_info: bool) -> None:
+        self.client = InProcessEnvClient(env, caller=caller)
+        self.with_info = with_info
+        self.steps = 0
+        self.episode_id: str | None = None
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def reply(self, raw: str | bytes) -> dict[str, Any] | None:
+        try:
+            frame = parse_client_frame(raw)
+            client = self.client
+            if type(frame) is StepFrame:
+                text, reward, terminated, truncated, info = await client.astep(frame.data.message)
+                self.steps += 1
+                return observation_frame(text, reward, terminated, truncated, info if self.with_info else None)
+            if type(frame) is ResetFrame:
+                data = frame.data
+                text, info = await client.areset(data.seed, row_index=data.row_index, evaluation=data.evaluation)
+                self.steps = 0
+                self.episode_id = uuid.uuid4().hex
+                return observation_frame(text, 0.0, False, False, info if self.with_info else None)
+            if type(frame) is StateFrame:
+                state = await client.astate()
+                return state_frame({"episode_id": self.episode_id, "step_count": self.steps, **state})
+            if type(frame) is McpFrame:
+                return mcp_frame(await self.mcp(frame.data))
+            return None  # close
+        except FrameError as exc:
+            return error_frame(exc.code, str(exc), **exc.extra)
+        except Exception as exc:
+            return error_frame(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}")
+
+    async def mcp(self, payload: Any) -> dict[str, Any]:
+        """A text env has no MCP tools: OpenEnv's answers for an env without MCP."""
+        request = parse_rpc(payload)
+        if isinstance(request, dict):
+            return request
+        if request.method in ("tools/list", "tools/call"):
+            return rpc_error(RpcCode.INTERNAL_ERROR, "Environment does not support MCP", request.id)
+        return rpc_error(RpcCode.METHOD_NOT_FOUND, f"Method not found: {request.method}", request.id)
