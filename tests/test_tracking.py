@@ -78,6 +78,8 @@ def test_tensorboard_and_trackio_get_the_metrics_rows_and_a_resume_continues_the
     assert first.returncode == 0, first.stderr
     resumed = _train(manifest, out, env, "--max-steps", "3", "--resume")
     assert resumed.returncode == 0, resumed.stderr
+    assert "step 2/2  reward" in first.stderr  # --no-progress: plain lines instead of the bar
+    assert "Removed shared tensor" not in first.stderr + resumed.stderr  # the tied lm_head is expected
 
     expected = _logged_rows(out)
     assert sorted(expected) == [0, 1, 2, 3] and "eval/reward" in expected[3] and "time/step_s" in expected[1]

@@ -11,7 +11,10 @@ written under a temporary name and renamed.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +59,8 @@ def save_checkpoint(
         partial.mkdir(parents=True)
     accelerator.wait_for_everyone()
     full = accelerator.get_state_dict(policy)  # whole weights (gathered when sharded) on rank 0
-    accelerator.save_state(str(partial / ACCELERATE_STATE))
+    with _quiet_about_tied_weights(accelerator.unwrap_model(policy)):
+        accelerator.save_state(str(partial / ACCELERATE_STATE))
     if main:
         own, extra = _split_state(accelerator.unwrap_model(policy), model, full)
         quiet = logging.is_progress_bar_enabled()
@@ -114,6 +118,33 @@ def restore_training_state(path: str | Path, accelerator: Accelerator) -> int:
         )
     accelerator.load_state(str(saved))
     return int(read_state(path)["step"])
+
+
+@contextmanager
+def _quiet_about_tied_weights(module: torch.nn.Module) -> Iterator[None]:
+    """accelerate warns "Removed shared tensor {'lm_head.weight'} while saving" at every save of a
+    model whose output layer shares the embeddings' weight; loading ties them again, so for tied
+    parameters the warning says nothing. Any other shared tensor still warns."""
+    import logging
+
+    by_param: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        by_param.setdefault(id(param), []).append(name)
+    tied = {name for names in by_param.values() if len(names) > 1 for name in names}
+
+    def keep(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "Removed shared tensor" not in message:
+            return True
+        removed = set(re.findall(r"'([^']+)'", message.partition(" while saving")[0]))
+        return not removed or not removed <= tied
+
+    logger = logging.getLogger("accelerate.utils.other")  # where accelerate's save_model warns
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def _sharded(accelerator: Accelerator) -> bool:

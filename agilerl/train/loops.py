@@ -229,7 +229,7 @@ class _Trainer:
         last: dict[str, float] = {}
         checkpoint: Path | None = None
         interrupted = False
-        bar = ProgressBar(settings.max_steps, start, show=self.show_progress)
+        bar = ProgressBar(settings.max_steps, start, show=self.show_progress, lines=self.world.is_main)
         header: dict[str, Any] = {"engine": self.engine}  # on this run's first metrics row
         if self.world.is_main:  # the run's first line: which engine trains
             print(f"engine: {self.engine}", file=sys.stderr, flush=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,7 +45,11 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 def plot_curves(
     metrics_path: str | Path, png_path: str | Path, keys: Sequence[str], *, title: str
 ) -> Path:
-    """Plot ``keys`` against ``step`` from the jsonl (matplotlib's Agg backend: no display)."""
+    """Plot ``keys`` against ``step`` from the jsonl (matplotlib's Agg backend: no display).
+
+    ``keys`` is ``(train_key, eval_key)``: the train curve is a line, the evaluations (a few
+    points, greedy) big markers drawn on top, so they never hide in the train curve's noise.
+    """
     try:
         import matplotlib
     except ImportError:
@@ -55,32 +61,62 @@ def plot_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_metrics(metrics_path)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key in keys:
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        if points:
-            steps, values = zip(*points)
-            ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=key)
-    ax.set_xlabel("step")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
+    fig = draw_curves(read_metrics(metrics_path), keys, title=title)
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
     return Path(png_path)
 
 
-class ProgressBar:
-    """A rich progress bar whose description shows the latest reward and loss."""
+def draw_curves(records: Sequence[Mapping[str, Any]], keys: Sequence[str], *, title: str) -> Any:
+    """The figure :func:`plot_curves` saves: the train curve, the evaluations on top, labelled axes."""
+    import matplotlib.pyplot as plt
 
-    def __init__(self, total: int, start: int, show: bool = True) -> None:
-        self.total, self.start, self.show = total, start, show
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for index, key in enumerate(keys):
+        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        if not points:
+            continue
+        steps, values = zip(*points)
+        if index == 0:  # the train curve: one point per step
+            ax.plot(steps, values, color="tab:blue", linewidth=1.5, marker="." if len(points) < 30 else None,
+                    label=key, zorder=2)
+        else:  # evaluations: few, and what the run is judged by
+            ax.plot(steps, values, color="tab:orange", linestyle="--", linewidth=1, marker="D", markersize=7,
+                    markeredgecolor="black", label=key, zorder=3)
+    ax.set_xlabel("step (optimiser steps)")
+    ax.set_ylabel(_quantity(keys))
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _quantity(keys: Sequence[str]) -> str:
+    """The y axis' label: what the keys measure (``train/reward`` and ``eval/reward``: a reward)."""
+    names = {key.rpartition("/")[2] for key in keys}
+    name = names.pop() if len(names) == 1 else ", ".join(sorted(names))
+    return {"reward": "mean reward per episode", "loss": "loss"}.get(name, name)
+
+
+class ProgressBar:
+    """Where the run is: a rich bar (elapsed and time left labelled, latest reward and loss) or,
+    with ``show=False`` and ``lines=True`` (``--no-progress`` on rank 0), one plain line every
+    tenth of the run or every ``LINE_EVERY_S`` seconds, whichever comes first, so a log file is
+    never silent for minutes."""
+
+    LINE_EVERY_S = 30.0
+    _SHOWN = (("reward", "train/reward"), ("loss", "train/loss"), ("eval reward", "eval/reward"), ("eval loss", "eval/loss"))
+
+    def __init__(self, total: int, start: int, show: bool = True, *, lines: bool = False) -> None:
+        self.total, self.start, self.show, self.lines = total, start, show, lines and not show
         self._progress: Any = None
         self._task: Any = None
         self._latest: dict[str, float] = {}  # evaluation results stay shown until the next one
+        self._started = self._last_line_at = time.monotonic()
+        self._last_line_step = start
+        self._line_steps = max(1, (total - start) // 10)
 
     @contextmanager
     def running(self) -> Iterator[ProgressBar]:
@@ -93,6 +129,7 @@ class ProgressBar:
             MofNCompleteColumn,
             Progress,
             TextColumn,
+            TimeElapsedColumn,
             TimeRemainingColumn,
         )
 
@@ -100,6 +137,9 @@ class ProgressBar:
             TextColumn("[bold]train"),
             BarColumn(),
             MofNCompleteColumn(),
+            TextColumn("elapsed"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
             TimeRemainingColumn(),
             TextColumn("{task.description}"),
             console=Console(stderr=True),
@@ -109,22 +149,47 @@ class ProgressBar:
             yield self
 
     def update(self, step: int, metrics: Mapping[str, float]) -> None:
-        if self._progress is None:
-            return
         self._latest.update(metrics)
-        shown = [
-            f"{label} {self._latest[key]:.3f}"
-            for label, key in (
-                ("reward", "train/reward"), ("loss", "train/loss"),
-                ("eval reward", "eval/reward"), ("eval loss", "eval/loss"),
-            )
-            if self._latest.get(key) is not None
-        ]
-        self._progress.update(self._task, completed=step, description="  ".join(shown))
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, description=self._metrics_text())
+        elif self.lines and step > self.start and self._line_due(step):
+            self._print_line(step)
 
     def log(self, text: str) -> None:
         if self._progress is not None:
             self._progress.console.print(text)
+        elif self.lines:
+            print(text, file=sys.stderr, flush=True)
+
+    def _metrics_text(self) -> str:
+        return "  ".join(
+            f"{label} {self._latest[key]:.3f}" for label, key in self._SHOWN if self._latest.get(key) is not None
+        )
+
+    def _line_due(self, step: int) -> bool:
+        now = time.monotonic()
+        due = (
+            step >= self.total
+            or step - self._last_line_step >= self._line_steps
+            or now - self._last_line_at >= self.LINE_EVERY_S
+        )
+        if due:
+            self._last_line_step, self._last_line_at = step, now
+        return due
+
+    def _print_line(self, step: int) -> None:
+        elapsed = time.monotonic() - self._started
+        left = elapsed / (step - self.start) * (self.total - step)
+        print(
+            f"step {step}/{self.total}  {self._metrics_text()}  elapsed {_clock(elapsed)}  left ~{_clock(left)}",
+            file=sys.stderr, flush=True,
+        )
+
+
+def _clock(seconds: float) -> str:
+    """``0:01:05``, as rich's time columns show it."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
 def _finite(value: float) -> float | None:
