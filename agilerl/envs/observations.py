@@ -89,11 +89,11 @@ def messages_text(observation: dict[str, Any]) -> str | None:
 
 
 def fields_text(content: dict[str, Any]) -> str:
-    """Every field that holds something, one ``name: value`` line each (a grid one row a line),
-    so the model sees what the env said when no field is obviously the text."""
+    """Every field that holds something (not None, not ""), one ``name: value`` line each (a grid
+    one row a line), so the model sees what the env said when no field is obviously the text."""
     lines = []
     for name, value in content.items():
-        if value is None:
+        if value is None or value == "":
             continue
         if isinstance(value, str):
             lines.append(f"{name}:\n{value}" if "\n" in value else f"{name}: {value}")

@@ -42,14 +42,19 @@ def load_object(ref: str, base_dir: str | Path | None = None) -> Any:
 
 def _import_module(name: str, ref: str, base_dir: str | Path | None = None) -> Any:
     """Import ``name``; a top-level module that is not installed is looked for in the manifest's
-    folder and the current folder, as ``python -m`` finds it (the console script's path has neither)."""
+    folder and the current folder, as ``python -m`` finds it (the console script's path has neither),
+    and a package found there is importable from its own folder too (OpenEnv's layout)."""
     top = name.partition(".")[0]
     if _not_installed(top):
         for folder in (Path(base_dir) if base_dir is not None else None, Path.cwd()):
             if folder is not None and ((folder / top).is_dir() or (folder / f"{top}.py").is_file()):
                 _on_path(folder)
+                if (folder / top).is_dir():  # its modules' `from models import X`, as for a file
+                    _on_path(folder / top)
     try:
         return importlib.import_module(name)
+    except SyntaxError as exc:
+        raise _syntax_error(exc, ref) from None
     except ModuleNotFoundError as exc:
         missing = exc.name or name
         if missing == name or name.startswith(missing + "."):
@@ -91,10 +96,20 @@ def _load_file(target: str, base_dir: str | Path | None) -> Any:
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        del sys.modules[mod_name]
+        raise _syntax_error(exc, target) from None
     except BaseException:
         del sys.modules[mod_name]
         raise
     return module
+
+
+def _syntax_error(exc: SyntaxError, ref: str) -> LoadError:
+    """A user's file that does not parse is theirs to fix: where, and what Python said."""
+    where = f"{exc.filename}, line {exc.lineno}" if exc.lineno else str(exc.filename or ref)
+    line = f": {exc.text.strip()}" if exc.text and exc.text.strip() else ""
+    return LoadError(f"{ref!r} is not valid Python ({where}: {exc.msg}{line}); fix the file.")
 
 
 def _package_module(path: Path) -> tuple[Path, str] | None:
@@ -116,7 +131,10 @@ def _import_from_package(path: Path, root: Path, name: str) -> Any:
     layout when run from the env's folder) works as well."""
     _on_path(root, first=True)
     _on_path(root / name.partition(".")[0])
-    module = importlib.import_module(name)
+    try:
+        module = importlib.import_module(name)
+    except SyntaxError as exc:
+        raise _syntax_error(exc, str(path)) from None
     found = Path(getattr(module, "__file__", "") or "").resolve()
     if found != path:
         raise LoadError(
