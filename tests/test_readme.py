@@ -22,10 +22,11 @@ def _python_blocks() -> list[str]:
 def test_readme_guess_env_runs_through_the_harness(tmp_path):
     env_block, harness_block = _python_blocks()[:2]
     (tmp_path / "guess_env.py").write_text(env_block)
-    script = harness_block + "\nassert traj.rewards and len(traj.token_ids) == len(traj.action_mask)\nprint('rewards', traj.rewards)\n"
+    script = harness_block + "\nassert len(traj.token_ids) == len(traj.action_mask) == len(traj.turn_ids)\n"
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "rewards [" in result.stdout
+    printed = re.search(r"It prints what the harness recorded: `(.*?)`", README.read_text(), flags=re.S).group(1)
+    assert result.stdout.strip() == " ".join(printed.split())  # the snippet prints what the README says
 
 
 def test_readme_env_check_command_runs(tmp_path):
@@ -69,3 +70,25 @@ def test_every_extra_path_and_distribution_the_readme_names_exists():
     assert {"train", "datasets", "plot", "dev"} <= named <= set(project["optional-dependencies"])
     for path in re.findall(r"\./(plugins/[\w-]+)", text) + re.findall(r"\b(examples/[\w/.-]+\.yaml)", text):
         assert (README.parent / path).exists(), path
+
+
+def test_readme_tour_manifest_is_valid_and_says_it_does_not_learn(tmp_path):
+    (tmp_path / "guess_env.py").write_text(_python_blocks()[0])
+    manifest = next(b for b in re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S) if "guess_env.py:GuessEnv" in b)
+    (tmp_path / "manifest.yaml").write_text(manifest)
+    result = subprocess.run([sys.executable, "-m", "agilerl", "manifest", "validate", "manifest.yaml"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    tour = _section("A five-minute tour")
+    assert "not learning" in tour and "examples/guess/manifest.yaml" in tour  # and where the run that learns is
+
+
+def test_a_misspelt_env_next_to_its_file_is_named_not_called_uninstalled(tmp_path):
+    """``agilerl env check guess_env:GuesEnv`` beside guess_env.py (the console script, whose path
+    lacks the current folder) finds the file and names what it holds."""
+    (tmp_path / "guess_env.py").write_text(_python_blocks()[0])
+    script = Path(sys.executable).with_name("agilerl")
+    result = subprocess.run([str(script), "env", "check", "guess_env:GuesEnv"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "not installed" not in result.stderr
+    assert "has no attribute 'GuesEnv'" in result.stderr and "GuessEnv" in result.stderr.split("It has:")[1]
