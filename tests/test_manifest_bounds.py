@@ -87,7 +87,7 @@ def test_an_alias_that_contains_itself_is_refused(tmp_path):
 def test_ordinary_aliases_still_work(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text(
-        "defaults: &cfg {system_prompt: Reply with one number.}\n"
+        "x-defaults: &cfg {system_prompt: Reply with one number.}\n"
         "environment: {env_type: rollout, entrypoint: 'json:JSONDecoder', env_config: *cfg}\n"
     )
     result = _validate(path)

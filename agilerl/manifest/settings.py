@@ -8,10 +8,42 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import typing
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+MAX_SEED = 2**32 - 1
+"""Seeds reach torch, numpy and envs' own generators; numpy's legacy seeding (``np.random.seed``,
+used by many envs) is the narrowest range of them."""
 
 
-class _Strict(BaseModel):
+class ManifestModel(BaseModel):
+    """What every manifest section takes: values training can use as given. Floats are finite
+    (no ``.inf``/``.nan``) and a number is never a bool (YAML's ``true`` would be read as 1)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _wants_number(field.annotation):
+            raise ValueError(f"expected a number, got the bool {str(value).lower()!r}")
+        return value
+
+
+def _wants_number(annotation: Any) -> bool:
+    """``annotation`` takes an int or a float, and no bool."""
+    found: set[Any] = set()
+    pending = [annotation]
+    while pending:
+        item = pending.pop()
+        found.add(item)
+        pending.extend(typing.get_args(item))
+    return bool(found & {int, float}) and bool not in found
+
+
+class _Strict(ManifestModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
@@ -95,7 +127,9 @@ class TrainingSettings(_Strict):
     checkpoint_interval: int = Field(
         0, ge=0, description="Save a checkpoint every N steps; 0 only at the end (and on Ctrl-C)."
     )
-    seed: int = Field(0, description="Seeds the model init (tiny), tasks and sampling.")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="Seeds the model init (tiny), tasks and sampling; 0 to 2**32 - 1."
+    )
     output_dir: str = Field(
         "runs/latest",
         description="Metrics, plot and checkpoints, relative to the working directory "

@@ -25,11 +25,13 @@ from pydantic import (
 
 from agilerl.errors import ConfigError, ManifestError
 from agilerl.manifest.requirements import check_requirement
-from agilerl.manifest.settings import AlgorithmSettings, ModelSettings, TrainingSettings
+from agilerl.manifest.settings import AlgorithmSettings, ManifestModel, ModelSettings, TrainingSettings
 
 Requirement = Annotated[str, AfterValidator(check_requirement)]
 """A requirement name with optional extras, specifiers and markers (``check_requirement``)."""
 
+MAX_TURNS = 10_000
+"""A turn budget past this is a typo (each turn is a generation and an env call)."""
 MAX_MANIFEST_BYTES = 1_000_000
 MAX_MANIFEST_VALUES = 100_000
 """A manifest is a few dozen values; YAML aliases can make a few hundred bytes expand to billions."""
@@ -49,8 +51,9 @@ _RETIRED_ENV_TYPES = {
 }
 
 
-class _Section(BaseModel):
-    """A manifest section: aliases accepted, unknown keys ignored with one warning."""
+class _Section(ManifestModel):
+    """A manifest section: aliases accepted, unknown keys ignored with one warning (or, where
+    ``_unknown_is_error``, refused)."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
@@ -60,9 +63,14 @@ class _Section(BaseModel):
         if isinstance(data, dict):
             known = set(cls.model_fields)
             known |= {f.alias for f in cls.model_fields.values() if f.alias}
-            unknown = sorted(str(k) for k in data if k not in known)
+            unknown = sorted(str(k) for k in data if k not in known and not cls._is_extension(k))
             if unknown:
                 named = ", ".join(_with_suggestion(key, known, cls._moved_keys) for key in unknown)
+                if cls._unknown_is_error:
+                    raise ValueError(
+                        f"unknown {cls._section_name()} key(s): {named}; the keys are: "
+                        f"{', '.join(sorted(cls.model_fields))} (and x-... keys, for YAML anchors)"
+                    )
                 warnings.warn(
                     f"{cls._section_name()}: ignoring unknown key(s): {named}",
                     ManifestWarning,
@@ -72,6 +80,12 @@ class _Section(BaseModel):
 
     _moved_keys: ClassVar[dict[str, str]] = {}
     """Keys people put in this section that belong elsewhere -> where they belong."""
+    _unknown_is_error: ClassVar[bool] = False
+
+    @classmethod
+    def _is_extension(cls, key: Any) -> bool:
+        """Keys this section ignores without a word (none; the manifest's ``x-`` keys)."""
+        return False
 
     @classmethod
     def _section_name(cls) -> str:
@@ -128,7 +142,7 @@ class EnvironmentSpec(_Section):
         default_factory=dict, description="Passed to the tokenizer's chat template."
     )
     train_test_split: float = Field(0.9, gt=0, lt=1, description="Train fraction, in (0, 1).")
-    max_reward: float | None = Field(None, description="Accuracy is reward / max_reward.")
+    max_reward: float | None = Field(None, gt=0, description="Accuracy is reward / max_reward.")
     entrypoint: str | None = Field(
         None, description="Registered env name, 'module:attr' or 'path/to/file.py:attr'."
     )
@@ -141,6 +155,7 @@ class EnvironmentSpec(_Section):
     max_turns: int | None = Field(
         None,
         ge=1,
+        le=MAX_TURNS,
         description="Turn budget; when left out, the env's max_turns (a remote env's, from the "
         "server's /metadata).",
     )
@@ -246,7 +261,16 @@ class EnvironmentSpec(_Section):
 
 
 class Manifest(_Section):
-    """A whole manifest file. ``model``/``algorithm``/``training`` are read by the trainer."""
+    """A whole manifest file. ``model``/``algorithm``/``training`` are read by the trainer.
+
+    An unknown section is an error: a typo'd ``trainig:`` would otherwise start a full default run."""
+
+    _unknown_is_error: ClassVar[bool] = True
+
+    @classmethod
+    def _is_extension(cls, key: Any) -> bool:
+        """``x-anything:`` holds YAML anchors for the sections to reuse (as in Compose files)."""
+        return isinstance(key, str) and key.startswith("x-")
 
     environment: EnvironmentSpec
     model: ModelSettings = Field(default_factory=ModelSettings)

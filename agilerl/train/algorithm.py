@@ -38,9 +38,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError
 
 from agilerl.errors import ConfigError
+from agilerl.manifest.settings import ManifestModel
 from agilerl.manifest.spec import format_validation_error
 
 if TYPE_CHECKING:
@@ -49,11 +50,12 @@ if TYPE_CHECKING:
     from agilerl.manifest.spec import EnvironmentSpec
 
 
-class AlgorithmConfig(BaseModel):
+class AlgorithmConfig(ManifestModel):
     """Base of every algorithm config: the manifest's ``algorithm:`` mapping without ``name``.
 
     Unknown keys are errors, not warnings: a misspelt hyperparameter silently left at its
-    default wastes a training run.
+    default wastes a training run. Floats are finite and numbers are never bools, as in every
+    manifest section.
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
