@@ -72,10 +72,13 @@ def find_action_type(env_cls: type) -> type | None:
             args = typing.get_args(base)
             if args and _is_specific_action(args[0]) and is_openenv_environment(typing.get_origin(base)):
                 return args[0]  # type: ignore[no-any-return]
-    # OpenEnv's own envs often annotate ``step(self, action: Action)`` (the base class) and import
-    # their one Action from ``..models``: the env's module then holds exactly one.
+    # OpenEnv's own envs often annotate ``step(self, action: Action)`` (the base class, or a Union
+    # with openenv's MCP actions) and import their one Action from ``..models``: the env's module
+    # then holds exactly one that openenv does not define.
     module = sys.modules.get(env_cls.__module__)
-    found = {id(v): v for v in vars(module).values() if _is_specific_action(v)} if module else {}
+    found = {
+        id(v): v for v in vars(module).values() if _is_specific_action(v) and not v.__module__.startswith("openenv.")
+    } if module else {}
     return next(iter(found.values())) if len(found) == 1 else None
 
 
