@@ -149,10 +149,12 @@ def test_openenv_package_layouts_and_reset_signatures(side_python: Path, games: 
         # a file of a package, relative imports (connect4's layout), reset(self)
         drop = entrypoint_factory("games/tic_env/server/drop_environment.py:DropEnvironment")()
         out["drop"] = [drop.action_field, drop.reset(seed=3)[0], drop.step("1")[:3], type(drop.env).__module__]
+        out["described"] = [type(drop).__doc__]  # /metadata's description: the env's docstring
         # a file of a package, absolute sibling import only (chess's standalone form), reset(fen=None)
         board = entrypoint_factory("games/tic_env/server/board_environment.py:BoardEnvironment")()
         board.reset(seed=1, fen="8/8")
         out["board"] = [board.action_type.__name__, board.action_field, board.step("e2e4")[:3]]
+        out["described"].append(type(board).__doc__)  # none: OpenEnv's default, "<Name> environment"
         # module:attr, found from the manifest's folder (games/), not from the current one
         spec = parse_env_spec({"env_type": "rollout", "entrypoint": "tic_env.server.drop_environment:DropEnvironment"})
         out["module_attr"] = type(make_env_factory(spec, base_dir=Path("games").resolve())().env).__name__
@@ -169,6 +171,7 @@ def test_openenv_package_layouts_and_reset_signatures(side_python: Path, games: 
         "tic_env.server.drop_environment",  # imported as part of its package
     ]
     assert seen["board"] == ["MoveAction", "move", ['fen: 8/8 e2e4\nlegal_moves: []\nis_check: false\nresult: 1-0', 1.0, True]]
+    assert seen["described"] == ["Drop a piece in a column; three in a column wins.", "BoardEnvironment environment"]
     assert seen["module_attr"] == "DropEnvironment"
     assert seen["strict"] == ["reset(seed=0) is not reproducible"]
 
