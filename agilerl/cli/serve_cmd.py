@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from agilerl.cli.args import json_object, positive_float, positive_int
@@ -66,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.token is not None and not args.token.strip():
         raise AgileRLError("--token is empty, which would turn authentication off; give a real token or leave --token out.")
-    _build_one_env(args)
+    args.max_concurrent_envs = _build_one_env(args)
 
     server = build_server(
         args.entrypoint,
@@ -83,10 +84,12 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_one_env(args: argparse.Namespace) -> None:
-    """Build (and close) one env now: a wrong --env-config fails here, not at the first session."""
+def _build_one_env(args: argparse.Namespace) -> int:
+    """Build (and close) one env now: a wrong --env-config fails here, not at the first session.
+    Returns the session limit the env allows (``SUPPORTS_CONCURRENT_SESSIONS``), said at start-up."""
     from agilerl.envs.entrypoints import entrypoint_factory
     from agilerl.protocol import close_env
+    from agilerl.remote.lifecycle import concurrency_limit
 
     factory = entrypoint_factory(args.entrypoint, args.env_config, install=args.env_packages)
     try:
@@ -96,7 +99,13 @@ def _build_one_env(args: argparse.Namespace) -> None:
             f"{args.entrypoint} cannot be built with --env-config {json.dumps(args.env_config)}: "
             f"{type(exc).__name__}: {exc}"
         ) from None
-    close_env(env)
+    try:
+        limit, why = concurrency_limit(env, args.max_concurrent_envs)
+    finally:
+        close_env(env)
+    if why is not None:
+        print(f"note: {why}", file=sys.stderr, flush=True)
+    return limit
 
 
 async def _run_until_signal(server: Any) -> None:

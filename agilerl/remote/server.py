@@ -20,6 +20,7 @@ aborts the connection, so a client that stops reading frees its slot and its env
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import inspect
 import ipaddress
@@ -168,9 +169,19 @@ class EnvServer:
         server = self._runner.server
         assert server is not None
         # Our own listener, not a TCPSite: every connection goes through the guard first.
-        self._listener = await asyncio.get_running_loop().create_server(
-            self.guard.wrap(server), self.host or None, self.port, backlog=self._backlog, reuse_address=True,
-        )
+        try:
+            self._listener = await asyncio.get_running_loop().create_server(
+                self.guard.wrap(server), self.host or None, self.port, backlog=self._backlog, reuse_address=True,
+            )
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._spare.release()
+            in_use = exc.errno == errno.EADDRINUSE
+            raise InvalidArgument(
+                f"cannot listen on {self.host}:{self.port}: "
+                + ("another process is using that port" if in_use else (exc.strerror or str(exc)))
+                + "; pick another with --port (--port 0 picks a free one)."
+            ) from None
         self.port = self._listener.sockets[0].getsockname()[1]
         self._watcher = asyncio.create_task(self.watchdog.run())
         return self.url
