@@ -95,3 +95,19 @@ def test_a_command_needing_an_extra_names_it_in_one_line(light_venv: Path, tmp_p
     assert templated.returncode == 2
     assert "agilerl env check needs the 'train' extra" in templated.stderr
     assert "Traceback" not in trained.stderr + templated.stderr
+
+
+def test_the_scaffolds_printed_next_step_works_as_printed_in_a_fresh_venv(light_venv: Path, tmp_path: Path) -> None:
+    """``agilerl plugins new`` prints its next step; run as printed in a venv holding agilerl and
+    no pytest, it installs the plugin with pytest (its [test] extra) and the plugin's tests pass."""
+    python = light_venv / "bin" / "python"
+    has_pytest = [python, "-c", "import importlib.util as u; print(u.find_spec('pytest') is not None)"]
+    assert subprocess.run(has_pytest, capture_output=True, text=True, check=True).stdout.strip() == "False"
+    made = _run(light_venv, "plugins", "new", "demo", "--dir", str(tmp_path), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    next_step = next(line for line in made.stdout.splitlines() if line.startswith("Next: ")).removeprefix("Next: ")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGILERL_", "PYTHON"))}
+    env["PATH"] = f"{light_venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"  # the venv activated
+    ran = subprocess.run(["bash", "-c", next_step], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "3 passed" in ran.stdout

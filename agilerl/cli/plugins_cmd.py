@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Any
 
@@ -118,7 +119,8 @@ def _new_plugin(args: argparse.Namespace) -> int:
 
     created = scaffold_plugin(args.name, args.dir)
     print(f"Created {created}")
-    print(f"Next: pip install -e {created} && pytest {created / 'tests'}")
+    # python -m: the pip and pytest of the environment that runs agilerl; pytest comes with [test]
+    print(f'Next: cd {shlex.quote(str(created))} && python -m pip install -e ".[test]" && python -m pytest')
     return 0
 
 
