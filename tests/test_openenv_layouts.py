@@ -359,3 +359,13 @@ def test_a_wheel_installed_openenv_package_without_yaml_is_found(side_python: Pa
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert (summary["env"], summary["problems"], summary["rewards"]) == ("ParrotEnvironment", [], [1.0])
+
+
+def test_action_type_is_a_field_of_an_entrypoint() -> None:
+    from agilerl.errors import ConfigError
+    from agilerl.manifest.spec import parse_env_spec
+
+    spec = parse_env_spec({"env_type": "rollout", "entrypoint": "envs.py:Env", "action_type": "models:MoveAction"})
+    assert spec.action_type == "models:MoveAction"
+    with pytest.raises(ConfigError, match="'action_type' applies only with an OpenEnv 'entrypoint'"):
+        parse_env_spec({"env_type": "rollout", "env_url": "ws://127.0.0.1:1", "action_type": "models:MoveAction"})

@@ -144,7 +144,7 @@ class RolloutHarness:
         **kwargs: Any,
     ) -> RolloutHarness:
         """Build the env a manifest's ``environment:`` section names, with its turn budget;
-        ``mcp_tool`` overrides the section's (it needs ``env_url``)."""
+        ``mcp_tool`` overrides the section's (with ``env_url`` or an OpenEnv MCP entrypoint)."""
         from agilerl.factory import make_env_factory, resolve_max_turns
         from agilerl.manifest.spec import parse_env_spec
 
