@@ -6,11 +6,14 @@ open connections: 1,000 half-sent requests hold 1,000 file descriptors for minut
 connection must deliver its first request head within ``header_timeout_s`` (else 408 and close),
 and past ``max_connections`` open ones a new connection gets 503 and is closed at once. Later
 requests on a kept-alive connection are bounded by aiohttp's own ``keepalive_timeout``.
+A malformed request (a header past aiohttp's size cap, bytes that are not HTTP) is answered 400
+by aiohttp and logged here as one warning line, never as a traceback per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +44,31 @@ class ConnectionGuard:
         """Drop every connection still open (at shutdown: idle keep-alives, half-sent heads)."""
         for conn in list(self.open):
             conn.abort()
+
+
+class _OneLineBadRequests(logging.Filter):
+    """aiohttp logs each malformed request with its traceback (``logger.exception``): a peer's
+    mistake, not the server's, so it becomes one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "%s: %s", (record.getMessage(), str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
+
+
+_ONE_LINE = _OneLineBadRequests()
+
+
+def quiet_bad_requests() -> None:
+    """Log malformed requests as one line (idempotent)."""
+    logger = logging.getLogger("aiohttp.server")
+    if _ONE_LINE not in logger.filters:
+        logger.addFilter(_ONE_LINE)
 
 
 class _Guarded(asyncio.Protocol):

@@ -47,7 +47,7 @@ from agilerl.remote.frames import (
     rpc_error,
     schema,
 )
-from agilerl.remote.guard import ConnectionGuard
+from agilerl.remote.guard import ConnectionGuard, quiet_bad_requests
 from agilerl.remote.lifecycle import EnvLifecycle, concurrency_limit, served_class
 from agilerl.remote.limits import (
     DEFAULT_BACKLOG,
@@ -162,6 +162,7 @@ class EnvServer:
                 "serving on %s without a token: anyone who can reach it can run the env. "
                 "Set --token or %s.", self.host, TOKEN_ENV_VAR,
             )
+        quiet_bad_requests()
         self._runner = web.AppRunner(
             self.app(), access_log=None, handle_signals=False, keepalive_timeout=self._keepalive_timeout_s,
         )
