@@ -17,7 +17,8 @@ that catches the built-in kinds keeps working.
     ├── EnvError                                an env (local or remote) misbehaved
     │   ├── EnvProtocolError → EnvCheckError      it broke the text-env protocol
     │   ├── EnvTimeoutError (TimeoutError)        a call did not finish in time
-    │   ├── RemoteEnvError → RemoteEnvTimeout     the server failed or went silent
+    │   ├── RemoteEnvError → RemoteEnvTimeout,    the server failed or went silent,
+    │   │                    EnvUnavailable       or stayed down past reconnect_timeout_s
     │   ├── ObservationError                      no prompt text in an observation
     │   ├── OpenEnvAdapterError (ValueError)      an OpenEnv env cannot be driven with text
     │   └── HarnessStateError, EpisodeError       used out of order
@@ -170,6 +171,11 @@ class RemoteEnvError(EnvError):
 
 class RemoteEnvTimeout(RemoteEnvError):
     """No reply within ``request_timeout_s``; the session was dropped."""
+
+
+class EnvUnavailable(RemoteEnvError):
+    """No env server took a session (down, or full) within the reconnect budget: an outage, not
+    one bad episode, so the run stops (its message names the URLs and what to do)."""
 
 
 class ObservationError(EnvError):

@@ -35,6 +35,7 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
                 observation_processor=spec.observation_processor,
                 mcp_tool=spec.mcp_tool,
                 request_timeout_s=spec.request_timeout_s,
+                retry_budget_s=spec.reconnect_timeout_s,
                 base_dir=base_dir,
             )
 

@@ -154,20 +154,35 @@ def test_episodes_of_different_lengths_share_one_generate_call_per_turn(chatml_t
     assert batch.stats.group_reward_mean == [g[0].num_turns for g in batch.groups]
 
 
-def test_env_that_raises_is_reported_in_its_group_and_replaced(chatml_tokenizer):
+def test_env_that_raises_is_replayed_on_a_fresh_env_with_the_same_task(chatml_tokenizer):
     factory = Factory(faulty={3: "raise"})
     with collector(factory, chatml_tokenizer) as c:
         batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="x"))
-        broken = batch.trajectories[3]
-        assert len(batch.trajectories) == 6 and all(len(g) == 2 for g in batch.groups)
-        assert broken.error is not None and "the env broke" in broken.error
-        assert broken.group == 1 and broken.num_turns == 1
-        assert [(f.slot, f.group, f.phase) for f in batch.stats.failures] == [(3, 1, "step")]
-        assert not collate_trajectories(batch.trajectories, 0).valid[3]
+        replayed = batch.trajectories[3]
+        assert replayed.error is None and replayed.group == 1
+        assert (replayed.seed, replayed.row_index) == (batch.trajectories[2].seed, batch.trajectories[2].row_index)
+        assert [(f.slot, f.group, f.phase, f.retried) for f in batch.stats.failures] == [(3, 1, "step", True)]
+        assert "the env broke" in batch.stats.failures[0].error
+        assert factory.envs[6].resets == factory.envs[3].resets  # the same task, from reset
+        assert batch.stats.retries == 1 and batch.stats.lost == 0
         assert factory.envs[3].closed == 1 or _eventually(lambda: factory.envs[3].closed == 1)
         again = c.collect(ScriptedPolicy(chatml_tokenizer))
         assert not again.stats.failures and len(factory.envs) == 7
     assert all(env.closed == 1 for env in factory.envs)
+
+
+def test_a_rollout_lost_for_good_takes_its_group_out_when_too_few_are_left(chatml_tokenizer):
+    factory = Factory(faulty={3: "raise", 6: "raise", 7: "raise"})  # slot 3 and both its replays
+    with collector(factory, chatml_tokenizer) as c:
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="x"))
+    lost, sibling = batch.trajectories[3], batch.trajectories[2]
+    assert lost.error is not None and "the env broke" in lost.error
+    assert sibling.error is not None and "group dropped: 1 of its 2 rollouts finished" in sibling.error
+    assert [f.retried for f in batch.stats.failures] == [True, True, False]
+    assert (batch.stats.retries, batch.stats.lost, batch.stats.groups_dropped) == (2, 1, 1)
+    assert all(t.error is None for g in (0, 2) for t in batch.groups[g])
+    valid = collate_trajectories(batch.trajectories, 0).valid.tolist()
+    assert valid == [True, True, False, False, True, True]
 
 
 class WatchedEvent(threading.Event):
@@ -199,7 +214,8 @@ def test_env_that_hangs_past_the_timeout_is_reported_without_waiting_for_it(chat
     assert batch.trajectories[0].error is not None and "env_timeout_s=0.3" in batch.trajectories[0].error
     assert batch.trajectories[0].num_turns == 1
     assert [(f.slot, f.phase) for f in batch.stats.failures] == [(0, "step")]
-    assert sum(t.error is None for t in batch.trajectories) == 5
+    # slot 0 timed out (a replay would wait as long again): lost, and its group with it
+    assert sum(t.error is None for t in batch.trajectories) == 4 and batch.stats.groups_dropped == 1
 
 
 def test_every_rollout_failing_is_a_clear_error(chatml_tokenizer):
@@ -207,7 +223,7 @@ def test_every_rollout_failing_is_a_clear_error(chatml_tokenizer):
         def reset(self, seed=None, **kwargs):
             raise ConnectionError("server gone")
 
-    with collector(Broken, chatml_tokenizer) as c, pytest.raises(CollectionError, match=r"all 6 rollouts failed.*server gone"):
+    with collector(Broken, chatml_tokenizer) as c, pytest.raises(CollectionError, match=r"all 6 rollouts failed.*server gone.*agilerl env check"):
         c.collect(ScriptedPolicy(chatml_tokenizer))
 
 

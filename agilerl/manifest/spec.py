@@ -180,6 +180,12 @@ class EnvironmentSpec(_Section):
     request_timeout_s: float = Field(
         300, ge=0, description="Bound on each remote message, seconds (0 disables)."
     )
+    reconnect_timeout_s: float = Field(
+        120,
+        ge=0,
+        description="How long a remote env may stay down (reconnecting with backoff) before the "
+        "run stops, seconds.",
+    )
     objective: Literal["sft", "preference"] | None = Field(
         None, description="For env_type 'dataset': 'sft' or 'preference'."
     )

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from agilerl.concurrency import shared_loop
 from agilerl.envs.client import EnvClient
-from agilerl.errors import InvalidArgument, RemoteEnvError, RemoteEnvTimeout
+from agilerl.errors import EnvUnavailable, InvalidArgument, RemoteEnvError, RemoteEnvTimeout
 from agilerl.protocol import StepResult, has_member_type
 from agilerl.remote.frames import (
     STATE_FRAME,
@@ -33,7 +33,7 @@ from agilerl.remote.frames import (
     reset_frame,
     step_frame,
 )
-from agilerl.remote.connection import Connection, ConnectionLost, client_session
+from agilerl.remote.connection import DEFAULT_MAX_REPLY_BYTES, Connection, _ConnectionLost, client_session
 from agilerl.remote.observations import ObservationProcessor, make_observation_reader
 
 T = TypeVar("T")
@@ -49,7 +49,9 @@ class RemoteEnvClient(EnvClient):
     ``url`` may be a list of replica URLs: sessions start on different replicas and move on
     when one is full or down. ``request_timeout_s`` bounds each message (0 disables);
     connection failures and ``CAPACITY_REACHED`` at reset are retried with jittered backoff
-    for up to ``retry_budget_s``.
+    for up to ``retry_budget_s`` (the outage a run rides out), then ``EnvUnavailable``.
+    ``max_message_bytes`` bounds a frame from the server, so no env's answer can take the
+    trainer's memory.
     """
 
     blocking = False  # its calls wait on the network: many share one event loop
@@ -64,7 +66,8 @@ class RemoteEnvClient(EnvClient):
         mcp_tool: str | None = None,
         request_timeout_s: float = 300,
         connect_timeout_s: float = 10,
-        retry_budget_s: float = 60,
+        retry_budget_s: float = 120,
+        max_message_bytes: int = DEFAULT_MAX_REPLY_BYTES,
         token: str | None = None,
         base_dir: str | Path | None = None,
     ) -> None:
@@ -78,6 +81,7 @@ class RemoteEnvClient(EnvClient):
         self.request_timeout_s = request_timeout_s or None
         self.connect_timeout_s = connect_timeout_s
         self.retry_budget_s = retry_budget_s
+        self.max_message_bytes = max_message_bytes
         self._read = make_observation_reader(observation_field, observation_processor, base_dir=base_dir)
         token = token or os.environ.get("AGILERL_ENV_TOKEN")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -185,16 +189,18 @@ class RemoteEnvClient(EnvClient):
                     await self._connect(self._urls[(self._first + attempt) % len(self._urls)])
                 reply = await self._request(frame, "reset")
                 break
-            except (ConnectionLost, RemoteEnvError) as exc:
+            except (_ConnectionLost, RemoteEnvError) as exc:
                 if isinstance(exc, RemoteEnvError) and exc.code not in _RETRIED_AT_RESET:
                     raise
                 await self._drop()
                 delay = random.uniform(0, min(2.0, 0.05 * 2**attempt))  # full jitter
                 if time.monotonic() + delay > deadline:
-                    raise RemoteEnvError(
+                    raise EnvUnavailable(
                         f"could not start an episode on {', '.join(self._urls)} within "
                         f"retry_budget_s={self.retry_budget_s:g} s ({attempt + 1} attempts); last "
-                        f"error: {exc}",
+                        f"error: {exc}. Check that the env server is running and reachable "
+                        "(agilerl serve ENTRYPOINT --port PORT); a run waits this long "
+                        "(environment.reconnect_timeout_s) before it stops.",
                         getattr(exc, "code", None),
                     ) from exc
                 await asyncio.sleep(delay)
@@ -206,7 +212,7 @@ class RemoteEnvClient(EnvClient):
             raise RemoteEnvError("step() before reset(), or after the session ended: call reset() first.")
         try:
             reply = await self._request(step_frame(action, self.action_field, self.mcp_tool), "step")
-        except ConnectionLost as exc:
+        except _ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(
                 f"the session on {self.url} ended mid-episode ({exc}); this episode is over, "
@@ -219,7 +225,7 @@ class RemoteEnvClient(EnvClient):
             raise RemoteEnvError("state() before reset(): there is no session yet.")
         try:
             reply = await self._request(STATE_FRAME, "state")
-        except ConnectionLost as exc:
+        except _ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(f"the session on {self.url} ended: {exc}") from exc
         return reply if isinstance(reply, dict) else {}
@@ -230,7 +236,9 @@ class RemoteEnvClient(EnvClient):
             await conn.close(polite=True)
 
     async def _connect(self, url: str) -> None:
-        self._conn = await Connection.open(url, self._headers, self.connect_timeout_s)
+        self._conn = await Connection.open(
+            url, self._headers, self.connect_timeout_s, self.max_message_bytes
+        )
         self.url = url
 
     async def _request(self, frame: bytes, what: str) -> Any:

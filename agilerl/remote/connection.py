@@ -17,7 +17,11 @@ from agilerl.errors import RemoteEnvError
 from agilerl.remote.frames import CLOSE_FRAME
 
 
-class ConnectionLost(Exception):
+DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
+"""The largest frame a client reads: a bound on the memory one env answer can take."""
+
+
+class _ConnectionLost(Exception):
     """The socket failed or closed; the client retries it at reset and replays an episode it broke."""
 
 
@@ -29,30 +33,36 @@ class Connection:
     def __init__(self, ws: Any, close_timeout_s: float) -> None:
         self._ws = ws
         self._close_timeout_s = close_timeout_s
-        self._inbox: collections.deque[str | bytes | ConnectionLost] = collections.deque()
-        self._waiter: asyncio.Future[str | bytes | ConnectionLost] | None = None
+        self._inbox: collections.deque[str | bytes | _ConnectionLost] = collections.deque()
+        self._waiter: asyncio.Future[str | bytes | _ConnectionLost] | None = None
         self._reader = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def open(cls, url: str, headers: dict[str, str], timeout_s: float) -> Connection:
+    async def open(
+        cls, url: str, headers: dict[str, str], timeout_s: float, max_message_bytes: int
+    ) -> Connection:
+        """Open a session on ``url`` within ``timeout_s``; a frame over ``max_message_bytes`` ends it."""
         import aiohttp
 
         try:
-            ws = await client_session().ws_connect(
-                url + "/ws?metadata=1",  # ask for each observation's info (agilerl servers; others ignore it)
-                headers=headers,
-                max_msg_size=0,
-                timeout=aiohttp.ClientWSTimeout(ws_close=timeout_s),
-                compress=0,
+            ws = await asyncio.wait_for(
+                client_session().ws_connect(
+                    url + "/ws?metadata=1",  # ask for each observation's info (agilerl servers; others ignore it)
+                    headers=headers,
+                    max_msg_size=max_message_bytes,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=timeout_s),
+                    compress=0,
+                ),
+                timeout=timeout_s,
             )
         except aiohttp.WSServerHandshakeError as exc:
             if exc.status == 401:
                 raise RemoteEnvError(
                     f"{url} refused the connection: set the right token (AGILERL_ENV_TOKEN)."
                 ) from exc
-            raise ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
+            raise _ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
+            raise _ConnectionLost(f"cannot connect to {url}: {exc}") from exc
         return cls(ws, timeout_s)
 
     @property
@@ -72,12 +82,14 @@ class Connection:
                 reason = f"the server closed the connection (code {ws.close_code})"
                 if msg.type is aiohttp.WSMsgType.ERROR:
                     reason = f"the connection failed: {msg.data}"
-                self._deliver(ConnectionLost(reason))
+                    if getattr(msg.data, "code", None) == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
+                        reason += " (raise the client's max_message_bytes if the env means it)"
+                self._deliver(_ConnectionLost(reason))
                 return
         except Exception as exc:  # the socket broke under the reader
-            self._deliver(ConnectionLost(str(exc) or type(exc).__name__))
+            self._deliver(_ConnectionLost(str(exc) or type(exc).__name__))
 
-    def _deliver(self, item: str | bytes | ConnectionLost) -> None:
+    def _deliver(self, item: str | bytes | _ConnectionLost) -> None:
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(item)
@@ -105,7 +117,7 @@ class Connection:
             finally:
                 if expiry is not None:
                     expiry.cancel()
-        if isinstance(item, ConnectionLost):
+        if isinstance(item, _ConnectionLost):
             self._inbox.appendleft(item)  # every later request gets the same answer
             raise item
         return item

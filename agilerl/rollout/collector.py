@@ -37,12 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 from agilerl.chat import ChatRenderer
 from agilerl.concurrency import WorkerThreads, run_in_threads, run_on_loop, shared_loop
-from agilerl.errors import AgileRLError
+from agilerl.errors import AgileRLError, EnvUnavailable
 from agilerl.protocol import require_max_turns
 from agilerl.rollout.assigner import Task, TaskAssigner
+from agilerl.rollout.context import ContextBudget, text_chars
 from agilerl.rollout.harness import RolloutHarness
 from agilerl.rollout.policy import Generation, Policy, SamplingParams
 from agilerl.rollout.results import (
+    ENV_CHECK_HINT,
     CollectionError,
     EvalResult,
     RolloutBatch,
@@ -78,6 +80,8 @@ class RolloutCollector:
         max_reward: float | None = None,
         system_prompt: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        episode_retries: int = 2,
+        max_model_len: int | None = None,
     ) -> None:
         if batch_size < 1 or group_size < 1:
             raise AgileRLError(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
@@ -85,7 +89,10 @@ class RolloutCollector:
         self.group_size = group_size
         self.num_slots = batch_size * group_size
         self.env_timeout_s = env_timeout_s
+        self.episode_retries = episode_retries
+        self.max_model_len = max_model_len
         self.tokenizer = tokenizer
+        self._context: ContextBudget | None = None
         self._env_factory = env_factory
         self._system_prompt = system_prompt
         self._chat_template_kwargs = chat_template_kwargs
@@ -111,6 +118,8 @@ class RolloutCollector:
             self.close()
             raise
         self._threaded = self.threads_for_blocking_envs and self._harness_of(0).client.blocking
+        # a remote reset may spend this long reconnecting (an outage) before it even sends
+        self._reconnect_s = float(getattr(first, "retry_budget_s", 0) or 0)
         self.max_reward = max_reward if max_reward is not None else getattr(first, "max_reward", None)
         base = sampling or SamplingParams()
         stops = [self._harness_of(0).renderer.end_of_turn_id, tokenizer.eos_token_id, *base.stop_token_ids]
@@ -140,8 +149,12 @@ class RolloutCollector:
     # -- collection ---------------------------------------------------------------------------
 
     def collect(self, policy: Policy) -> RolloutBatch:
-        """Play one batch to the end of every episode; see the module doc."""
-        return self.play(self.assigner.assign(self.batch_size, self.group_size), policy)
+        """Play one batch to the end of every episode; groups left with fewer than two finished
+        rollouts are dropped (see "When an env fails" in docs/collector.md)."""
+        start = time.perf_counter()
+        tasks = self.assigner.assign(self.batch_size, self.group_size)
+        run = self._play(dict(enumerate(tasks)), policy, self.sampling)
+        return run.batch(time.perf_counter() - start, min_finished=min(2, self.group_size))
 
     def play(self, tasks: Sequence[Task], policy: Policy, *, evaluation: bool | None = None) -> RolloutBatch:
         """Play chosen tasks at once, slot ``i`` playing ``tasks[i]`` (at most ``batch_size x
@@ -156,46 +169,85 @@ class RolloutCollector:
     def _play(
         self, tasks: dict[int, Task], policy: Policy, params: SamplingParams, evaluation: bool | None = None
     ) -> Run:
-        """Play every given slot's task to the end: one generate call and one env phase per turn."""
+        """Play every given slot's task to the end: one generate call and one env phase per turn.
+        A slot whose attempt failed starts its task again (``reset``) with the next turn's phase."""
         if self._closed:
             raise CollectionError("the collector is closed")
-        run = Run(tasks, self.group_size)
-        self._recreate_missing(run)
-        requests = {
-            s: ((tasks[s].seed,), {"row_index": tasks[s].row_index, "evaluation": evaluation})
-            for s in tasks
-            if s not in run.trajectories
-        }
-        started = self._run_envs(run, "reset", requests)
-        prompts = {s: result[0] for s, result in started.items()}
-        while prompts:
+        run = Run(tasks, self.group_size, retries=self.episode_retries)
+        budget = self._budget(policy)
+        prompts: dict[int, Sequence[int]] = {}
+        starting = list(tasks)
+        while starting or prompts:
+            prompts.update(self._start(run, starting, evaluation, budget))
+            for s in [s for s in prompts if budget.full(len(prompts[s]))]:  # no room: no model work
+                self._end_at_context(run, s, budget)
+                del prompts[s]
             live = list(prompts)
-            gens = dict(zip(live, self._generate(policy, [prompts[s] for s in live], params, run)))
+            gens = dict(zip(live, self._generate(policy, [prompts[s] for s in live], params, run))) if live else {}
             sizes = {s: len(self._harness_of(s).trajectory.token_ids) for s in live}
             for s in live:
-                if gens[s].finish_reason == "context" and not gens[s].token_ids:  # no room left at all
-                    traj = self._harness_of(s).trajectory
-                    run.finish(s, traj, cut_at=end_of_last_action(traj))
+                if gens[s].finish_reason == "context" and not gens[s].token_ids:  # the policy saw no room
+                    self._end_at_context(run, s, budget)
                     del prompts[s]
             actions = {
                 s: ((self._harness_of(s).prepare_step(gens[s].token_ids, logprobs=gens[s].logprobs),), {})
                 for s in prompts
             }
-            stepped = self._run_envs(run, "step", actions)
+            used = {s: sizes[s] + len(gens[s].token_ids) for s in actions}
+            stepped = self._run_envs(run, "step", actions, used, budget)
             for s in actions:
-                if s not in stepped:  # failed: already recorded
+                if s not in stepped:  # failed or ended at the context: already recorded
                     del prompts[s]
                     continue
                 harness = self._harness_of(s)
                 if gens[s].finish_reason == "context":
-                    run.finish(s, harness.trajectory, cut_at=sizes[s] + len(gens[s].token_ids))
+                    run.finish(s, harness.trajectory, cut_at=used[s])
                     del prompts[s]
                 elif harness.done:
                     run.finish(s, harness.trajectory)
                     del prompts[s]
                 else:
                     prompts[s] = stepped[s][0]
+            starting = run.take_replays()
         return run
+
+    def _start(
+        self, run: Run, slots: list[int], evaluation: bool | None, budget: ContextBudget
+    ) -> dict[int, Sequence[int]]:
+        """Reset ``slots`` to their tasks (building the envs that failed earlier first); their prompts."""
+        ready = []
+        for slot in slots:
+            if self._slots[slot] is None:
+                try:
+                    self._slots[slot] = self._harness(self._env_factory())
+                except Exception as exc:  # reported, and retried like any failed attempt
+                    run.fail(slot, "create", exc, None)
+                    continue
+            ready.append(slot)
+        tasks = run.tasks
+        requests = {s: ((tasks[s].seed,), {"row_index": tasks[s].row_index, "evaluation": evaluation}) for s in ready}
+        started = self._run_envs(run, "reset", requests, dict.fromkeys(ready, 0), budget)
+        return {s: result[0] for s, result in started.items()}
+
+    def _end_at_context(self, run: Run, slot: int, budget: ContextBudget) -> None:
+        """End an episode the context cannot hold: cut after its last generated token, or, when
+        the opening prompt alone fills the context, lose it (it has nothing to learn from)."""
+        traj = self._harness_of(slot).trajectory
+        if any(traj.action_mask):
+            run.finish(slot, traj, cut_at=end_of_last_action(traj))
+        else:
+            run.overflow(
+                slot,
+                f"the opening prompt is {len(traj.token_ids):,} tokens: "
+                f"max_model_len={budget.max_model_len} leaves no room to generate",
+            )
+
+    def _budget(self, policy: Policy) -> ContextBudget:
+        """The context of this collection: ``max_model_len`` given here, else the policy's own."""
+        limit = self.max_model_len or getattr(policy, "max_model_len", None)
+        if self._context is None or self._context.max_model_len != limit:
+            self._context = ContextBudget.for_tokenizer(self.tokenizer, limit)
+        return self._context
 
     def _generate(
         self, policy: Policy, prompts: list[Sequence[int]], params: SamplingParams, run: Run
@@ -213,27 +265,44 @@ class RolloutCollector:
         return generations
 
     def _run_envs(
-        self, run: Run, method: str, requests: dict[int, tuple[tuple[Any, ...], dict[str, Any]]]
+        self,
+        run: Run,
+        method: str,
+        requests: dict[int, tuple[tuple[Any, ...], dict[str, Any]]],
+        used: dict[int, int],
+        budget: ContextBudget,
     ) -> dict[int, Any]:
         """Call ``client.<method>(*args, **kwargs)`` for every slot in ``requests`` at once, then
         apply each answer to its harness here, on one thread, after the renderer has seen all the
         answers (to tokenize them in one batch). Failed slots are recorded and their envs
-        replaced; the rest map to what ``apply_reset``/``apply_step`` returned."""
+        replaced; an answer too long for the context left (``used`` tokens) ends its episode
+        untokenized; the rest map to what ``apply_reset``/``apply_step`` returned."""
         if not requests:
             return {}
         slots = list(requests)
         clients = [self._harness_of(s).client for s in slots]
+        timeout = self.env_timeout_s
+        if method == "reset" and timeout is not None:
+            timeout += self._reconnect_s
         t0 = time.perf_counter()
         if self._threaded:  # the hand-tuned fast path: sync calls on worker threads, one latch
             calls = [partial(getattr(c, method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)]
-            results = run_in_threads(self._threads, calls, self.env_timeout_s, method)
+            results = run_in_threads(self._threads, calls, timeout, method)
         else:
             acalls = [
                 partial(getattr(c, "a" + method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)
             ]
-            results = run_on_loop(shared_loop(), acalls, self.env_timeout_s, method)
+            results = run_on_loop(shared_loop(), acalls, timeout, method)
         run.env_time_s += time.perf_counter() - t0
-        answers = [(s, r) for s, r in zip(slots, results) if not isinstance(r, BaseException)]
+        for result in results:
+            if isinstance(result, (KeyboardInterrupt, EnvUnavailable)):  # the user, or an outage: stop
+                raise result
+        oversize = {
+            s
+            for s, r in zip(slots, results)
+            if not isinstance(r, BaseException) and budget.cannot_fit(_answer_chars(method, r), used[s])
+        }
+        answers = [(s, r) for s, r in zip(slots, results) if not isinstance(r, BaseException) and s not in oversize]
         try:
             self._warm(method, answers)
         except Exception:  # only a speed-up: apply meets (and reports) the same error
@@ -244,15 +313,34 @@ class RolloutCollector:
             try:
                 if isinstance(result, BaseException):
                     raise result
-                if method == "reset":
+                if s in oversize:
+                    self._too_long(run, s, method, result, budget)
+                elif method == "reset":
                     (seed,), keywords = requests[s]
                     applied[s] = harness.apply_reset(result, seed=seed, row_index=keywords["row_index"])
                 else:
                     applied[s] = harness.apply_step(result)
-            except Exception as exc:  # one env's failure must not end the batch
+            except BaseException as exc:  # one env's failure must not end the batch (SystemExit included)
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
                 run.fail(s, method, exc, harness.trajectory if method == "step" else None)
                 self._replace(s)
         return applied
+
+    def _too_long(self, run: Run, slot: int, method: str, result: Any, budget: ContextBudget) -> None:
+        """End an episode whose env answered with more text than the context has room for,
+        without tokenizing that text: a reset is lost; a step keeps its action and reward."""
+        if method == "reset":
+            chars = _answer_chars(method, result)
+            run.overflow(
+                slot,
+                f"the env's opening prompt is {chars:,} characters, more than "
+                f"max_model_len={budget.max_model_len} tokens can hold",
+            )
+            return
+        harness = self._harness_of(slot)
+        harness.apply_step(("", *result[1:]))  # the action and its reward; the text is never tokenized
+        run.finish(slot, harness.trajectory, cut_at=end_of_last_action(harness.trajectory))
 
     def _warm(self, method: str, answers: list[tuple[int, Any]]) -> None:
         """Tokenize every answer's new text in one batch per renderer (one per tool set)."""
@@ -296,18 +384,14 @@ class RolloutCollector:
         if errors:
             raise CollectionError(f"could not build the rollout envs: {errors[0]}") from errors[0]
 
-    def _recreate_missing(self, run: Run) -> None:
-        """Rebuild the envs that failed earlier (or the evaluation env, at first use)."""
-        for slot in run.tasks:
-            if self._slots[slot] is None:
-                try:
-                    self._slots[slot] = self._harness(self._env_factory())
-                except Exception as exc:  # reported, retried next batch
-                    run.fail(slot, "create", exc, None)
-
     def _replace(self, slot: int) -> None:
-        """Drop a failed env (closed in the background: it may still hang); rebuilt next time."""
-        old, self._slots[slot] = self._slots[slot], None
+        """Drop a failed env (closed in the background: it may still hang); rebuilt next time.
+        A remote env's client stays: it has dropped its session, and its next ``reset`` opens a
+        fresh one (a fresh env on the server), reconnecting through an outage."""
+        old = self._slots[slot]
+        if old is not None and _is_remote(old.client):
+            return
+        self._slots[slot] = None
         if old is not None:
             threading.Thread(target=_close_quietly, args=(old,), daemon=True).start()
 
@@ -351,6 +435,7 @@ class RolloutCollector:
         greedy = replace(self.sampling, temperature=0.0)
         rewards: list[float] = []
         failures = 0
+        first_failure = ""
         for episode in range(num_episodes):
             task = Task(episode, episode if held_out is not None else None)
             run = self._play({slot: task}, policy, greedy, evaluation=True if held_out is not None else None)
@@ -359,8 +444,12 @@ class RolloutCollector:
                 rewards.append(traj.total_reward)
             else:
                 failures += 1
+                first_failure = first_failure or f"episode {episode}, {run.first_loss()}"
         if not rewards:
-            raise CollectionError(f"every one of the {num_episodes} evaluation episodes failed")
+            raise CollectionError(
+                f"every one of the {num_episodes} evaluation episodes failed; the first, "
+                f"{first_failure}. {ENV_CHECK_HINT}."
+            )
         mean = statistics.fmean(rewards)
         accuracy = mean / self.max_reward if self.max_reward else None
         return EvalResult(mean, accuracy, len(rewards), failures)
@@ -381,10 +470,14 @@ def check_capacity(metadata: dict[str, Any], num_slots: int) -> None:
 
 def _server_metadata(env: Any) -> dict[str, Any]:
     """A remote env's ``GET /metadata`` (session limit, dataset size); {} for in-process envs."""
-    if not hasattr(type(env), "server_metadata"):
+    if not _is_remote(env):
         return {}
     metadata = env.server_metadata()
     return metadata if isinstance(metadata, dict) else {}
+
+
+def _is_remote(env: Any) -> bool:
+    return hasattr(type(env), "server_metadata")
 
 
 def _env_max_turns(env: Any) -> int:
@@ -400,3 +493,12 @@ def _close_quietly(env: Any) -> None:
         env.close()
     except Exception:
         log.debug("closing a failed env raised", exc_info=True)
+
+
+def _answer_chars(method: str, result: Any) -> int:
+    """The characters of text an env's answer adds to the conversation (before tokenizing it)."""
+    if method == "reset":
+        prompt, info = result
+        framing = info if isinstance(info, dict) else {}
+        return text_chars([prompt, framing.get("messages"), framing.get("system_prompt")])
+    return text_chars([result[0]])

@@ -7,25 +7,27 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
-from agilerl.errors import CollectionError
+from agilerl.errors import CollectionError, EnvProtocolError, ObservationError, RemoteEnvTimeout
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.trajectory import Trajectory
-from agilerl.errors import AgileRLError
 
 
 @dataclass
 class SlotFailure:
-    """One rollout whose env failed: where (``create``/``reset``/``step``) and why."""
+    """One failed attempt at a rollout: where (``create``/``reset``/``step``/``context``), why, and
+    whether the slot played its task again (``retried``) or the rollout was lost."""
 
     slot: int
     group: int
     phase: str
     error: str
+    retried: bool = False
 
 
 @dataclass
 class CollectStats:
-    """What one ``collect`` cost and earned; failed rollouts count as reward 0 in their group."""
+    """What one ``collect`` cost and earned. Rewards are over the rollouts that finished: a lost
+    rollout leaves its group's statistics (see docs/collector.md, "When an env fails")."""
 
     reward_mean: float
     reward_std: float
@@ -38,6 +40,10 @@ class CollectStats:
     env_time_s: float
     wall_time_s: float
     truncated: int
+    retries: int = 0
+    lost: int = 0
+    groups_dropped: int = 0
+    context_truncated: int = 0
     failures: list[SlotFailure] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
@@ -72,18 +78,35 @@ class EvalResult:
     failures: int
 
 
-class Run:
-    """The bookkeeping of one collection: a trajectory per slot, failures, counters."""
+ENV_CHECK_HINT = (
+    "`agilerl env check MANIFEST` (or the entrypoint, or --env-url) plays the env on its own and "
+    "names what it does wrong"
+)
 
-    def __init__(self, tasks: dict[int, Task], group_size: int) -> None:
+_NOT_REPLAYED = (TimeoutError, RemoteEnvTimeout, EnvProtocolError, ObservationError)
+"""Failures a replay would only repeat: a timeout costs the whole wait again, and a protocol or
+observation error is the env's code or its configuration, the same on every attempt."""
+
+
+class Run:
+    """The bookkeeping of one collection: a trajectory per slot, failures and replays, counters.
+
+    A slot whose attempt fails is replayed (its task again, from ``reset``) up to ``retries``
+    times; ``take_replays`` hands the collector the slots to start again."""
+
+    def __init__(self, tasks: dict[int, Task], group_size: int, *, retries: int = 0) -> None:
         self.tasks = tasks
         self.group_size = group_size
+        self.retries = retries
         self.trajectories: dict[int, Trajectory] = {}
         self.failures: list[SlotFailure] = []
         self.generation_time_s = 0.0
         self.env_time_s = 0.0
         self.generation_calls = 0
         self.generated_tokens = 0
+        self.context_truncated = 0
+        self._attempts: dict[int, int] = {}
+        self._replays: list[int] = []
 
     def finish(self, slot: int, traj: Trajectory, *, cut_at: int | None = None) -> None:
         """Record a slot's ended episode; ``cut_at`` marks a context overflow and cuts it there,
@@ -92,42 +115,114 @@ class Run:
             traj = _cut(traj, cut_at)
             traj.truncated = True
             traj.info["truncated_by"] = "max_model_len"
+            self.context_truncated += 1
         traj.group = slot // self.group_size
         self.trajectories[slot] = traj
 
-    def fail(self, slot: int, phase: str, exc: BaseException, partial: Trajectory | None) -> None:
-        task = self.tasks[slot]
+    def fail(self, slot: int, phase: str, exc: BaseException, partial: Trajectory | None) -> bool:
+        """Record a failed attempt; True when the slot plays its task again (see the class doc)."""
+        attempt = self._attempts.get(slot, 0)
+        self._attempts[slot] = attempt + 1
+        replay = attempt < self.retries and not isinstance(exc, _NOT_REPLAYED)
         message = f"{type(exc).__name__}: {exc}"
-        traj = partial or Trajectory(seed=task.seed, row_index=task.row_index)
-        traj.group, traj.error = slot // self.group_size, f"{phase}: {message}"
-        self.trajectories[slot] = traj
-        self.failures.append(SlotFailure(slot, traj.group, phase, message))
+        group = slot // self.group_size
+        self.failures.append(SlotFailure(slot, group, phase, message, retried=replay))
+        if replay:
+            self._replays.append(slot)
+            return True
+        self._lose(slot, partial, f"{phase}: {message}")
+        return False
 
-    def batch(self, wall_time_s: float) -> RolloutBatch:
+    def overflow(self, slot: int, why: str) -> None:
+        """The episode cannot start within the model's context: lost, before any model work."""
+        self.context_truncated += 1
+        self.failures.append(SlotFailure(slot, slot // self.group_size, "context", why))
+        self._lose(slot, None, f"context: {why}")
+
+    def take_replays(self) -> list[int]:
+        """The slots to start again from ``reset``, in order (each once)."""
+        replays, self._replays = self._replays, []
+        return replays
+
+    @property
+    def replayed(self) -> int:
+        return sum(f.retried for f in self.failures)
+
+    def _lose(self, slot: int, partial: Trajectory | None, error: str) -> None:
+        task = self.tasks[slot]
+        traj = partial or Trajectory(seed=task.seed, row_index=task.row_index)
+        traj.group, traj.error = slot // self.group_size, error
+        self.trajectories[slot] = traj
+
+    def batch(self, wall_time_s: float, *, min_finished: int = 1) -> RolloutBatch:
+        """The batch, with every group left with fewer than ``min_finished`` finished rollouts
+        dropped whole (too few to compare); raises when no group is left."""
         trajectories = [self.trajectories[s] for s in sorted(self.tasks)]
-        if len(self.failures) == len(trajectories):
-            first = self.failures[0]
-            raise CollectionError(
-                f"all {len(trajectories)} rollouts failed; the first, slot {first.slot}, "
-                f"in {first.phase}: {first.error}"
-            )
-        rewards = [t.total_reward if t.error is None else 0.0 for t in trajectories]
-        groups = [rewards[i : i + self.group_size] for i in range(0, len(rewards), self.group_size)]
+        lost = sum(t.error is not None for t in trajectories)
+        dropped = _drop_small_groups(trajectories, min_finished)
+        finished = [t for t in trajectories if t.error is None]
+        if not finished:
+            raise CollectionError(self._nothing_left(len(trajectories), lost, min_finished))
+        rewards = [t.total_reward for t in finished]
+        groups: dict[int, list[float]] = {}
+        for t in trajectories:
+            groups.setdefault(t.group, [])
+            if t.error is None:
+                groups[t.group].append(t.total_reward)
         stats = CollectStats(
             reward_mean=statistics.fmean(rewards),
             reward_std=_pstdev(rewards),
-            group_reward_mean=[statistics.fmean(g) for g in groups],
-            group_reward_std=[_pstdev(g) for g in groups],
-            turns_mean=statistics.fmean(t.num_turns for t in trajectories),
+            group_reward_mean=[statistics.fmean(g) if g else 0.0 for g in groups.values()],
+            group_reward_std=[_pstdev(g) if g else 0.0 for g in groups.values()],
+            turns_mean=statistics.fmean(t.num_turns for t in finished),
             generated_tokens=self.generated_tokens,
             generation_calls=self.generation_calls,
             generation_time_s=self.generation_time_s,
             env_time_s=self.env_time_s,
             wall_time_s=wall_time_s,
-            truncated=sum(t.truncated for t in trajectories),
+            truncated=sum(t.truncated for t in finished),
+            retries=self.replayed,
+            lost=lost,
+            groups_dropped=dropped,
+            context_truncated=self.context_truncated,
             failures=self.failures,
         )
         return RolloutBatch(trajectories, self.group_size, stats)
+
+    def first_loss(self) -> str:
+        """The first failure that lost a rollout (else the first failure), as ``slot S, in PHASE: ...``."""
+        first = next((f for f in self.failures if not f.retried), self.failures[0])
+        return f"slot {first.slot}, in {first.phase}: {first.error}"
+
+    def _nothing_left(self, total: int, lost: int, min_finished: int) -> str:
+        if lost == total:
+            head = f"all {total} rollouts failed"
+        else:
+            head = (
+                f"no group kept the {min_finished} finished rollouts it needs to compare "
+                f"({lost} of {total} rollouts were lost)"
+            )
+        return f"{head}; the first, {self.first_loss()}. {ENV_CHECK_HINT}."
+
+
+def _drop_small_groups(trajectories: list[Trajectory], min_finished: int) -> int:
+    """Mark the finished rollouts of groups too small to compare as lost; how many groups went."""
+    by_group: dict[int, list[Trajectory]] = {}
+    for t in trajectories:
+        by_group.setdefault(t.group, []).append(t)
+    dropped = 0
+    for members in by_group.values():
+        finished = [t for t in members if t.error is None]
+        if finished and len(finished) < min_finished:
+            dropped += 1
+            for t in finished:
+                t.error = (
+                    f"group dropped: {len(finished)} of its {len(members)} rollouts finished, "
+                    f"fewer than the {min_finished} needed to compare"
+                )
+        elif not finished:
+            dropped += 1
+    return dropped
 
 
 def _pstdev(values: list[float]) -> float:

@@ -1,0 +1,253 @@
+"""Fault injection, env side: a real ``agilerl serve`` SIGKILLed mid-run and restarted on the same
+port, envs that raise in some episodes, and envs whose text cannot fit the model's context."""
+
+from __future__ import annotations
+
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agilerl.errors import CollectionError, EnvUnavailable
+from agilerl.remote.client import RemoteEnvClient
+from agilerl.rollout.assigner import TaskAssigner
+from agilerl.rollout.collector import RolloutCollector
+from agilerl.rollout.policy import SamplingParams, ScriptedPolicy
+from agilerl.train.batch import collate_trajectories
+from tests.test_remote_server import wait_for_health
+
+
+class ServeProcess:
+    """``agilerl serve guess`` on a fixed loopback port, which can be SIGKILLed and started again."""
+
+    def __init__(self, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.proc: subprocess.Popen[Any] | None = None
+        self.restarted = threading.Event()
+        self._restart: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agilerl", "serve", "guess", "--port", str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for_health(self.url, self.proc, self.log)
+
+    def kill_and_restart_after(self, delay_s: float) -> None:
+        """SIGKILL the server now; start it again on the same port ``delay_s`` later."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+        def restart() -> None:
+            threading.Event().wait(delay_s)  # the outage
+            self.start()
+            self.restarted.set()
+
+        self._restart = threading.Thread(target=restart, daemon=True)
+        self._restart.start()
+
+    def stop(self) -> None:
+        if self._restart is not None:  # a restart still in flight must not outlive the test
+            self._restart.join(60)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[ServeProcess]:
+    server = ServeProcess(tmp_path / "serve.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+class KillOnCall(ScriptedPolicy):
+    """Replies "0" (never the target: every episode plays all its turns); at generate call
+    ``kill_at`` the env server is SIGKILLed, and it comes back on its port a second later."""
+
+    def __init__(self, tokenizer: Any, server: ServeProcess, kill_at: int) -> None:
+        super().__init__(tokenizer, reply="0")
+        self.server, self.kill_at = server, kill_at
+
+    def generate(self, prompts, params):
+        if self.calls + 1 == self.kill_at:
+            self.server.kill_and_restart_after(1.0)
+        return super().generate(prompts, params)
+
+
+def test_a_server_killed_mid_episode_and_restarted_loses_no_rollout(served, chatml_tokenizer):
+    factory = lambda: RemoteEnvClient(served.url, retry_budget_s=60)  # noqa: E731
+    with RolloutCollector(factory, chatml_tokenizer, batch_size=2, group_size=2, max_turns=3, seed=0) as c:
+        policy = KillOnCall(chatml_tokenizer, served, kill_at=2)  # mid-episode: after turn 1
+        batch = c.collect(policy)
+        assert served.restarted.is_set()
+        after = c.collect(policy)  # and the run goes on against the restarted server
+    stats = batch.stats
+    assert stats.retries == 4 and stats.lost == 0 and stats.groups_dropped == 0
+    assert {(f.phase, f.retried) for f in stats.failures} == {("step", True)}
+    assert all("ended mid-episode" in f.error for f in stats.failures)
+    tasks = TaskAssigner(None, seed=0).assign(2, 2)
+    for traj, task in zip(batch.trajectories, tasks):  # replayed from reset on the same task
+        assert traj.error is None and traj.num_turns == 3 and traj.seed == task.seed
+    assert not after.stats.failures and all(t.error is None for t in after.trajectories)
+    metrics = stats.metrics()
+    assert metrics["rollout/retries"] == 4 and metrics["rollout/lost"] == 0
+
+
+def test_an_outage_past_the_bound_stops_the_run_naming_the_url(served, chatml_tokenizer):
+    factory = lambda: RemoteEnvClient(served.url, retry_budget_s=0.5)  # noqa: E731
+    with RolloutCollector(factory, chatml_tokenizer, batch_size=1, group_size=2, max_turns=3, seed=0) as c:
+        served.stop()  # and it does not come back
+        with pytest.raises(EnvUnavailable, match=rf"{served.url} within retry_budget_s=0.5 .*agilerl serve") as exc:
+            c.collect(ScriptedPolicy(chatml_tokenizer, reply="0"))
+    assert "reconnect_timeout_s" in str(exc.value)
+
+
+class FlakyEnv:
+    """Envs 1 and 4 (in build order) raise in their first episode, env 2 with ``SystemExit``;
+    the replacements, built later, never do."""
+
+    max_turns = 2
+    built = 0
+    lock = threading.Lock()
+
+    def __init__(self) -> None:
+        with FlakyEnv.lock:
+            self.index, FlakyEnv.built = FlakyEnv.built, FlakyEnv.built + 1
+        self.episodes = 0
+
+    def reset(self, seed=None):
+        self.episodes += 1
+        return "say something", {}
+
+    def step(self, action):
+        if self.episodes == 1 and self.index == 2:
+            raise SystemExit(3)  # a hostile env: contained like any other error
+        if self.episodes == 1 and self.index in (1, 4):
+            raise RuntimeError(f"env {self.index} broke")
+        return "ok", 1.0, True, False, {}
+
+
+def test_an_in_process_env_that_raises_in_some_episodes_never_ends_the_run(chatml_tokenizer):
+    FlakyEnv.built = 0
+    with RolloutCollector(FlakyEnv, chatml_tokenizer, batch_size=4, group_size=2, seed=0) as c:
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer))
+        again = c.collect(ScriptedPolicy(chatml_tokenizer))
+        result = c.evaluate(ScriptedPolicy(chatml_tokenizer), num_episodes=4)
+    for b in (batch, again):
+        assert all(t.error is None and t.total_reward == 1.0 for t in b.trajectories)
+        assert b.stats.lost == 0 and b.stats.groups_dropped == 0
+    assert sorted((f.slot, f.error, f.retried) for f in batch.stats.failures) == [
+        (1, "RuntimeError: env 1 broke", True),
+        (2, "SystemExit: 3", True),
+        (4, "RuntimeError: env 4 broke", True),
+    ]
+    assert batch.stats.retries == 3 and not again.stats.failures
+    assert result.episodes == 4 and result.failures == 0
+
+
+class FourValueStep:
+    """Breaks the protocol: step returns 4 values."""
+
+    max_turns = 2
+
+    def reset(self, seed=None):
+        return "go", {}
+
+    def step(self, action):
+        return "obs", 1.0, True, {}
+
+
+def test_when_every_rollout_fails_the_error_carries_the_cause_and_the_check_command(chatml_tokenizer):
+    with RolloutCollector(FourValueStep, chatml_tokenizer, batch_size=2, group_size=2, seed=0) as c:
+        with pytest.raises(CollectionError, match=r"all 4 rollouts failed; the first, slot 0, in step: EnvProtocolError: .*agilerl env check"):
+            c.collect(ScriptedPolicy(chatml_tokenizer))
+        with pytest.raises(CollectionError, match=r"every one of the 2 evaluation episodes failed; the first, episode 0, slot \d+, in step: EnvProtocolError: .*4.*agilerl env check"):
+            c.evaluate(ScriptedPolicy(chatml_tokenizer), num_episodes=2)
+
+
+class HugeText:
+    """Its opening prompt (or, with ``at_step``, its first observation) is ``size`` characters."""
+
+    max_turns = 3
+    size = 0
+    at_step = False
+
+    def reset(self, seed=None):
+        return ("x " * (self.size // 2) if not self.at_step else "start"), {}
+
+    def step(self, action):
+        return ("y " * (self.size // 2) if self.at_step else "fine"), 0.5, False, False, {}
+
+
+@pytest.mark.parametrize("size", [200_000, 5_000_000])
+def test_an_opening_prompt_too_long_for_the_context_ends_before_any_model_work(size, chatml_tokenizer):
+    class Env(HugeText):
+        pass
+
+    Env.size = size
+
+    class NeverCalled(ScriptedPolicy):
+        max_model_len = 2048
+
+        def generate(self, prompts, params):
+            raise AssertionError("the policy must not see a prompt that cannot fit")
+
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with RolloutCollector(Env, chatml_tokenizer, batch_size=1, group_size=2, seed=0) as c:
+        with pytest.raises(CollectionError, match=rf"all 2 rollouts failed; the first, slot 0, in context: the env's opening prompt is {size:,} characters, more than max_model_len=2048"):
+            c.collect(NeverCalled(chatml_tokenizer))
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    assert grown_mb < 200  # the text itself, a few times at most: never its tokens
+
+
+def test_an_observation_too_long_ends_the_episode_after_the_last_action_untokenized(chatml_tokenizer):
+    class Env(HugeText):
+        at_step = True
+        size = 5_000_000
+
+    class Bounded(ScriptedPolicy):
+        max_model_len = 256
+
+    with RolloutCollector(Env, chatml_tokenizer, batch_size=2, group_size=2, seed=0) as c:
+        batch = c.collect(Bounded(chatml_tokenizer, reply="hi"))
+    for traj in batch.trajectories:
+        assert traj.error is None and traj.truncated and traj.info["truncated_by"] == "max_model_len"
+        assert traj.num_turns == 1 and traj.rewards == [0.5] and traj.action_mask[-1]
+        assert len(traj.token_ids) < 256
+    assert batch.stats.context_truncated == 4 and batch.stats.metrics()["rollout/context_truncated"] == 4
+    collate_trajectories(batch.trajectories, 0)
+
+
+def test_a_prompt_that_fills_the_context_is_lost_not_trained_on(chatml_tokenizer):
+    """Short enough to tokenize, too long to leave room for one generated token."""
+
+    class Env(HugeText):
+        size = 400  # ~200 tokens of "x "
+
+    class Small(ScriptedPolicy):
+        max_model_len = 64
+
+    with RolloutCollector(Env, chatml_tokenizer, batch_size=1, group_size=2, seed=0) as c:
+        with pytest.raises(CollectionError, match=r"in context: the opening prompt is [\d,]+ tokens: max_model_len=64 leaves no room"):
+            c.collect(Small(chatml_tokenizer))
+
+
+def test_a_remote_frame_over_the_clients_bound_is_refused(served):
+    with pytest.raises(EnvUnavailable, match="max_message_bytes"):
+        RemoteEnvClient(served.url, max_message_bytes=64, retry_budget_s=0.3).reset()
