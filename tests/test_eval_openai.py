@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,6 +144,24 @@ def test_greedy_first_turns_match_the_local_model(server, capsys, tmp_path):
         for name in ("e.jsonl", "l.jsonl")
     ]
     assert replies[0] == replies[1] and all(replies[0])
+
+
+def test_the_endpoint_route_needs_no_torch_transformers_or_datasets(server, tmp_path):
+    """What the plain install promises: the run works with those three unimportable."""
+    code = f"""
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "datasets"):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Refuse())
+from agilerl.cli.main import main
+sys.exit(main(["eval", "guess", "--base-url", {server.url!r}, "--model", "tiny", "--api-key", {KEY!r},
+               "-n", "2", "--max-new-tokens", "4", "--no-progress", "--output", {str(tmp_path / "r.jsonl")!r}]))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2
 
 
 @pytest.mark.parametrize(
