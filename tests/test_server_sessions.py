@@ -225,3 +225,20 @@ def test_memory_stays_flat_over_many_leaky_sessions(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_validation_error_keeps_its_per_field_errors() -> None:
+    """OpenEnv's server says only "Invalid message" beside the per-field ``errors``: a client's
+    error message keeps them (issue 19.11)."""
+    from agilerl.remote.frames import parse_reply
+
+    raw = json.dumps({"type": "error", "data": {"message": "Invalid message", "code": "VALIDATION_ERROR", "errors": [
+        {"type": "missing", "loc": ["word"], "msg": "Field required"},
+        {"type": "int_parsing", "loc": ["count"], "msg": "Input should be a valid integer"},
+    ]}})
+    assert parse_reply(raw).error == (
+        "VALIDATION_ERROR", "Invalid message (word: Field required; count: Input should be a valid integer)"
+    )
+    ours = {"message": "invalid message: data.message: Input should be a valid string", "code": "VALIDATION_ERROR",
+            "errors": [{"loc": ["step", "data", "message"], "msg": "Input should be a valid string"}]}
+    assert parse_reply(json.dumps({"type": "error", "data": ours})).error == ("VALIDATION_ERROR", ours["message"])

@@ -243,11 +243,27 @@ class Reply(NamedTuple):
 
     @property
     def error(self) -> tuple[str | None, str] | None:
-        """``(code, message)`` of an error frame; None for any other frame."""
+        """``(code, message)`` of an error frame; None for any other frame. The per-field
+        ``errors`` of a validation error (OpenEnv's server sends only "Invalid message" beside
+        them) are kept in the message: ``field: what is wrong`` for each."""
         if self.type != "error":
             return None
         data = self.data if isinstance(self.data, dict) else {}
-        return data.get("code"), str(data.get("message", ""))
+        message = str(data.get("message", ""))
+        fields = _field_errors(data.get("errors"), message)
+        return data.get("code"), f"{message} ({fields})" if fields else message
+
+
+def _field_errors(errors: Any, message: str) -> str:
+    """pydantic's error list as ``loc: msg; ...``, leaving out what ``message`` already says."""
+    if not isinstance(errors, list):
+        return ""
+    parts = [
+        f"{'.'.join(str(p) for p in e.get('loc', ())) or '(frame)'}: {e.get('msg', '')}"
+        for e in errors
+        if isinstance(e, dict) and str(e.get("msg", "")) not in message
+    ]
+    return "; ".join(parts)
 
 
 def parse_reply(raw: str | bytes) -> Reply:
