@@ -119,12 +119,14 @@ def test_unscaled_advantages_are_mean_centred():
     assert adv.tolist() == [[1.0], [-1.0]]
 
 
-def test_failed_rollout_counts_in_its_group_with_zero_reward_but_gets_no_advantage():
-    trajs = [two_turns([1.0]), two_turns([1.0], error="timeout")]
+def test_failed_rollout_leaves_its_groups_statistics_and_gets_no_advantage():
+    trajs = [two_turns([1.0]), two_turns([0.0]), two_turns([1.0], error="timeout")]
     batch = collate_trajectories(trajs, pad_id=0)
     adv = GRPO().advantages(batch, "trajectory")
-    assert adv[0, 2].item() == pytest.approx(0.5 / (0.5 + EPS))  # against the failure's 0
-    assert adv[1].abs().sum() == 0
+    assert adv[0, 2].item() == pytest.approx(0.5 / (0.5 + EPS))  # against its finished sibling only
+    assert adv[1, 2].item() == pytest.approx(-0.5 / (0.5 + EPS))
+    assert adv[2].abs().sum() == 0
+    assert batch.group.tolist() == [0, 0, -3]
 
 
 def test_auto_picks_turn_only_when_rewards_come_before_the_last_turn():

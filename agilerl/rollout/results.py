@@ -79,8 +79,8 @@ class EvalResult:
 
 
 ENV_CHECK_HINT = (
-    "`agilerl env check MANIFEST` (or the entrypoint, or --env-url) plays the env on its own and "
-    "names what it does wrong"
+    "`agilerl env check MANIFEST` (or ENTRYPOINT) plays the env on its own and names what it "
+    "does wrong"
 )
 
 _NOT_REPLAYED = (TimeoutError, RemoteEnvTimeout, EnvProtocolError, ObservationError)

@@ -21,8 +21,9 @@ class RolloutTensors:
     Per token ``[B, T]``: ``input_ids``, ``attention_mask``, ``action_mask`` (policy tokens),
     ``turn_ids`` (-1 on the prompt and padding) and ``old_logprobs`` (sampling-time log-probs, or
     None when any trajectory lacks them). Per turn ``[B, K]``: ``turn_rewards`` and ``turn_mask``.
-    Per rollout ``[B]``: ``group`` and ``valid`` (false for a failed rollout: it keeps its place and
-    zero reward in its group's statistics but never enters the loss).
+    Per rollout ``[B]``: ``group`` and ``valid`` (false for a failed rollout: it keeps its row but
+    never enters the loss, and its group is its own, ``-1 - row``, so it leaves its group's
+    statistics: the rollouts that finished are compared with each other only).
     """
 
     input_ids: torch.Tensor
@@ -93,7 +94,10 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Rol
         turn_ids=turn_ids,
         turn_rewards=turn_rewards,
         turn_mask=turn_mask,
-        group=torch.tensor([t.group for t in trajectories], dtype=torch.long),
+        group=torch.tensor(
+            [t.group if t.error is None else -1 - row for row, t in enumerate(trajectories)],
+            dtype=torch.long,
+        ),
         valid=torch.tensor([t.error is None for t in trajectories], dtype=torch.bool),
         old_logprobs=old_logprobs,
     )
