@@ -136,3 +136,37 @@ def test_every_episode_of_a_batch_shares_one_generate_call_per_turn(chatml_token
         ]
         assert (row["turns"], row["passed"], row["terminated"]) == (1, True, True)
 
+
+
+class HeldOutEnv:
+    """A served env with a held-out split of 3 rows; reward 2 for the reply "even"."""
+
+    max_turns = 2
+    max_reward = 2.0
+    eval_dataset_size = 3
+    resets: list = []
+
+    def reset(self, seed=None, *, row_index=None, evaluation=None):
+        type(self).resets.append((row_index, evaluation))
+        return f"row {row_index}", {}
+
+    def step(self, action):
+        return "done", 2.0 * (action.strip() == "even"), True, False, {}
+
+
+def test_a_remote_env_plays_its_held_out_split_with_max_reward_from_its_metadata(chatml_tokenizer, tmp_path, capsys):
+    from agilerl.remote.hosting import resolve_env
+
+    HeldOutEnv.resets = []
+    url, server = resolve_env(HeldOutEnv)
+    with server:
+        spec = parse_env_spec({"env_type": "rollout", "env_url": url})
+        plan = EvalPlan(output=tmp_path / "r.jsonl", samples=2, sampling=SamplingParams(temperature=0, max_new_tokens=4))
+        summary = evaluate_spec(spec, ScriptedPolicy(chatml_tokenizer, reply="even"), chatml_tokenizer, plan)
+        assert (summary.tasks, summary.episodes, summary.accuracy, summary.pass_at_k) == (3, 6, 1.0, {1: 1.0, 2: 1.0})
+        assert sorted(r for r in HeldOutEnv.resets if r[1]) == sorted([(0, True), (1, True), (2, True)] * 2)
+        assert [r["messages"][0]["content"] for r in _rows(plan.output)][::2] == ["row 0", "row 1", "row 2"]
+        # the same through the command line, named by --env-url
+        out = tmp_path / "cli.jsonl"
+        assert main(["eval", "--env-url", url, *TINY, "-n", "2", "--output", str(out)]) == 0
+        assert [(r["env"], r["row_index"]) for r in _rows(out)] == [(url, 0), (url, 1)]
