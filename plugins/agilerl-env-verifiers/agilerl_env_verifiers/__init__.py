@@ -1,0 +1,17 @@
+"""agilerl plugin: any verifiers v1 taskset as a text env (``entrypoint: verifiers``).
+
+Registration never imports ``verifiers`` (seconds of imports): the target is a string.
+"""
+
+from __future__ import annotations
+
+from agilerl import hookimpl
+
+
+@hookimpl
+def register_envs(register):
+    register(
+        "verifiers",
+        "agilerl_env_verifiers.env:VerifiersEnv",
+        description="A verifiers v1 taskset, scored by its own rewards: env_config {taskset: 'module:attr' or id}.",
+    )

@@ -1,0 +1,183 @@
+"""A verifiers v1 ``Taskset`` as an agilerl text env, scored by its tasks' own ``Task.score()``.
+
+Score-only: our policy's turns are committed to a verifiers ``Trace`` message by message and,
+when the episode ends, the task's ``@vf.reward``/``@vf.metric`` functions score that trace. No
+harness program and no model endpoint run, so this fits single-agent tasksets whose rewards read
+the trace (the common case). Tools: the task's and taskset's ``vf.Toolset`` servers are
+registered in process into MCP servers; the model sees their schemas (reset's ``info["tools"]``),
+a reply that is a tool call (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` or
+the bare JSON) runs the tool, and its result comes back in the ``tool`` role. The first reply
+that is not a tool call is the answer: the episode ends and is scored. An episode that reaches
+``max_turns`` first is scored too, on the trace so far (``truncated``).
+
+verifiers keeps class-wide asyncio locks (``SubprocessRuntime``), so every env in a process
+runs its coroutines on one event loop: agilerl's shared loop thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import uuid
+from typing import Any
+
+import verifiers.v1 as vf
+from verifiers.v1.graph import MessageNode
+from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+
+from agilerl.concurrency import shared_loop
+from agilerl.errors import EnvError, InvalidArgument
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+class VerifiersEnv:
+    """One verifiers taskset's tasks, one per reset (``row_index``, else ``seed`` modulo)."""
+
+    def __init__(self, taskset: str, taskset_config: dict[str, Any] | None = None, max_turns: int = 4) -> None:
+        """``taskset``: ``module:attr`` of a ``vf.Taskset`` subclass (or of a function returning
+        a taskset), or an installed taskset's id; ``taskset_config`` its config's fields."""
+        self.taskset = _load_taskset(taskset, taskset_config or {})
+        if not self.taskset.bounded:
+            raise InvalidArgument(f"taskset {taskset!r} is infinite: bound it (take/include) in the function you name")
+        self.tasks = list(self.taskset)
+        if not self.tasks:
+            raise InvalidArgument(f"taskset {taskset!r} yielded no tasks")
+        self.dataset_size = len(self.tasks)
+        self.max_turns = max_turns
+        self._shared_toolsets = list(type(self.taskset).toolsets(self.taskset.config))
+        self._episode: _Episode | None = None
+
+    def reset(self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None):
+        task = self.tasks[row_index if row_index is not None else (seed or 0) % self.dataset_size]
+        self._episode = _Episode(task, self._shared_toolsets)
+        return shared_loop().run(self._episode.open())
+
+    def step(self, action: str):
+        if self._episode is None:
+            raise EnvError("step() before reset()")
+        return shared_loop().run(self._episode.turn(action, self.max_turns))
+
+
+class _Episode:
+    """One task's conversation as a verifiers ``Trace``, and its tools' MCP servers."""
+
+    def __init__(self, task: vf.Task, shared_toolsets: list[Any]) -> None:
+        self.task = task
+        self.toolsets = [*shared_toolsets, *type(task).toolsets(task.config)]
+        self.trace = Trace(
+            task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+            agent=AgentInfo(config=vf.AgentConfig(), name="agilerl", trainable=True),
+        )
+        self.tools: dict[str, Any] = {}  # tool name: the MCP server that runs it
+        self.turns = 0
+        self.scored = False
+
+    async def open(self) -> tuple[str, dict[str, Any]]:
+        from mcp.server.mcpserver import MCPServer
+
+        schemas = []
+        for toolset in self.toolsets:
+            server = MCPServer(type(toolset).__name__)
+            toolset.register(server)
+            await toolset.setup()
+            await toolset.setup_task(self.task)
+            for tool in await server.list_tools():
+                self.tools[tool.name] = server
+                schemas.append({"type": "function", "function": {
+                    "name": tool.name, "description": tool.description or "", "parameters": tool.input_schema,
+                }})
+        data = self.task.data
+        messages: list[dict[str, Any]] = []
+        if data.system_prompt:
+            messages.append({"role": "system", "content": data.system_prompt})
+        if isinstance(data.prompt, str) or data.prompt is None:
+            messages.append({"role": "user", "content": data.prompt or ""})
+        else:
+            messages += [m.model_dump(exclude_none=True) for m in data.prompt]
+        for message in messages:
+            self._commit(vf.SystemMessage(**message) if message["role"] == "system" else vf.UserMessage(**message))
+        info: dict[str, Any] = {"task_idx": data.idx, "task_key": self.task.key}
+        if data.system_prompt:
+            info["system_prompt"] = data.system_prompt
+        if schemas:
+            info["tools"] = schemas
+        if not isinstance(data.prompt, str) and data.prompt is not None:
+            info["messages"] = messages  # the task's own conversation, as it gave it
+        return data.prompt_text, info
+
+    async def turn(self, action: str, max_turns: int) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.scored:
+            raise EnvError("the episode has ended: reset() first")
+        self.turns += 1
+        call = _tool_call(action, self.tools)
+        if call is None:
+            self._commit(vf.AssistantMessage(content=action), sampled=True)
+            return "", await self._score(), True, False, {"rewards": self._rewards()}
+        name, arguments, call_id = call
+        self._commit(vf.AssistantMessage(content=action, tool_calls=[
+            vf.ToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
+        ]), sampled=True)
+        result = await self.tools[name].call_tool(name, arguments)
+        text = "\n".join(getattr(part, "text", "") for part in result.content)
+        self._commit(vf.ToolMessage(tool_call_id=call_id, name=name, content=text))
+        if self.turns >= max_turns:  # cut short here: still scored, on the trace so far
+            return text, await self._score(), False, True, {"observation_role": "tool", "rewards": self._rewards()}
+        return text, 0.0, False, False, {"observation_role": "tool"}
+
+    async def _score(self) -> float:
+        self.scored = True
+        self.trace.is_completed = True
+        await self.task.score(self.trace)
+        return float(self.trace.reward)
+
+    def _rewards(self) -> dict[str, float | None]:
+        return {name: (r.score if r is not None else None) for name, r in self.trace.rewards.items()}
+
+    def _commit(self, message: Any, sampled: bool = False) -> None:
+        parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
+        self.trace.nodes.append(MessageNode(parent=parent, message=message, sampled=sampled))
+
+
+def _tool_call(text: str, tools: dict[str, Any]) -> tuple[str, dict[str, Any], str] | None:
+    """``(name, arguments, call id)`` when ``text`` calls one of ``tools``, else None."""
+    if not tools:
+        return None
+    found = _TOOL_CALL.search(text)
+    raw = found.group(1) if found else text.strip()
+    try:
+        call = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(call, dict) or call.get("name") not in tools:
+        return None
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    return (call["name"], arguments, f"call_{uuid.uuid4().hex[:12]}") if isinstance(arguments, dict) else None
+
+
+def _load_taskset(source: str, fields: dict[str, Any]) -> vf.Taskset:
+    """The taskset ``source`` names, built with its own config type from ``fields``."""
+    from verifiers.v1.configs.taskset import TasksetConfig
+    from verifiers.v1.utils.generic import concrete_type
+
+    if ":" not in source:
+        config_type = vf.taskset_config_type(source)
+        return vf.load_taskset(config_type(id=source, **fields))
+    module_name, _, attr = source.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidArgument(f"taskset {source!r} cannot be imported: {exc}") from None
+    if isinstance(target, type) and issubclass(target, vf.Taskset):
+        config_type = concrete_type(target, TasksetConfig, origin=vf.Taskset) or TasksetConfig
+        return target(config_type(**{"id": source, **fields}))
+    taskset = target(**fields)
+    if not isinstance(taskset, vf.Taskset):
+        raise InvalidArgument(f"taskset {source!r} returned {type(taskset).__name__}, not a verifiers Taskset")
+    return taskset

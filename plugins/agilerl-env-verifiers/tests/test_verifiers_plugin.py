@@ -1,0 +1,125 @@
+"""verifiers v1 tasksets through agilerl, in the plugin's own venv (verifiers pins openai < 3, the
+dev env has 3): ``<repo>/.venv-verifiers``, created on first use (system site packages plus
+verifiers and this plugin), reused after. Each test runs one script there and reads its JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+PLUGIN = Path(__file__).resolve().parent.parent
+ROOT = PLUGIN.parent.parent
+VENV = ROOT / ".venv-verifiers"
+REQUIREMENT = "verifiers==0.4.0"
+
+
+@pytest.fixture(scope="session")
+def vf_python() -> Path:
+    python = VENV / "bin" / "python"
+    probe = [str(python), "-c", "import verifiers.v1, agilerl_env_verifiers"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", REQUIREMENT], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(PLUGIN)], check=True)
+    print(f"\ncreated {VENV} with {REQUIREMENT} in {time.monotonic() - start:.0f} s", file=sys.__stderr__)
+    return python
+
+
+def run(vf_python: Path, code: str, *args: str) -> object:
+    """Run ``code`` in the venv (tests/ on the path); it prints one JSON value last."""
+    result = subprocess.run(
+        [str(vf_python), "-c", textwrap.dedent(code), *args], capture_output=True, text=True, timeout=300,
+        cwd=PLUGIN / "tests", env={"PYTHONPATH": str(PLUGIN / "tests"), "PATH": "/usr/bin:/bin", "AGILERL_PLUGINS": "agilerl,verifiers"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+PLAY = """
+import contextlib, io, json, sys
+from agilerl.builtins.tiny_model import build_tiny_tokenizer
+from agilerl.cli.main import main
+from agilerl.llm_envs import RolloutHarness
+from agilerl.manifest.spec import parse_env_spec
+
+tokenizer = build_tiny_tokenizer("chatml")
+out = {}
+for name, (env_config, episodes) in json.loads(sys.argv[1]).items():
+    spec = parse_env_spec({"env_type": "rollout", "entrypoint": "verifiers", "env_config": env_config})
+    out[name] = []
+    for replies in episodes:
+        with RolloutHarness.from_spec(spec, tokenizer) as harness:
+            harness.reset(seed=0)
+            rewards, infos = [], []
+            for reply in replies:
+                _, reward, terminated, truncated, info = harness.step(reply)
+                rewards.append(reward)
+                infos.append(info)
+                if harness.done:
+                    break
+            out[name].append({"rewards": rewards, "terminated": terminated, "truncated": truncated,
+                              "infos": infos, "text": tokenizer.decode(harness.trajectory.token_ids)})
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    code = main(["env", "check", "verifiers", "--env-config", '{"taskset": "vf_tasks:Reverse"}',
+                 "--actions", "desserts", "--episodes", "3", "--json"])
+out["env check"] = {"exit": code, **json.loads(printed.getvalue())}
+print(json.dumps(out))
+"""
+CALL = '<tool_call>{{"name": "check", "arguments": {{"n": {}}}}}</tool_call>'
+ADD = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+EPISODES = {
+    "reverse": ({"taskset": "vf_tasks:Reverse"}, [["desserts"], ["dessert"]]),
+    "guess": ({"taskset": "vf_tasks:Guess"}, [[CALL.format(5), CALL.format(8), CALL.format(7), "7"]]),
+    "guess cut short": ({"taskset": "vf_tasks:Guess", "max_turns": 2}, [['{"name": "check", "arguments": {"n": 7}}'] * 3]),
+    "sums": ({"taskset": "vf_tasks:Sums"}, [[ADD, "5"], ["5"]]),
+}
+
+
+@pytest.fixture(scope="module")
+def played(vf_python):
+    """Every episode below, played in one process of the venv (importing verifiers takes seconds)."""
+    return run(vf_python, PLAY, json.dumps(EPISODES))
+
+
+def test_a_single_turn_taskset_is_scored_by_its_own_reward(played):
+    exact, partial = played["reverse"]
+    assert exact["rewards"] == [1.0] and exact["terminated"]
+    assert partial["rewards"] == [pytest.approx(7 / 8)]
+    assert exact["infos"][0]["rewards"] == {"lcs": 1.0}
+    assert "<|im_start|>system\nReply with the text only.<|im_end|>\n<|im_start|>user\nReverse: stressed" in exact["text"]
+
+
+def test_a_multi_turn_task_with_a_toolset_answers_tool_calls_in_the_tool_role(played):
+    (episode,) = played["guess"]
+    assert episode["rewards"] == [0.0, 0.0, 0.0, 1.0] and episode["terminated"]
+    assert '"name": "check"' in episode["text"].split("<|im_end|>")[0]  # the tool's schema in the system turn
+    for answer in ("higher", "lower", "correct"):
+        assert f"<|im_start|>tool\n{answer}<|im_end|>" in episode["text"]
+
+
+def test_an_episode_cut_short_by_max_turns_is_still_scored(played):
+    (episode,) = played["guess cut short"]
+    assert episode["truncated"] and not episode["terminated"] and len(episode["rewards"]) == 2
+    assert episode["infos"][-1]["rewards"] == {"found": 0.0}  # scored on the trace so far
+
+
+def test_a_taskset_wide_toolset_runs_in_process(played):
+    with_tool, without = played["sums"]
+    assert with_tool["rewards"] == [0.0, 1.0] and "<|im_start|>tool\n5<|im_end|>" in with_tool["text"]
+    assert without["rewards"] == [0.5]
+
+
+def test_env_check_plays_a_taskset_named_on_the_command_line(played):
+    summary = played["env check"]
+    assert summary["exit"] == 0 and summary["problems"] == [] and summary["episodes"] == 3
+    # "desserts" against stressed, drawer, agilerl reversed: the taskset's LCS reward, row by row
+    assert summary["rewards"] == [1.0, pytest.approx(2 / 6), pytest.approx(1 / 7)]
