@@ -170,3 +170,15 @@ def test_a_remote_env_plays_its_held_out_split_with_max_reward_from_its_metadata
         out = tmp_path / "cli.jsonl"
         assert main(["eval", "--env-url", url, *TINY, "-n", "2", "--output", str(out)]) == 0
         assert [(r["env"], r["row_index"]) for r in _rows(out)] == [(url, 0), (url, 1)]
+
+
+def test_concurrency_is_lowered_to_what_the_env_server_admits(chatml_tokenizer, tmp_path):
+    from agilerl.remote.hosting import resolve_env
+
+    url, server = resolve_env(HeldOutEnv, max_concurrent_envs=3)
+    with server:
+        spec = parse_env_spec({"env_type": "rollout", "env_url": url})
+        policy = ScriptedPolicy(chatml_tokenizer, reply="even")
+        plan = EvalPlan(output=tmp_path / "r.jsonl", samples=2, concurrency=16, sampling=SamplingParams(temperature=0, max_new_tokens=4))
+        summary = evaluate_spec(spec, policy, chatml_tokenizer, plan)
+    assert summary.episodes == 6 and policy.calls == 3  # 2 episodes at a time

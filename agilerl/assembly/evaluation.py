@@ -112,6 +112,7 @@ def evaluate_spec(
     first = _Recorded(inner())
     try:
         held_out = getattr(first, "eval_dataset_size", None)
+        slots = _slots_admitted(first.server_metadata(), plan.concurrency)
         max_reward = plan.max_reward if plan.max_reward is not None else spec.max_reward
         if max_reward is None:
             max_reward = getattr(first, "max_reward", None)
@@ -133,7 +134,7 @@ def evaluate_spec(
             return spare.pop() if spare else _Recorded(inner())
 
         with RolloutCollector(
-            recorded_env, tokenizer, batch_size=min(plan.concurrency, len(todo)), group_size=1,
+            recorded_env, tokenizer, batch_size=min(slots, len(todo)), group_size=1,
             max_turns=max_turns, sampling=plan.sampling, seed=plan.seed, max_reward=max_reward,
             chat_template_kwargs=spec.chat_template_kwargs, env_timeout_s=spec.request_timeout_s or None,
         ) as collector, _progress(show_progress, len(episodes), resumed) as advance:
@@ -147,6 +148,20 @@ def evaluate_spec(
     else:
         first.close()
     return _summary(results, episodes, plan, max_reward, played=len(todo), resumed=resumed)
+
+
+def _slots_admitted(metadata: dict[str, Any], concurrency: int) -> int:
+    """``concurrency``, lowered to what a remote server admits (the collector holds one session
+    per slot plus one for its own evaluation)."""
+    limit = metadata.get("max_concurrent_envs")
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return concurrency
+    if limit < 2:
+        raise AgileRLError(
+            f"the env server admits {limit} concurrent session(s); evaluation needs 2: start it "
+            "with agilerl serve ... --max-concurrent-envs 2 or more"
+        )
+    return min(concurrency, limit - 1)
 
 
 def _row(task: int, sample: int, traj: Trajectory, max_reward: float | None, plan: EvalPlan) -> dict[str, Any]:
