@@ -5,6 +5,7 @@ verifiers and this plugin), reused after. Each test runs one script there and re
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -72,6 +73,14 @@ with contextlib.redirect_stdout(printed):
     code = main(["env", "check", "verifiers", "--env-config", '{"taskset": "vf_tasks:Reverse"}',
                  "--actions", "desserts", "--episodes", "3", "--json"])
 out["env check"] = {"exit": code, **json.loads(printed.getvalue())}
+import importlib.util
+bench = importlib.util.spec_from_file_location("verifiers_turns", sys.argv[2])
+module = importlib.util.module_from_spec(bench)
+bench.loader.exec_module(module)
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    module.main(["--episodes", "1"])
+out["bench"] = printed.getvalue()
 print(json.dumps(out))
 """
 CALL = '<tool_call>{{"name": "check", "arguments": {{"n": {}}}}}</tool_call>'
@@ -87,7 +96,7 @@ EPISODES = {
 @pytest.fixture(scope="module")
 def played(vf_python):
     """Every episode below, played in one process of the venv (importing verifiers takes seconds)."""
-    return run(vf_python, PLAY, json.dumps(EPISODES))
+    return run(vf_python, PLAY, json.dumps(EPISODES), str(ROOT / "bench" / "verifiers_turns.py"))
 
 
 def test_a_single_turn_taskset_is_scored_by_its_own_reward(played):
@@ -123,3 +132,8 @@ def test_env_check_plays_a_taskset_named_on_the_command_line(played):
     assert summary["exit"] == 0 and summary["problems"] == [] and summary["episodes"] == 3
     # "desserts" against stressed, drawer, agilerl reversed: the taskset's LCS reward, row by row
     assert summary["rewards"] == [1.0, pytest.approx(2 / 6), pytest.approx(1 / 7)]
+
+
+def test_the_bench_reports_score_only_against_a_plain_env(played):
+    """bench/verifiers_turns.py still runs (at its smallest size) and prints its ratio line."""
+    assert re.search(r"^score-only / plain: reset \d+\.\d+x, turn \d+\.\d+x$", played["bench"], re.M), played["bench"]
