@@ -3,6 +3,8 @@ port, envs that raise in some episodes, and envs whose text cannot fit the model
 
 from __future__ import annotations
 
+import json
+import os
 import resource
 import signal
 import socket
@@ -25,9 +27,10 @@ from tests.test_remote_server import wait_for_health
 
 
 class ServeProcess:
-    """``agilerl serve guess`` on a fixed loopback port, which can be SIGKILLed and started again."""
+    """``agilerl serve ENTRYPOINT`` on a fixed loopback port, which can be SIGKILLed and started again."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, entrypoint: str = "guess", env: dict[str, str] | None = None) -> None:
+        self.entrypoint, self.env = entrypoint, env
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -40,9 +43,10 @@ class ServeProcess:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agilerl", "serve", "guess", "--port", str(self.port)],
+                [sys.executable, "-m", "agilerl", "serve", self.entrypoint, "--port", str(self.port)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env=self.env,
             )
         wait_for_health(self.url, self.proc, self.log)
 
@@ -118,6 +122,65 @@ def test_an_outage_past_the_bound_stops_the_run_naming_the_url(served, chatml_to
     assert "reconnect_timeout_s" in str(exc.value)
 
 
+STALLING_ENV = """
+import os, time
+
+class StallingEnv:
+    max_turns = 2
+
+    def reset(self, seed=None):
+        self.turn = 0
+        return "Say a number.", {}
+
+    def step(self, action):
+        self.turn += 1
+        marker = os.environ["AGILERL_TEST_MARKER"]
+        if not os.path.exists(marker):  # the first server: tell the test, and stall to be killed
+            open(marker, "w").close()
+            time.sleep(60)
+        return "ok", 0.5, self.turn >= 2, False, {}
+"""
+
+
+def test_agilerl_train_rides_out_a_server_killed_mid_step(tmp_path, capsys):
+    from agilerl.cli.main import main
+
+    (tmp_path / "stalling.py").write_text(STALLING_ENV)
+    marker = tmp_path / "killed-here"
+    env = {**os.environ, "AGILERL_TEST_MARKER": str(marker), "PYTHONPATH": str(tmp_path)}
+    server = ServeProcess(tmp_path / "serve.log", "stalling:StallingEnv", env)
+    server.start()
+
+    def kill_mid_step() -> None:
+        for _ in range(1200):  # until the first step of the run is in flight, 120 s at most
+            if marker.exists():
+                server.kill_and_restart_after(1.0)
+                return
+            threading.Event().wait(0.1)
+
+    killer = threading.Thread(target=kill_mid_step, daemon=True)
+    killer.start()
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        f"environment:\n  env_type: rollout\n  env_url: {server.url}\n  max_turns: 2\n"
+        "  reconnect_timeout_s: 60\n"
+        "model:\n  name_or_path: tiny\nalgorithm:\n  name: grpo\n"
+        "training:\n  batch_size: 2\n  group_size: 2\n  max_steps: 2\n  max_new_tokens: 2\n"
+        f"  evaluation_interval: 0\n  output_dir: {tmp_path / 'run'}\n"
+    )
+    try:
+        code = main(["train", str(manifest), "--no-progress"])
+        killer.join(10)
+    finally:
+        server.stop()
+    assert code == 0, capsys.readouterr().err[-3000:]
+    assert server.restarted.is_set()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/retries" in r]
+    assert len(steps) == 2 and sum(r["rollout/retries"] for r in steps) == 4  # the 4 sessions cut mid-step
+    assert all(r["rollout/lost"] == 0 for r in steps)
+
+
 class FlakyEnv:
     """Envs 1 and 4 (in build order) raise in their first episode, env 2 with ``SystemExit``;
     the replacements, built later, never do."""
@@ -173,6 +236,25 @@ class FourValueStep:
         return "obs", 1.0, True, {}
 
 
+def test_agilerl_train_names_why_every_episode_failed(tmp_path, capsys):
+    from agilerl.cli.main import main
+
+    (tmp_path / "four.py").write_text(
+        "class FourValueStep:\n    max_turns = 2\n\n    def reset(self, seed=None):\n"
+        "        return 'go', {}\n\n    def step(self, action):\n        return 'obs', 1.0, True, {}\n"
+    )
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        "environment:\n  env_type: rollout\n  entrypoint: four.py:FourValueStep\n"
+        "model:\n  name_or_path: tiny\ntraining:\n  batch_size: 1\n  group_size: 2\n  max_steps: 1\n"
+        f"  max_new_tokens: 2\n  eval_episodes: 2\n  output_dir: {tmp_path / 'run'}\n"
+    )
+    assert main(["train", str(manifest), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "every one of the 2 evaluation episodes failed; the first, episode 0" in err
+    assert "EnvProtocolError" in err and "agilerl env check" in err
+
+
 def test_when_every_rollout_fails_the_error_carries_the_cause_and_the_check_command(chatml_tokenizer):
     with RolloutCollector(FourValueStep, chatml_tokenizer, batch_size=2, group_size=2, seed=0) as c:
         with pytest.raises(CollectionError, match=r"all 4 rollouts failed; the first, slot 0, in step: EnvProtocolError: .*agilerl env check"):
@@ -214,6 +296,25 @@ def test_an_opening_prompt_too_long_for_the_context_ends_before_any_model_work(s
             c.collect(NeverCalled(chatml_tokenizer))
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
     assert grown_mb < 200  # the text itself, a few times at most: never its tokens
+
+
+class RemoteHuge(HugeText):
+    size = 5_000_000
+
+
+def test_a_remote_env_returning_5_mb_is_bounded_the_same_way(chatml_tokenizer):
+    from agilerl.remote.hosting import resolve_env
+
+    class Bounded(ScriptedPolicy):
+        max_model_len = 2048
+
+        def generate(self, prompts, params):
+            raise AssertionError("the policy must not see a prompt that cannot fit")
+
+    url, server = resolve_env(RemoteHuge, max_concurrent_envs=4)
+    with server, RolloutCollector(lambda: RemoteEnvClient(url), chatml_tokenizer, batch_size=1, group_size=2, seed=0) as c:
+        with pytest.raises(CollectionError, match=r"in context: the env's opening prompt is 5,000,000 characters"):
+            c.collect(Bounded(chatml_tokenizer))
 
 
 def test_an_observation_too_long_ends_the_episode_after_the_last_action_untokenized(chatml_tokenizer):
