@@ -57,6 +57,13 @@ _LAZY = {
     "CollectStats": "agilerl.rollout.results",
     "SlotFailure": "agilerl.rollout.results",
     "EvalResult": "agilerl.rollout.results",
+    "OpenAIChatPolicy": "agilerl.rollout.openai_policy",
+    "MessageTokenizer": "agilerl.rollout.openai_policy",
+    # evaluation (agilerl eval)
+    "EvalPlan": "agilerl.assembly.evaluation",
+    "EvalSummary": "agilerl.assembly.evaluation",
+    "evaluate_spec": "agilerl.assembly.evaluation",
+    "pass_at_k": "agilerl.assembly.evaluation",
     # training
     "Algorithm": "agilerl.train.algorithm",
     "AlgorithmConfig": "agilerl.train.algorithm",
@@ -72,6 +79,10 @@ _LAZY = {
     "train_from_manifest": "agilerl.assembly.from_manifest",
     "build_tiny_tokenizer": "agilerl.builtins.tiny_model",
     "build_tiny_model": "agilerl.builtins.tiny_model",
+    # TRL's GRPOTrainer over our envs (agilerl.integrations.trl)
+    "EnvRollout": "agilerl.integrations.trl",
+    "env_reward": "agilerl.integrations.trl",
+    "task_prompt": "agilerl.integrations.trl",
     # errors (one tree, rooted at AgileRLError)
     "AgileRLError": "agilerl.errors",
     "ConfigError": "agilerl.errors",
@@ -84,6 +95,7 @@ _LAZY = {
     "RemoteEnvTimeout": "agilerl.errors",
     "RubricError": "agilerl.errors",
     "CollectionError": "agilerl.errors",
+    "EndpointError": "agilerl.errors",
 }
 
 __all__ = list(_LAZY)
@@ -92,6 +104,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 if TYPE_CHECKING:
     from agilerl import hookimpl
+    from agilerl.assembly.evaluation import EvalPlan, EvalSummary, evaluate_spec, pass_at_k
     from agilerl.assembly.from_manifest import train_from_manifest
     from agilerl.assembly.models import load_model_and_tokenizer
     from agilerl.builtins.rubrics import (
@@ -109,10 +122,12 @@ if TYPE_CHECKING:
     from agilerl.envs.client import InProcessEnvClient
     from agilerl.envs.observations import process_observation
     from agilerl.envs.openenv_native import adapt_openenv
+    from agilerl.integrations.trl import EnvRollout, env_reward, task_prompt
     from agilerl.errors import (
         AgileRLError,
         CollectionError,
         ConfigError,
+        EndpointError,
         EnvCheckError,
         ManifestError,
         MissingExtra,
@@ -131,6 +146,7 @@ if TYPE_CHECKING:
     from agilerl.rollout.assigner import Task, TaskAssigner
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.harness import RolloutHarness
+    from agilerl.rollout.openai_policy import MessageTokenizer, OpenAIChatPolicy
     from agilerl.rollout.policy import Generation, Policy, SamplingParams, ScriptedPolicy, TransformersPolicy
     from agilerl.rollout.results import CollectStats, EvalResult, RolloutBatch, SlotFailure
     from agilerl.rollout.trajectory import Trajectory
