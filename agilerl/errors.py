@@ -226,6 +226,10 @@ class CheckpointError(TrainingError):
     """A checkpoint to resume from is missing or incomplete."""
 
 
+class OutputDirError(TrainingError):
+    """``output_dir`` already holds a run, or ``--overwrite`` would delete what is not a run's."""
+
+
 class ModelLoadError(TrainingError):
     """The model or tokenizer named in ``model.name_or_path`` cannot be loaded."""
 

@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise missing from None
     except AgileRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        _print_notes(exc)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -67,5 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug or an env's own failure: still no bare traceback
         if os.environ.get("AGILERL_DEBUG"):
             raise
-        print(f"error: {type(exc).__name__}: {exc}\n(set AGILERL_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _print_notes(exc)
+        print("(set AGILERL_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
+
+
+def _print_notes(exc: BaseException) -> None:
+    """What was added on the way out (the checkpoint a failed run saved, how to resume it)."""
+    for note in getattr(exc, "__notes__", []):
+        print(note, file=sys.stderr)

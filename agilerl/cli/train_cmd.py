@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import shutil
+import shlex
 from pathlib import Path
 from typing import Any
-
-from agilerl.errors import AgileRLError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -28,30 +26,31 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--overwrite", action="store_true",
-        help="Delete output_dir first when it already holds a run (default: refuse, never mix runs).",
+        help="Delete output_dir first when it holds an earlier run: only a folder of a run's own "
+        "files, never /, home, the current folder or the manifest's (default: refuse, never mix runs).",
     )
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
     parser.set_defaults(handler=_train)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from agilerl.cli.manifest_cmd import load_manifest_reporting_warnings
     from agilerl.assembly.from_manifest import train_from_manifest
+    from agilerl.assembly.output_dir import prepare_output_dir
+    from agilerl.cli.manifest_cmd import load_manifest_reporting_warnings
+    from agilerl.train.checkpoint import saved_checkpoints
 
     manifest = load_manifest_reporting_warnings(args.manifest)
     output_dir = Path(args.output_dir or manifest.output_dir)
-    if args.resume is None and output_dir.is_dir() and any(output_dir.iterdir()):
-        if not args.overwrite:
-            raise AgileRLError(
-                f"output_dir {output_dir} already holds a run; a fresh run there would mix with it. "
-                "Continue it with --resume, start over with --overwrite (deletes it), or pick "
-                "another --output-dir."
-            )
-        shutil.rmtree(output_dir)
+    prepare_output_dir(output_dir, manifest=Path(args.manifest), resume=args.resume is not None, overwrite=args.overwrite)
     overrides = {"max_steps": args.max_steps, "output_dir": str(output_dir), "seed": args.seed}
-    result = train_from_manifest(
-        manifest, overrides=overrides, resume=args.resume, show_progress=not args.no_progress
-    )
+    try:
+        result = train_from_manifest(
+            manifest, overrides=overrides, resume=args.resume, show_progress=not args.no_progress
+        )
+    except BaseException as exc:  # whatever ended the run, say how to continue it if it can be
+        if isinstance(exc, Exception) and saved_checkpoints(output_dir):
+            exc.add_note(f"resume with: {_resume_command(args)}")
+        raise
     if result.rank != 0:
         return 130 if result.interrupted else 0  # rank 0 reports for every process
     shown = {k: round(v, 4) for k, v in result.metrics.items() if k.split("/")[0] in ("train", "eval")}
@@ -62,5 +61,16 @@ def _train(args: argparse.Namespace) -> int:
     if result.checkpoint is not None:
         print(f"checkpoint: {result.checkpoint}")
         if result.interrupted:
-            print(f"resume with: agilerl train {args.manifest} --resume")
+            print(f"resume with: {_resume_command(args)}")
     return 130 if result.interrupted else 0
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    """This command again, continuing from the latest checkpoint: same manifest and overrides."""
+    words = ["agilerl", "train", args.manifest]
+    for flag, value in (("--max-steps", args.max_steps), ("--output-dir", args.output_dir), ("--seed", args.seed)):
+        if value is not None:
+            words += [flag, str(value)]
+    if args.no_progress:
+        words.append("--no-progress")
+    return shlex.join([*words, "--resume"])

@@ -125,7 +125,18 @@ class TrainingSettings(_Strict):
         8, ge=1, description="Greedy episodes per evaluation of an env without a held-out split."
     )
     checkpoint_interval: int = Field(
-        0, ge=0, description="Save a checkpoint every N steps; 0 only at the end (and on Ctrl-C)."
+        0, ge=0,
+        description="Save a checkpoint every N steps; 0: by checkpoint_minutes only. A run also saves "
+        "at the end and whenever it stops early (Ctrl-C, SIGTERM, an error).",
+    )
+    checkpoint_minutes: float | None = Field(
+        30, gt=0,
+        description="Save a checkpoint when this many minutes passed since the last one (a crash "
+        "loses at most that much work); null: by checkpoint_interval only.",
+    )
+    keep_last: int | None = Field(
+        3, ge=1, description="Checkpoints kept; older ones are deleted after each save (the newest "
+        "always stays). Null keeps all.",
     )
     seed: int = Field(
         0, ge=0, le=MAX_SEED, description="Seeds the model init (tiny), tasks and sampling; 0 to 2**32 - 1."

@@ -5,7 +5,7 @@ exactly as ``from_pretrained`` reads them (whole, even when training sharded the
 ``trainer_state.json``, when the algorithm adds trainable heads (PPO's value head)
 ``extra_params.pt``, and ``accelerate/``: ``Accelerator.save_state``'s model, optimiser and RNG
 states (sharded under FSDP), which ``--resume`` loads. A folder appears only once complete: it is
-written under a temporary name and renamed.
+written under a temporary name and renamed. After each save only the newest ``keep_last`` are kept.
 """
 
 from __future__ import annotations
@@ -34,6 +34,27 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / CHECKPOINTS / f"step-{step:06d}"
 
 
+def saved_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The complete checkpoints under ``output_dir``, oldest step first."""
+    found = []
+    for path in (Path(output_dir) / CHECKPOINTS).glob("step-*"):
+        number = path.name.removeprefix("step-")
+        if number.isdigit() and path.is_dir():
+            found.append((int(number), path))
+    return [path for _, path in sorted(found)]
+
+
+def rotate_checkpoints(output_dir: str | Path, keep_last: int | None) -> list[Path]:
+    """Delete all but the newest ``keep_last`` checkpoints (None keeps all), and any half-written
+    one a killed save left; return what was deleted. The newest is never deleted."""
+    saved = saved_checkpoints(output_dir)
+    old = saved[: -max(keep_last, 1)] if keep_last is not None else []
+    old += sorted((Path(output_dir) / CHECKPOINTS).glob("step-*.partial"))
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return old
+
+
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
@@ -43,10 +64,12 @@ def save_checkpoint(
     tokenizer: Any,
     policy: torch.nn.Module,
     state: dict[str, Any] | None = None,
+    keep_last: int | None = None,
 ) -> Path:
     """Write the checkpoint of ``step``; every process calls it (a sharded state is saved by all).
 
-    ``policy`` is the prepared module the optimiser trains (``model`` itself or a wrapper of it).
+    ``policy`` is the prepared module the optimiser trains (``model`` itself or a wrapper of it);
+    ``keep_last`` rotates the older checkpoints away once this one is complete.
     """
     import torch
     from transformers.utils import logging
@@ -77,6 +100,7 @@ def save_checkpoint(
         (partial / STATE_FILE).write_text(json.dumps({"step": step, **(state or {})}, indent=2))
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
+        rotate_checkpoints(output_dir, keep_last)
     accelerator.wait_for_everyone()
     return final
 
@@ -84,7 +108,7 @@ def save_checkpoint(
 def find_checkpoint(ref: str | Path, output_dir: str | Path) -> Path:
     """``ref`` is a checkpoint folder, or ``latest``: the newest complete one under ``output_dir``."""
     if str(ref) == "latest":
-        found = sorted((Path(output_dir) / CHECKPOINTS).glob("step-*[0-9]"))
+        found = saved_checkpoints(output_dir)
         if not found:
             raise CheckpointError(
                 f"resume 'latest': no checkpoint under {Path(output_dir) / CHECKPOINTS}; train "

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agilerl.train.algorithm import Algorithm, build_algorithm
 from agilerl.train.checkpoint import save_checkpoint
+from agilerl.train.run_dir import mark_run
 from agilerl.manifest.settings import TrainingSettings
 from agilerl.train.distributed import (
     World,
@@ -213,8 +214,12 @@ class _Trainer:
         self.output_dir = Path(settings.output_dir)
         self.show_progress = show_progress and self.world.is_main
         self.log = MetricsLog(self.output_dir, start_step=self.step) if self.world.is_main else None
+        if self.world.is_main:
+            mark_run(self.output_dir)  # the folder is recognisably this run's (for --overwrite)
         self._shielding = False
         self._pending_interrupt = False
+        self._unlogged: dict[str, float] | None = None  # a finished step's metrics, until its row is written
+        self._saved_step, self._saved_at = self.step, time.monotonic()
 
     def run(
         self,
@@ -249,21 +254,23 @@ class _Trainer:
                     with self._shielded():  # from here to the log line, Ctrl-C waits
                         metrics.update(self._update(batches))
                         metrics["time/step_s"] = time.perf_counter() - t0
-                        last = mean_over_ranks(self.accelerator, metrics)
+                        last = self._unlogged = mean_over_ranks(self.accelerator, metrics)
                         if self._due(settings.evaluation_interval):
                             last.update(evaluate())
-                        if self.log is not None:
-                            self.log.write(self.step, last, header)
-                            header = {}
-                        self.tracking.log(self.step, last)
+                        self._log_step(header)
+                        header = {}
                         bar.update(self.step, last)
-                        if self._due(settings.checkpoint_interval) and self.step < settings.max_steps:
+                        if self._checkpoint_due():
                             checkpoint = self._save()
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every rank got it, so all save together
                 interrupted = True
                 bar.log(f"interrupted: saving a checkpoint at step {self.step}")
-        if self.step > start or interrupted:
-            checkpoint = self._save()
+            except BaseException as exc:
+                self._save_on_failure(exc, header)
+                raise
+            self._shielding = True  # the last save is never cut in half by a Ctrl-C
+            if self.step > self._saved_step or interrupted:
+                checkpoint = self._save()
         plot = None
         if self.log is not None:
             try:
@@ -271,6 +278,7 @@ class _Trainer:
                 plot = plot_curves(self.log.path, self.output_dir / plot_name, curves, title=title)
             except PlotUnavailable as exc:
                 warnings.warn(str(exc), stacklevel=2)
+            mark_run(self.output_dir)  # the plot is the run's too
         return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
 
     def _collect(self, next_batch: Callable[[], tuple[Any, dict[str, float]]]) -> tuple[list[Any], dict[str, float]]:
@@ -317,20 +325,62 @@ class _Trainer:
     def _due(self, interval: int) -> bool:
         return interval > 0 and (self.step % interval == 0 or self.step == self.settings.max_steps)
 
+    def _log_step(self, header: dict[str, Any]) -> None:
+        """The finished step's row (metrics.jsonl, trackers): written before its checkpoint, so
+        a checkpoint never exists without its row."""
+        if self.log is not None:
+            self.log.write(self.step, self._unlogged or {}, header)
+        self.tracking.log(self.step, self._unlogged or {})
+        self._unlogged = None
+
+    def _checkpoint_due(self) -> bool:
+        """Every ``checkpoint_interval`` steps or ``checkpoint_minutes`` (all ranks agree: one
+        late rank is enough); never on the last step, whose save follows the loop."""
+        settings = self.settings
+        if self.step >= settings.max_steps:
+            return False
+        if self._due(settings.checkpoint_interval):
+            return True
+        if settings.checkpoint_minutes is None:
+            return False
+        late = time.monotonic() - self._saved_at >= settings.checkpoint_minutes * 60
+        return mean_over_ranks(self.accelerator, {"late": float(late)})["late"] > 0
+
     def _save(self) -> Path | None:
         """Every rank takes part (a sharded state is saved by all); rank 0 gets the path."""
         path = save_checkpoint(
             self.output_dir, self.step, accelerator=self.accelerator, model=self.model,
             tokenizer=self.tokenizer, policy=self.policy,
             state={"algorithm": type(self.algorithm).__name__, "engine": self.engine},
+            keep_last=self.settings.keep_last,
         )
+        self._saved_step, self._saved_at = self.step, time.monotonic()
+        if self.world.is_main:
+            mark_run(self.output_dir)  # trackers' folders appear during the run
         return path if self.world.is_main else None
+
+    def _save_on_failure(self, exc: BaseException, header: dict[str, Any]) -> None:
+        """A run that fails keeps its last whole step: the step's row if the failure came after
+        the update (an evaluation that raised), then its checkpoint. With several processes only
+        the failing rank is here, so no collective save can run: the last periodic one stands."""
+        if self.world.world_size > 1:
+            exc.add_note(f"the last checkpoint saved before the failure is the one to resume from ({self.output_dir})")
+            return
+        self._shielding = True  # a Ctrl-C now would cut the save in half
+        try:
+            if self._unlogged is not None:
+                self._log_step(header)
+            if self.step > self._saved_step:
+                path = self._save()
+                exc.add_note(f"the last whole step, {self.step}, is saved in {path}; resume from it")
+        except Exception as save_error:  # noqa: BLE001 - the first failure is the one to report
+            exc.add_note(f"saving the last step failed too: {type(save_error).__name__}: {save_error}")
 
     @contextmanager
     def _graceful_interrupt(self) -> Iterator[None]:
-        """Ctrl-C during collection stops at once; inside ``_shielded`` (the update and its
-        bookkeeping) it waits until the step is whole and logged, so the checkpoint saved on
-        the way out is never half a step."""
+        """Ctrl-C (or SIGTERM: a scheduler's preemption) during collection stops at once; inside
+        ``_shielded`` (the update and its bookkeeping) it waits until the step is whole and
+        logged, so the checkpoint saved on the way out is never half a step."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -341,11 +391,12 @@ class _Trainer:
             else:
                 raise KeyboardInterrupt
 
-        previous = signal.signal(signal.SIGINT, handler)
+        previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, before in previous.items():
+                signal.signal(signum, before)
 
     @contextmanager
     def _shielded(self) -> Iterator[None]:

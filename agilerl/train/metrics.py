@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -12,19 +13,33 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agilerl.errors import PlotUnavailable
+from agilerl.errors import CheckpointError, PlotUnavailable
 
 METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsLog:
-    """Appends one JSON object per step; a resumed run first drops lines past its checkpoint."""
+    """Appends one JSON object per step, each line on disk (fsync) before the step's checkpoint.
+
+    A resumed run first drops the lines past its checkpoint (and a torn last line, with a
+    warning) by replacing the file atomically: a kill at any moment leaves the old file or the
+    new one, never a truncated history.
+    """
 
     def __init__(self, output_dir: str | Path, *, start_step: int = 0) -> None:
         self.path = Path(output_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= start_step] if start_step else []
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        kept: list[dict[str, Any]] = []
+        if start_step:
+            records, torn = _read(self.path)
+            if torn is not None:
+                print(
+                    f"warning: {self.path}: dropped its torn last line ({torn!r}), cut off by a crash "
+                    "while it was written; the step it held is trained again",
+                    file=sys.stderr, flush=True,
+                )
+            kept = [r for r in records if r.get("step", 0) <= start_step]
+        replace_file(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, step: int, metrics: Mapping[str, float], info: Mapping[str, Any] | None = None) -> None:
         """One line: ``step``, ``info`` as given (e.g. the engine, on a run's first line), then
@@ -32,14 +47,54 @@ class MetricsLog:
         record = {"step": step, **(info or {}), **{k: _finite(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Every record of a ``metrics.jsonl`` (none if the file does not exist)."""
-    path = Path(path)
+    """Every record of a ``metrics.jsonl`` (none if the file does not exist; a torn last line,
+    left by a crash mid-write, is not a record)."""
+    return _read(Path(path))[0]
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, fsync it, rename it over ``path``."""
+    partial = path.with_name(path.name + ".tmp")
+    with partial.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a power loss
+    finally:
+        os.close(folder)
+
+
+def _read(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The records of ``path`` and its torn last line (None when there is none)."""
     if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [], None
+    lines = path.read_text(errors="replace").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                return records, line[:80]
+            raise CheckpointError(
+                f"{path} line {number} is not JSON ({exc.msg}): the file was edited or damaged; "
+                f"remove that line (the run's other rows are intact) and resume again."
+            ) from None
+        if isinstance(record, dict):
+            records.append(record)
+    return records, None
 
 
 def plot_curves(
