@@ -15,7 +15,7 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,8 +142,7 @@ def evaluate_spec(
                 chunk = todo[start : start + collector.num_slots]
                 tasks = [Task(plan.seed + t, t if held_out is not None else None) for t, _ in chunk]
                 batch = collector.play(tasks, policy, evaluation=True if held_out is not None else None)
-                for (t, s), traj in zip(chunk, batch.trajectories):
-                    results.append(_row(t, s, traj, max_reward, plan))
+                results.extend(_row(t, s, traj, max_reward, plan) for (t, s), traj in zip(chunk, batch.trajectories))
                 advance(len(chunk))
     else:
         first.close()
@@ -223,7 +222,7 @@ def _summary(
 
 
 class ResultsFile:
-    """The JSONL results: one row per finished episode, appended and flushed as batches end.
+    """The JSONL results: one row per finished episode, appended (and fsynced) as batches end.
 
     On resume, rows whose episode ended without an env error are kept (the label must match) and
     the rest are played again; a torn last line (the run was killed mid-write) is dropped. The
@@ -244,7 +243,9 @@ class ResultsFile:
         tmp = path.with_name(path.name + ".tmp")
         with tmp.open("w") as out:
             out.writelines(_line(row) for row in self.rows.values())
-        os.replace(tmp, path)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)  # all kept rows or none: a kill here leaves the old file whole
 
     def _load(self, label: dict[str, Any]) -> None:
         lines = self.path.read_text().split("\n")
@@ -271,10 +272,14 @@ class ResultsFile:
             if row.get("error") is None:
                 self.rows[key] = row
 
-    def append(self, row: dict[str, Any]) -> None:
+    def extend(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Append a batch's rows in one write, on disk before the next batch starts."""
+        rows = list(rows)
         with self.path.open("a") as out:
-            out.write(_line(row))
-        self.rows[(row["task"], row["sample"])] = row
+            out.write("".join(_line(row) for row in rows))
+            out.flush()
+            os.fsync(out.fileno())
+        self.rows.update(((row["task"], row["sample"]), row) for row in rows)
 
 
 def _line(row: dict[str, Any]) -> str:
