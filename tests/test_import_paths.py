@@ -12,6 +12,7 @@ PUBLIC = (
     "agilerl.llm_envs.openenv",
     "agilerl.llm_envs.openenv_server",
     "agilerl.llm_envs.qa_dataset",
+    "agilerl.integrations.trl",
 )
 DOCUMENTED = [
     ("agilerl.llm_envs", "RolloutHarness"),

@@ -179,7 +179,9 @@ class _TextPlayer:
         self.turn += 1
         truncated = truncated or (not terminated and self.turn >= self.max_turns)
         role = self.chat.role_for(info, self.name)
-        self.lines += [f"[assistant] {action}", f"[{role}] {observation}"]
+        self.lines.append(f"[assistant] {action}")
+        if observation or not (terminated or truncated):  # the harness renders no empty last one
+            self.lines.append(f"[{role}] {observation}")
         return reward, terminated, truncated
 
     def transcript(self) -> str:
