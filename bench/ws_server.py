@@ -232,25 +232,42 @@ def _command(name: str, port: int, max_sessions: int, mcp_dir: Path) -> list[str
     return commands[name]
 
 
-def _start(name: str, max_sessions: int, mcp_dir: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    log = tempfile.TemporaryFile()  # a pipe could fill up and stall the server
+def _start(names: tuple[str, ...], max_sessions: int, mcp_dir: Path) -> dict[str, tuple[subprocess.Popen, str]]:
+    """Start every server at once (the openenv venv's imports take seconds), then wait for each."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(mcp_dir), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(_pin() + _command(name, port, max_sessions, mcp_dir), stdout=subprocess.DEVNULL,
-                            stderr=log, env=env, cwd=mcp_dir)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"{name} server exited: {log.read().decode()[-2000:]}")
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{name} server did not come up on {url}")
+    started = {}
+    for name in names:
+        port = _free_port()
+        log = tempfile.TemporaryFile()  # a pipe could fill up and stall the server
+        proc = subprocess.Popen(_pin() + _command(name, port, max_sessions, mcp_dir), stdout=subprocess.DEVNULL,
+                                stderr=log, env=env, cwd=mcp_dir)
+        started[name] = (proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + 120
+    for name, (proc, url, log) in started.items():
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"{name} server exited: {log.read().decode()[-2000:]}")
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError(f"{name} server did not come up on {url}") from None
+                time.sleep(0.2)
+    return {name: (proc, url) for name, (proc, url, _) in started.items()}
+
+
+def _openenv_venv_has_agilerl() -> None:
+    """The MCP case serves with this project from the openenv venv: install it there (editable,
+    light dependencies only, as tests/test_openenv_native.py does) when it is missing."""
+    probe = [str(OPENENV_PYTHON), "-c", "import agilerl, aiohttp, pluggy, importlib_metadata"]
+    if subprocess.run(probe, capture_output=True, cwd="/", check=False).returncode == 0:
+        return
+    pip = [str(OPENENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "pluggy", "importlib-metadata", "aiohttp", "uv"], check=True)
+    subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
 
 
 def _client_frame(text: str) -> bytes:
@@ -374,7 +391,9 @@ def _in_process_mcp(sessions: int, seconds: float, warmup: float, mcp_dir: Path)
 
 def _run_case(case: str, levels: list[int], args: argparse.Namespace, mcp_dir: Path) -> None:
     servers, baseline, frame = CASES[case]
-    started = {name: _start(name, max(levels) + 8, mcp_dir) for name in servers}
+    if case == "mcp":
+        _openenv_venv_has_agilerl()
+    started = _start(servers, max(levels) + 8, mcp_dir)
     runs: dict[str, dict[int, list[tuple[float, float, float]]]] = {name: {n: [] for n in levels} for name in servers}
     in_process: dict[int, list[float]] = {n: [] for n in levels}
     try:  # interleaved rounds, median kept: other load on the machine hits all servers alike
