@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "datasets", "pyarrow", "accelerate")
 MAX_ADDED_MB = 90
 
+pytestmark = pytest.mark.slow  # a fresh venv with the plain install (about 20 s), shared by the module
+
 GUESS_ENV = '''
 import random
 

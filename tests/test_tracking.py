@@ -68,6 +68,7 @@ def _trackio_runs(env: dict[str, str], project: str) -> dict[str, list[dict]]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two `agilerl train` processes: 20 s on a busy host
 def test_tensorboard_and_trackio_get_the_metrics_rows_and_a_resume_continues_the_run(tmp_path):
     pytest.importorskip("tensorboard")
     pytest.importorskip("trackio")
