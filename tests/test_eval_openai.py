@@ -90,8 +90,10 @@ class TinyChatServer:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, chatml_tokenizer) -> Iterator[TinyChatServer]:
-    served = TinyChatServer(tiny_model, chatml_tokenizer)
+def server(chatml_tokenizer) -> Iterator[TinyChatServer]:
+    from agilerl.builtins.tiny_model import build_tiny_model
+
+    served = TinyChatServer(build_tiny_model(chatml_tokenizer), chatml_tokenizer)  # its own: never trained
     yield served
     served.close()
 
