@@ -75,8 +75,24 @@ def train_from_manifest(
     ) as collector:
         return train_llm_rollout(
             model, tokenizer, collector, algorithm, training,
-            max_model_len=manifest.model.max_model_len, **common,
+            max_model_len=manifest.model.max_model_len,
+            generation=_generation(manifest, model, tokenizer, seed=training.seed), **common,
         )
+
+
+def _generation(manifest: Manifest, model: Any, tokenizer: Any, *, seed: int) -> Any:
+    """The policy the ``generation:`` backend builds for ``model`` (default: ``transformers``)."""
+    from agilerl.errors import InvalidArgument
+    from agilerl.rollout.generation import build_generation
+
+    settings = manifest.generation
+    try:
+        return build_generation(
+            settings.backend, model, tokenizer, max_model_len=manifest.model.max_model_len, seed=seed,
+            options=settings.options,
+        )
+    except InvalidArgument as exc:  # in a manifest run, the manifest is what to fix
+        raise ManifestError([str(exc)]) from None
 
 
 def _with_overrides(training: TrainingSettings, overrides: dict[str, Any]) -> TrainingSettings:

@@ -83,6 +83,19 @@ TRACKERS: list[tuple[str, str, str]] = [
     ("swanlab", "agilerl.builtins.trackers:swanlab", "SwanLab."),
 ]
 
+GENERATION_BACKENDS: list[tuple[str, str, str]] = [
+    (
+        "transformers",
+        "agilerl.rollout.generation:transformers_backend",
+        "Hugging Face generate on the trainer's own model (the default).",
+    ),
+    (
+        "vllm",
+        "agilerl.rollout.vllm_policy:build_vllm_policy",
+        "vLLM, colocated in each training process or as vllm serve replicas; weights pushed every step.",
+    ),
+]
+
 
 def _register_all(register: Register, entries: list[tuple[str, str, str]]) -> None:
     for name, target, description in entries:
@@ -117,3 +130,8 @@ def register_models(register: Register) -> None:
 @hookimpl
 def register_trackers(register: Register) -> None:
     _register_all(register, TRACKERS)
+
+
+@hookimpl
+def register_generation_backends(register: Register) -> None:
+    _register_all(register, GENERATION_BACKENDS)

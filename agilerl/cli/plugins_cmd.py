@@ -1,4 +1,4 @@
-"""``agilerl plugins list|new`` and ``agilerl envs|processors|rubrics|algorithms|models|trackers list``."""
+"""``agilerl plugins list|new`` and ``agilerl envs|processors|rubrics|algorithms|models|trackers|backends list``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ _LISTED_KINDS = {
     "algorithms": "algorithm",
     "models": "model",
     "trackers": "tracker",
+    "backends": "backend",
 }
 
 

@@ -91,6 +91,23 @@ class AlgorithmSettings(BaseModel):
         return {"name": self.name, **self.options}
 
 
+class GenerationSettings(BaseModel):
+    """The ``generation:`` section: ``backend`` plus the backend's own options (checked by it)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    backend: str = Field(
+        "transformers",
+        description="A registered generation backend: 'transformers' (default), 'vllm', or a plugin's "
+        "(agilerl backends list).",
+    )
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Everything but ``backend``: the backend validates it."""
+        return dict(self.model_extra or {})
+
+
 class TrainingSettings(_Strict):
     """The ``training:`` section: the loop's budget, optimiser and bookkeeping."""
 

@@ -25,7 +25,13 @@ from pydantic import (
 
 from agilerl.errors import ConfigError, ManifestError
 from agilerl.manifest.requirements import check_requirement
-from agilerl.manifest.settings import AlgorithmSettings, ManifestModel, ModelSettings, TrainingSettings
+from agilerl.manifest.settings import (
+    AlgorithmSettings,
+    GenerationSettings,
+    ManifestModel,
+    ModelSettings,
+    TrainingSettings,
+)
 
 Requirement = Annotated[str, AfterValidator(check_requirement)]
 """A requirement name with optional extras, specifiers and markers (``check_requirement``)."""
@@ -282,6 +288,7 @@ class Manifest(_Section):
     model: ModelSettings = Field(default_factory=ModelSettings)
     algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 

@@ -41,3 +41,8 @@ def register_models(register: Register) -> None:
 @hookspec
 def register_trackers(register: Register) -> None:
     """Register experiment trackers named by ``training.report_to``: callables ``(run) -> GeneralTracker``."""
+
+
+@hookspec
+def register_generation_backends(register: Register) -> None:
+    """Register generation backends named by ``generation.backend``: ``(model, tokenizer, *, max_model_len, seed, **options) -> Policy``."""

@@ -1,4 +1,4 @@
-"""The registry: for each kind (env, processor, rubric, algorithm, model, tracker) a name -> target map that
+"""The registry: for each kind (env, processor, rubric, algorithm, model, tracker, generation backend) a name -> target map that
 remembers which plugin and distribution registered each name.
 
 Plugins' hooks run one plugin at a time, so a hook that raises drops only that plugin.
@@ -24,7 +24,7 @@ from agilerl.registry.plugins import (
     warn_skipped,
 )
 
-Kind = Literal["env", "processor", "rubric", "algorithm", "model", "tracker"]
+Kind = Literal["env", "processor", "rubric", "algorithm", "model", "tracker", "backend"]
 
 HOOK_OF_KIND: dict[Kind, str] = {
     "env": "register_envs",
@@ -33,6 +33,7 @@ HOOK_OF_KIND: dict[Kind, str] = {
     "algorithm": "register_algorithms",
     "model": "register_models",
     "tracker": "register_trackers",
+    "backend": "register_generation_backends",
 }
 KIND_OF_HOOK = {hook: kind for kind, hook in HOOK_OF_KIND.items()}
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._/-]*\Z")

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     import torch
 
     from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.generation import WeightSyncedPolicy
+    from agilerl.rollout.policy import Policy
     from agilerl.data.dataset_env import DatasetEnv
 
 AlgorithmRef = Algorithm[Any] | str | Mapping[str, Any]
@@ -78,14 +80,18 @@ def train_llm_rollout(
     resume_from: str | Path | None = None,
     max_model_len: int | None = None,
     show_progress: bool = True,
+    generation: Policy | None = None,
 ) -> TrainResult:
     """Collect a batch of grouped rollouts, take one optimiser step on it, repeat.
 
     ``algorithm`` is an ``Algorithm``, a registered name or an ``algorithm:`` mapping.
     ``resume_from`` is a checkpoint folder whose weights ``model`` was loaded from; the
     optimiser, the step count and the task stream continue from it. ``max_model_len`` bounds
-    the conversation (default: the model's ``max_position_embeddings``).
+    the conversation (default: the model's ``max_position_embeddings``). ``generation`` is the
+    policy that collects (default: ``TransformersPolicy`` on ``model``); one holding its own copy
+    of the weights (a ``WeightSyncedPolicy``: vLLM) gets them after every optimiser step.
     """
+    from agilerl.rollout.generation import WeightSyncedPolicy
     from agilerl.rollout.policy import TransformersPolicy
     from agilerl.train.batch import collate_trajectories
 
@@ -98,19 +104,22 @@ def train_llm_rollout(
             f"{collector.group_size}: a micro-batch must hold whole groups to compare them."
         )
     trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
-    policy = TransformersPolicy(model, tokenizer, max_model_len=max_model_len)
-    pad_id = policy.pad_id
+    policy = generation or TransformersPolicy(model, tokenizer, max_model_len=max_model_len)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    trainer.synced = policy if isinstance(policy, WeightSyncedPolicy) else None
+    # a synced policy generates from its own weights: the trainer's need no gathering
+    own_weights = contextlib.nullcontext if trainer.synced else lambda: gathered_weights(trainer.policy)
     for _ in range(trainer.step * settings.gradient_accumulation_steps):  # a resumed run plays on
         collector.assigner.assign(collector.batch_size, collector.group_size)
 
     def next_batch() -> tuple[Any, dict[str, float]]:
-        with gathered_weights(trainer.policy), trainer.accelerator.autocast():
+        with own_weights(), trainer.accelerator.autocast():
             rollouts = collector.collect(policy)
         batch = collate_trajectories(rollouts.trajectories, pad_id).to(trainer.device)
         return batch, {"train/reward": rollouts.stats.reward_mean, **rollouts.stats.metrics()}
 
     def evaluate() -> dict[str, float]:
-        with gathered_weights(trainer.policy):  # every rank gathers; rank 0 alone plays
+        with own_weights():  # every rank gathers; rank 0 alone plays
             if not trainer.world.is_main:
                 return {}
             result = collector.evaluate(policy, num_episodes=settings.eval_episodes)
@@ -218,6 +227,7 @@ class _Trainer:
             mark_run(self.output_dir)  # the folder is recognisably this run's (for --overwrite)
         self._shielding = False
         self._pending_interrupt = False
+        self.synced: WeightSyncedPolicy | None = None  # a policy with its own weights, pushed each step
         self._unlogged: dict[str, float] | None = None  # a finished step's metrics, until its row is written
         self._saved_step, self._saved_at = self.step, time.monotonic()
 
@@ -252,7 +262,10 @@ class _Trainer:
                     t0 = time.perf_counter()
                     batches, metrics = self._collect(next_batch)
                     with self._shielded():  # from here to the log line, Ctrl-C waits
+                        if self.synced is not None:
+                            self.synced.sleep()  # its memory is the update's (where it can sleep)
                         metrics.update(self._update(batches))
+                        metrics.update(self._push_weights())
                         metrics["time/step_s"] = time.perf_counter() - t0
                         last = self._unlogged = mean_over_ranks(self.accelerator, metrics)
                         if self._due(settings.evaluation_interval):
@@ -321,6 +334,17 @@ class _Trainer:
         out = {f"algo/{k}": v for k, v in metrics.items()}
         out["train/loss"] = loss_sum
         return out
+
+    def _push_weights(self) -> dict[str, float]:
+        """The updated weights into a synced policy (every rank's, whole: under FSDP2 each rank
+        gathers them), before the next collection; its cost is ``time/weight_sync_s``."""
+        if self.synced is None:
+            return {}
+        from agilerl.rollout.weights import hf_weights
+
+        t0 = time.perf_counter()
+        self.synced.load_weights(hf_weights(self.model))
+        return {"time/weight_sync_s": time.perf_counter() - t0}
 
     def _due(self, interval: int) -> bool:
         return interval > 0 and (self.step % interval == 0 or self.step == self.settings.max_steps)

