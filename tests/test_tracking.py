@@ -174,3 +174,8 @@ def test_a_plugin_tracker_gets_the_run_its_config_and_every_row(tmp_path, monkey
     assert seen["config"]["engine"].startswith("accelerate single process")
     assert dict(seen["rows"]) == _logged_rows(tmp_path / "run")
     assert seen["finished"]
+
+
+def test_manifest_validate_names_a_misspelt_tracker(tmp_path, capsys):
+    assert main(["manifest", "validate", str(_manifest(tmp_path, report_to=["tensorbord"]))]) == 2
+    assert "training.report_to: no tracker named 'tensorbord' is registered. Did you mean 'tensorboard'" in capsys.readouterr().err

@@ -31,6 +31,8 @@ def manifest_problems(manifest: Manifest, *, offline: bool = False) -> list[str]
     if env.dataset and env.dataset.endswith(_DATA_SUFFIXES) and not (base / env.dataset).exists():
         problems.append(f"environment.dataset: file not found: {base / env.dataset}")
     problems += _reference("algorithm", "algorithm.name", manifest.algorithm.name, base, offline=True)
+    for tracker in manifest.training.report_to:
+        problems += _reference("tracker", "training.report_to", tracker, base, offline=True)
     if not problems and not offline and importlib.util.find_spec("torch") is not None:
         problems += _algorithm_options(manifest)
     return problems
