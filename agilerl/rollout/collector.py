@@ -40,7 +40,7 @@ from agilerl.concurrency import WorkerThreads, run_in_threads, run_on_loop, shar
 from agilerl.errors import AgileRLError, EnvUnavailable
 from agilerl.protocol import require_max_turns
 from agilerl.rollout.assigner import Task, TaskAssigner
-from agilerl.rollout.context import ContextBudget, text_chars
+from agilerl.rollout.context import ContextBudget, answer_chars
 from agilerl.rollout.harness import RolloutHarness
 from agilerl.rollout.policy import Generation, Policy, SamplingParams
 from agilerl.rollout.results import (
@@ -300,7 +300,7 @@ class RolloutCollector:
         oversize = {
             s
             for s, r in zip(slots, results)
-            if not isinstance(r, BaseException) and budget.cannot_fit(_answer_chars(method, r), used[s])
+            if not isinstance(r, BaseException) and budget.cannot_fit(answer_chars(method, r), used[s])
         }
         answers = [(s, r) for s, r in zip(slots, results) if not isinstance(r, BaseException) and s not in oversize]
         try:
@@ -331,7 +331,7 @@ class RolloutCollector:
         """End an episode whose env answered with more text than the context has room for,
         without tokenizing that text: a reset is lost; a step keeps its action and reward."""
         if method == "reset":
-            chars = _answer_chars(method, result)
+            chars = answer_chars(method, result)
             run.overflow(
                 slot,
                 f"the env's opening prompt is {chars:,} characters, more than "
@@ -493,12 +493,3 @@ def _close_quietly(env: Any) -> None:
         env.close()
     except Exception:
         log.debug("closing a failed env raised", exc_info=True)
-
-
-def _answer_chars(method: str, result: Any) -> int:
-    """The characters of text an env's answer adds to the conversation (before tokenizing it)."""
-    if method == "reset":
-        prompt, info = result
-        framing = info if isinstance(info, dict) else {}
-        return text_chars([prompt, framing.get("messages"), framing.get("system_prompt")])
-    return text_chars([result[0]])

@@ -51,3 +51,12 @@ def text_chars(texts: Iterable[Any]) -> int:
         elif isinstance(text, (list, tuple)):
             total += text_chars(text)
     return total
+
+
+def answer_chars(method: str, result: Any) -> int:
+    """The characters of text an env's answer adds to the conversation (before tokenizing it)."""
+    if method == "reset":
+        prompt, info = result
+        framing = info if isinstance(info, dict) else {}
+        return text_chars([prompt, framing.get("messages"), framing.get("system_prompt")])
+    return text_chars([result[0]])
