@@ -56,4 +56,4 @@ def build_generation(
     """The policy the registered ``backend`` builds for ``model``."""
     from agilerl.registry import resolve
 
-    return resolve("generation", backend)(model, tokenizer, max_model_len=max_model_len, seed=seed, **options)
+    return resolve("backend", backend)(model, tokenizer, max_model_len=max_model_len, seed=seed, **options)
