@@ -11,9 +11,12 @@ worker threads, one per slot, with one latch per phase (``run_in_threads``). Set
 ``RolloutCollector.threads_for_blocking_envs = False`` to drive them through ``areset``/``astep``
 like remote envs (the A/B baseline in bench/collector.py).
 
-A slot whose env raises or outlives ``env_timeout_s`` keeps its place in its group: its
-trajectory carries ``error`` (the training batch marks it invalid) and the failure is listed in
-``stats.failures``; the env is replaced for the next batch.
+A slot whose env raises, or whose remote session drops, plays its task again from ``reset`` on
+a fresh env (up to ``episode_retries`` times; a remote client reconnects through an outage of
+up to its ``retry_budget_s``). A rollout still failing, or past ``env_timeout_s``, keeps its
+place in its group with ``error`` set (the training batch marks it invalid); a group left with
+fewer than two finished rollouts is dropped. Text the model's context cannot hold ends its
+episode before it is tokenized (``agilerl.rollout.context``). See docs/collector.md.
 
     collector = RolloutCollector(factory, tokenizer, batch_size=8, group_size=4, max_turns=3)
     batch = collector.collect(TransformersPolicy(model, tokenizer))
