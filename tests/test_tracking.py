@@ -73,13 +73,16 @@ def test_tensorboard_and_trackio_get_the_metrics_rows_and_a_resume_continues_the
     pytest.importorskip("tensorboard")
     pytest.importorskip("trackio")
     env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
-    manifest = _manifest(tmp_path, report_to=["tensorboard", "trackio"], project="tour", run_name="guess-run")
+    manifest = _manifest(
+        tmp_path, report_to=["tensorboard", "trackio"], project="tour", run_name="guess-run", checkpoint_interval=2
+    )
     out = tmp_path / "run"
-    first = _train(manifest, out, env, "--max-steps", "2")
+    first = _train(manifest, out, env, "--max-steps", "3")
     assert first.returncode == 0, first.stderr
-    resumed = _train(manifest, out, env, "--max-steps", "3", "--resume")
+    # from step 2, so step 3 is trained and logged again: metrics.jsonl and TensorBoard drop the first one
+    resumed = _train(manifest, out, env, "--max-steps", "3", "--resume", str(out / "checkpoints" / "step-000002"))
     assert resumed.returncode == 0, resumed.stderr
-    assert "step 2/2  reward" in first.stderr  # --no-progress: plain lines instead of the bar
+    assert "step 3/3  reward" in first.stderr  # --no-progress: plain lines instead of the bar
     assert "Removed shared tensor" not in first.stderr + resumed.stderr  # the tied lm_head is expected
 
     expected = _logged_rows(out)
@@ -91,6 +94,7 @@ def test_tensorboard_and_trackio_get_the_metrics_rows_and_a_resume_continues_the
 
     runs = _trackio_runs(env, "tour")
     assert list(runs) == ["guess-run"]  # one run: the resume continued it
+    # trackio keeps both step-3 rows, in order: the resumed run's is the one metrics.jsonl has
     logged = {row["step"]: {k: v for k, v in row.items() if k not in ("step", "timestamp")} for row in runs["guess-run"]}
     assert sorted(logged) == sorted(expected)
     for step, values in expected.items():
