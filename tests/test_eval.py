@@ -87,7 +87,7 @@ def test_resume_keeps_finished_rows_drops_a_torn_line_and_plays_the_rest(tmp_pat
     [
         (["guess", "--no-progress"], "--model is required"),
         ([*TINY], "name the env"),
-        (["guess", *TINY, "--backend", "nope"], "--backend 'nope': no such generation backend"),
+        (["guess", *TINY, "--backend", "nope"], "no backend named 'nope' is registered. Installed backends: transformers"),
         (["guess", *TINY, "--base-url", "http://127.0.0.1:9/v1", "--backend", "vllm"], "--backend applies to a local model"),
         (["no_such_env_xyz", *TINY], "no_such_env_xyz"),
         (["guess", *TINY, "-k", "0"], "-k/--samples: must be above 0"),
@@ -182,3 +182,31 @@ def test_concurrency_is_lowered_to_what_the_env_server_admits(chatml_tokenizer, 
         plan = EvalPlan(output=tmp_path / "r.jsonl", samples=2, concurrency=16, sampling=SamplingParams(temperature=0, max_new_tokens=4))
         summary = evaluate_spec(spec, policy, chatml_tokenizer, plan)
     assert summary.episodes == 6 and policy.calls == 3  # 2 episodes at a time
+
+
+def test_a_plugins_generation_backend_is_chosen_by_name(tmp_path, capsys):
+    """A backend registered through register_generation_backends generates for --backend NAME."""
+    import types
+
+    from agilerl import hookimpl
+    from agilerl.registry import get_plugin_manager, reset_registry
+
+    built = []
+
+    def scripted_backend(model, tokenizer, *, max_model_len, seed, **options):
+        built.append((type(model).__name__, max_model_len, seed, options))
+        return ScriptedPolicy(tokenizer, reply="7")
+
+    module = types.ModuleType("scripted_backend_plugin")
+    module.register_generation_backends = hookimpl(lambda register: register("scripted", scripted_backend))
+    reset_registry()
+    get_plugin_manager().register(module, name="scripted-backend")
+    try:
+        summary = _eval_json(
+            capsys, "guess", *TINY, "--backend", "scripted", "--env-config", '{"target": 7}', "-n", "2",
+            "--max-model-len", "256", "--seed", "3", "--output", str(tmp_path / "r.jsonl"),
+        )
+    finally:
+        reset_registry()
+    assert built == [("Qwen2ForCausalLM", 256, 3, {})]
+    assert summary["reward_mean"] == 1.0 and {r["backend"] for r in _rows(tmp_path / "r.jsonl")} == {"scripted"}

@@ -37,7 +37,8 @@ def add_parser(subparsers: Any) -> None:
     model.add_argument("--model", help="Local model, or the endpoint's model name with --base-url.")
     model.add_argument(
         "--backend", default=None,
-        help=f"Generation backend for a local model (default: {DEFAULT_BACKEND}; a plugin may add others).",
+        help=f"Generation backend for a local model: a registered name (agilerl backends list; default: "
+        f"the manifest's generation.backend, else {DEFAULT_BACKEND}).",
     )
     model.add_argument("--base-url", help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1.")
     model.add_argument("--api-key", help="The endpoint's key (default: $OPENAI_API_KEY).")
@@ -75,7 +76,7 @@ def _eval(args: argparse.Namespace) -> int:
         raise InvalidArgument("--model is required: name a local model ('tiny', a folder, a hub id), or the served model with --base-url")
     if args.base_url and args.backend:
         raise InvalidArgument("--backend applies to a local model; with --base-url the endpoint generates: drop one")
-    backend = "openai" if args.base_url else args.backend or DEFAULT_BACKEND
+    backend = "openai" if args.base_url else args.backend or (manifest.generation.backend if manifest else DEFAULT_BACKEND)
     training = manifest.training if manifest else None
     temperature = args.temperature if args.temperature is not None else (0.0 if args.samples == 1 else 1.0)
     if args.samples > 1 and temperature == 0:
@@ -160,19 +161,22 @@ def _policy(args: argparse.Namespace, manifest: Any, model_name: str, backend: s
     if args.max_model_len:
         fields["max_model_len"] = args.max_model_len
     settings = ModelSettings.model_validate(fields)
-    if backend != DEFAULT_BACKEND:
-        raise InvalidArgument(
-            f"--backend {backend!r}: no such generation backend in this install (built in: "
-            f"{DEFAULT_BACKEND!r}); install the plugin that provides it, or use --base-url with a server"
-        )
+    from agilerl.registry import get_registry
+
+    get_registry().get("backend", backend)  # an unknown name fails before the model loads
+    # the manifest's generation: options belong to its backend only
+    options = manifest.generation.options if manifest and manifest.generation.backend == backend else {}
     import torch
 
     from agilerl.assembly.models import load_model_and_tokenizer
-    from agilerl.rollout.policy import TransformersPolicy
+    from agilerl.rollout.generation import build_generation
 
     torch.manual_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer(settings, base_dir=manifest.base_dir if manifest else None, seed=args.seed)
-    return TransformersPolicy(model, tokenizer, max_model_len=settings.max_model_len), tokenizer
+    policy = build_generation(
+        backend, model, tokenizer, max_model_len=settings.max_model_len, seed=args.seed, options=options
+    )
+    return policy, tokenizer
 
 
 def _slug(text: str) -> str:
