@@ -225,7 +225,9 @@ def test_replicas_spread_sessions_and_skip_full_or_dead_ones() -> None:
 
 
 def client_threads() -> set[str]:
-    return {t.name for t in threading.enumerate() if not t.name.startswith("agilerl-env")}
+    """The threads not the in-process server's (its env workers and its one thread per session)."""
+    server_side = ("agilerl-env", "agilerl-session")
+    return {t.name for t in threading.enumerate() if not t.name.startswith(server_side)}
 
 
 def test_async_api_from_another_event_loop_and_sync_api_inside_the_loop_is_refused() -> None:
