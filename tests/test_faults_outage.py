@@ -352,3 +352,13 @@ def test_a_prompt_that_fills_the_context_is_lost_not_trained_on(chatml_tokenizer
 def test_a_remote_frame_over_the_clients_bound_is_refused(served):
     with pytest.raises(EnvUnavailable, match="max_message_bytes"):
         RemoteEnvClient(served.url, max_message_bytes=64, retry_budget_s=0.3).reset()
+
+
+def test_the_manifests_reconnect_bound_reaches_the_remote_clients():
+    from agilerl.factory import make_env_factory
+    from agilerl.manifest.spec import parse_env_spec
+
+    spec = parse_env_spec({"env_type": "rollout", "env_url": "127.0.0.1:1", "reconnect_timeout_s": 7})
+    assert make_env_factory(spec)().retry_budget_s == 7
+    default = parse_env_spec({"env_type": "rollout", "env_url": "127.0.0.1:1"})
+    assert make_env_factory(default)().retry_budget_s == 120
