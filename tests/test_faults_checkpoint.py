@@ -53,14 +53,14 @@ def _wait_for(predicate, what: str, process: subprocess.Popen | None = None, bou
 
 
 def test_sigkill_at_random_points_loses_and_duplicates_no_row(tmp_path):
-    """Killed twice at random moments (collection, update, the row's write, a checkpoint's write),
-    then sent SIGTERM, then resumed to the end: every step's row is there exactly once."""
+    """Killed at a random moment (collection, update, the row's write, a checkpoint's write),
+    resumed and sent SIGTERM, then resumed to the end: every step's row is there exactly once."""
     rng = random.Random(SEED)
-    max_steps = 10
+    max_steps = 8
     manifest = _sft_run(tmp_path, max_steps=max_steps, checkpoint_interval=1, keep_last=2)
     out = tmp_path / "out"
     base = [sys.executable, "-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress"]
-    for stop in (signal.SIGKILL, signal.SIGKILL, signal.SIGTERM):
+    for stop in (signal.SIGKILL, signal.SIGTERM):
         resumable = bool(list((out / "checkpoints").glob("step-*[0-9]")))
         extra = ["--resume"] if resumable else (["--overwrite"] if out.exists() else [])
         before = len(_steps(out))
@@ -86,11 +86,36 @@ def test_sigkill_at_random_points_loses_and_duplicates_no_row(tmp_path):
 
 
 REWRITER = """
-import sys
+import io, sys, time
 from pathlib import Path
 from agilerl.train.metrics import MetricsLog, replace_file
-out = Path(sys.argv[1])
+out, cut = Path(sys.argv[1]), float(sys.argv[2])
 full = (out / "full.jsonl").read_text()
+if cut:  # the next big write stops part-way (at `cut` of its text) until the kill
+    real_open = io.open
+
+    class Stalls:
+        def __init__(self, f):
+            self.f = f
+        def write(self, text):
+            if len(text) > 100_000:
+                self.f.write(text[: int(len(text) * cut)])
+                self.f.flush()
+                print("mid-write", flush=True)
+                time.sleep(600)
+            return self.f.write(text)
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+    def stalling_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return Stalls(f) if "w" in mode and str(file).startswith(str(out)) else f
+
+    io.open = stalling_open
 print("ready", flush=True)
 while True:  # a resume's rewrite (40,000 rows -> 20,000), and back, until killed
     MetricsLog(out, start_step=20_000)
@@ -98,16 +123,25 @@ while True:  # a resume's rewrite (40,000 rows -> 20,000), and back, until kille
 """
 
 
-def test_sigkill_during_the_resume_rewrite_of_metrics_leaves_the_old_or_the_new_history(tmp_path):
+@pytest.mark.parametrize("where", ["anywhere", "mid-write"])
+def test_sigkill_during_the_resume_rewrite_of_metrics_leaves_the_old_or_the_new_history(tmp_path, where):
+    """Killed at random moments of rewrites (or part-way through writing the text, at a random
+    point of it): metrics.jsonl is the old 40,000-row history or the new 20,000, never less."""
     rng = random.Random(SEED)
     rows = "".join(json.dumps({"step": step, "train/loss": 1.0 / step}) + "\n" for step in range(1, 40_001))
     (tmp_path / "full.jsonl").write_text(rows)
     (tmp_path / "metrics.jsonl").write_text(rows)
-    for _ in range(6):
-        process = subprocess.Popen([sys.executable, "-c", REWRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    for _ in range(3):
+        cut = rng.uniform(0.05, 0.95) if where == "mid-write" else 0
+        process = subprocess.Popen(
+            [sys.executable, "-c", REWRITER, str(tmp_path), str(cut)], stdout=subprocess.PIPE, text=True
+        )
         try:
             assert process.stdout is not None and process.stdout.readline() == "ready\n"
-            time.sleep(rng.uniform(0.01, 0.3))
+            if cut:
+                assert process.stdout.readline() == "mid-write\n"
+            else:
+                time.sleep(rng.uniform(0.01, 0.3))
         finally:
             process.kill()
             process.wait(timeout=60)
