@@ -224,6 +224,31 @@ def test_an_in_process_env_that_raises_in_some_episodes_never_ends_the_run(chatm
     assert result.episodes == 4 and result.failures == 0
 
 
+class AsyncExitingEnv:
+    """An ``async def step`` that raises ``SystemExit`` in the first episode played."""
+
+    max_turns = 2
+    steps = 0
+
+    def reset(self, seed=None):
+        return "hi", {}
+
+    async def step(self, action):
+        AsyncExitingEnv.steps += 1
+        if AsyncExitingEnv.steps == 1:
+            raise SystemExit(3)  # asyncio would re-raise it out of the shared loop
+        return "ok", 1.0, True, False, {}
+
+
+def test_an_async_env_raising_system_exit_is_one_replayed_episode(chatml_tokenizer):
+    AsyncExitingEnv.steps = 0
+    with RolloutCollector(AsyncExitingEnv, chatml_tokenizer, batch_size=1, group_size=2, seed=0, env_timeout_s=30) as c:
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer))
+        again = c.collect(ScriptedPolicy(chatml_tokenizer))  # the shared loop still runs
+    assert [(f.error, f.retried) for f in batch.stats.failures] == [("SystemExit: 3", True)]
+    assert all(t.error is None for t in batch.trajectories + again.trajectories)
+
+
 class FourValueStep:
     """Breaks the protocol: step returns 4 values."""
 

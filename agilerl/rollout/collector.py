@@ -28,11 +28,12 @@ episode before it is tokenized (``agilerl.rollout.context``). See docs/collector
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -293,7 +294,8 @@ class RolloutCollector:
             results = run_in_threads(self._threads, calls, timeout, method)
         else:
             acalls = [
-                partial(getattr(c, "a" + method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)
+                partial(_contained, partial(getattr(c, "a" + method), *requests[s][0], **requests[s][1]))
+                for c, s in zip(clients, slots)
             ]
             results = run_on_loop(shared_loop(), acalls, timeout, method)
         run.env_time_s += time.perf_counter() - t0
@@ -477,6 +479,17 @@ def _server_metadata(env: Any) -> dict[str, Any]:
         return {}
     metadata = env.server_metadata()
     return metadata if isinstance(metadata, dict) else {}
+
+
+async def _contained(call: Callable[[], Awaitable[Any]]) -> Any:
+    """An env coroutine's result, or what it raised: asyncio re-raises a ``SystemExit`` out of the
+    loop that runs it (ending the shared loop), so it comes back as a value like any error."""
+    try:
+        return await call()
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise
+    except BaseException as exc:  # an env's SystemExit is one failed episode
+        return exc
 
 
 def _is_remote(env: Any) -> bool:
