@@ -439,12 +439,13 @@ class RolloutCollector:
             raise AgileRLError(f"evaluation needs at least one episode, got num_episodes={num_episodes}")
         greedy = replace(self.sampling, temperature=0.0)
         rewards: list[float] = []
-        failures = 0
+        failures = retries = 0
         first_failure = ""
         for episode in range(num_episodes):
             task = Task(episode, episode if held_out is not None else None)
             run = self._play({slot: task}, policy, greedy, evaluation=True if held_out is not None else None)
             traj = run.trajectories[slot]
+            retries += run.replayed
             if traj.error is None:
                 rewards.append(traj.total_reward)
             else:
@@ -457,7 +458,7 @@ class RolloutCollector:
             )
         mean = statistics.fmean(rewards)
         accuracy = mean / self.max_reward if self.max_reward else None
-        return EvalResult(mean, accuracy, len(rewards), failures)
+        return EvalResult(mean, accuracy, len(rewards), failures, retries)
 
 
 def check_capacity(metadata: dict[str, Any], num_slots: int) -> None:

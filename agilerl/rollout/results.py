@@ -70,12 +70,14 @@ class RolloutBatch:
 
 @dataclass
 class EvalResult:
-    """Greedy evaluation: mean reward, and accuracy (reward / max_reward) when that is known."""
+    """Greedy evaluation: mean reward, and accuracy (reward / max_reward) when that is known;
+    ``failures`` episodes were lost, after ``retries`` replays in all."""
 
     mean_reward: float
     accuracy: float | None
     episodes: int
     failures: int
+    retries: int = 0
 
 
 ENV_CHECK_HINT = (

@@ -123,7 +123,11 @@ def train_llm_rollout(
             if not trainer.world.is_main:
                 return {}
             result = collector.evaluate(policy, num_episodes=settings.eval_episodes)
-        metrics = {"eval/reward": result.mean_reward}
+        metrics = {
+            "eval/reward": result.mean_reward,
+            "eval/failures": float(result.failures),  # episodes lost, after retries replays
+            "eval/retries": float(result.retries),
+        }
         if result.accuracy is not None:
             metrics["eval/accuracy"] = result.accuracy
         return metrics
