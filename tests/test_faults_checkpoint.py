@@ -52,37 +52,66 @@ def _wait_for(predicate, what: str, process: subprocess.Popen | None = None, bou
         time.sleep(0.02)
 
 
+STALLED_SAVE = """
+import sys, time
+from pathlib import Path
+from agilerl.cli.main import main
+stalled = f"step-{int(sys.argv[1]):06d}.partial"
+real_rename = Path.rename
+
+
+def rename(self, target):  # that checkpoint is whole on disk but not yet in place: kill here
+    if self.name == stalled:
+        print("saving", flush=True)
+        time.sleep(600)
+    return real_rename(self, target)
+
+
+Path.rename = rename
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def test_sigkill_at_random_points_loses_and_duplicates_no_row(tmp_path):
-    """Killed at a random moment (collection, update, the row's write, a checkpoint's write),
-    resumed and sent SIGTERM, then resumed to the end: every step's row is there exactly once."""
+    """SIGKILL while a random step's checkpoint is written, SIGTERM at a random moment of the
+    resumed run (collection, update, the row's write, a checkpoint's), then resumed to the end:
+    every step's row is there exactly once, and only the newest checkpoints are kept."""
     rng = random.Random(SEED)
-    max_steps = 8
+    max_steps = 10
     manifest = _sft_run(tmp_path, max_steps=max_steps, checkpoint_interval=1, keep_last=2)
     out = tmp_path / "out"
-    base = [sys.executable, "-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress"]
-    for stop in (signal.SIGKILL, signal.SIGTERM):
-        resumable = bool(list((out / "checkpoints").glob("step-*[0-9]")))
-        extra = ["--resume"] if resumable else (["--overwrite"] if out.exists() else [])
-        before = len(_steps(out))
-        process = subprocess.Popen([*base, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            _wait_for(lambda: len(_steps(out)) > min(before, max_steps - 3), "a new metrics row", process)
-            time.sleep(rng.uniform(0, 0.6))  # somewhere in the next step(s), their rows and checkpoints
-            process.send_signal(stop)
-            stdout, stderr = process.communicate(timeout=240)
-        finally:
-            process.kill()
-        if stop == signal.SIGTERM:
-            assert process.returncode in (0, 130), f"seed {SEED}: {stderr}"
-            if process.returncode == 130:
-                assert "resume with: agilerl train" in stdout and "--resume" in stdout, stdout
-        steps = _steps(out)
-        assert steps == sorted(set(steps)), f"seed {SEED}: duplicated or unordered rows {steps}"
-    final = subprocess.run([*base, "--max-steps", str(max_steps), "--resume"], capture_output=True, text=True, timeout=300)
+    args = ["train", str(manifest), "--output-dir", str(out), "--no-progress"]
+    stalled = rng.randint(2, 4)
+    killed = subprocess.Popen([sys.executable, "-c", STALLED_SAVE, str(stalled), *args], stdout=subprocess.PIPE, text=True)
+    try:
+        assert killed.stdout is not None and "saving\n" in iter(killed.stdout.readline, "")
+    finally:
+        killed.kill()
+        killed.wait(timeout=60)
+    assert (out / "checkpoints" / f"step-{stalled:06d}.partial").is_dir(), f"seed {SEED}"
+    assert _steps(out) == list(range(1, stalled + 1)), f"seed {SEED}"  # the row comes before its checkpoint
+
+    base = [sys.executable, "-m", "agilerl", *args]
+    resumed = subprocess.Popen([*base, "--resume"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: len(_steps(out)) > stalled, "a row after the resume", resumed)
+        time.sleep(rng.uniform(0, 0.4))  # somewhere in the next step(s), their rows and checkpoints
+        resumed.send_signal(signal.SIGTERM)
+        stdout, stderr = resumed.communicate(timeout=240)
+    finally:
+        resumed.kill()
+    steps = _steps(out)
+    # 130: stopped and saved; 0 or -15: the run had finished (and saved) before the signal came
+    assert resumed.returncode == 130 or steps[-1] == max_steps, f"seed {SEED}: {resumed.returncode} {stderr}"
+    if resumed.returncode == 130:
+        assert f"resume with: agilerl train {manifest} --output-dir {out} --no-progress --resume" in stdout, stdout
+    assert steps == list(range(1, len(steps) + 1)), f"seed {SEED}: rows {steps}"
+
+    final = subprocess.run([*base, "--resume"], capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, f"seed {SEED}: {final.stderr}"
     assert _steps(out) == list(range(1, max_steps + 1)), f"seed {SEED}"
     kept = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert kept[-1] == f"step-{max_steps:06d}" and len(kept) <= 2, kept  # rotated, the newest kept
+    assert kept == [f"step-{max_steps - 1:06d}", f"step-{max_steps:06d}"], kept  # rotated, no .partial left
 
 
 REWRITER = """
