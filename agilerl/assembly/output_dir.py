@@ -3,6 +3,7 @@ deletes only a folder that is recognisably a run, nothing a user keeps there or 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -18,7 +19,10 @@ _CHECKPOINT_NAME = re.compile(r"step-\d+(\.partial)?\Z")
 
 def prepare_output_dir(output_dir: Path, *, manifest: Path, resume: bool, overwrite: bool) -> None:
     """Refuse a fresh run into a folder that holds anything (unless ``overwrite`` and it is safely
-    a run's: then delete it, saying what goes)."""
+    a run's: then delete it, saying what goes). Under ``accelerate launch``/``torchrun`` rank 0
+    alone decides (the launcher stops the others when it exits), so no two ranks delete at once."""
+    if os.environ.get("RANK", "0") != "0":
+        return
     if resume or not output_dir.is_dir() or not any(output_dir.iterdir()):
         return
     if not overwrite:
