@@ -105,3 +105,64 @@ def test_grpo_with_vllm_trains_as_with_transformers(report):
     assert all(s is not None and s >= 0 for s in vllm["weight_sync_s"])  # pushed and timed every step
     assert set(hf["weight_sync_s"]) == {None}
     assert report["after_training_engine_matches_trainer"]
+
+
+# -- the backend as a registered kind, without an engine (the dev env has no vLLM) ---------------
+
+
+def test_the_manifest_names_the_backend_and_its_options():
+    from agilerl.manifest.spec import parse_manifest
+
+    env = {"env_type": "rollout", "entrypoint": "guess"}
+    assert parse_manifest({"environment": env}).generation.backend == "transformers"
+    manifest = parse_manifest({"environment": env, "generation": {"backend": "vllm", "gpu_memory_utilization": 0.5}})
+    assert (manifest.generation.backend, manifest.generation.options) == ("vllm", {"gpu_memory_utilization": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "message"),
+    [
+        ("vllm", {"gpu_memory_utilisation": 0.5}, "generation.gpu_memory_utilisation: Extra inputs"),
+        ("vllm", {"mode": "server"}, "needs generation.base_urls"),
+        ("transformers", {"dtype": "bfloat16"}, "takes no options, got \\['dtype'\\]"),
+    ],
+)
+def test_backend_options_are_checked_before_any_engine_starts(chatml_tokenizer, tiny_model, backend, options, message):
+    from agilerl.errors import InvalidArgument
+    from agilerl.rollout.generation import build_generation
+
+    with pytest.raises(InvalidArgument, match=message):
+        build_generation(backend, tiny_model, chatml_tokenizer, max_model_len=None, seed=0, options=options)
+    assert "vllm" not in sys.modules
+
+
+def test_both_builtin_backends_are_listed():
+    result = subprocess.run(
+        [sys.executable, "-m", "agilerl", "backends", "list", "--json"], capture_output=True, text=True, check=True
+    )
+    names = {entry["name"] for entry in json.loads(result.stdout)}
+    assert {"transformers", "vllm"} <= names
+
+
+def test_a_plugin_backend_is_reached_by_its_name(chatml_tokenizer, tiny_model):
+    import types
+
+    from agilerl import hookimpl
+    from agilerl.registry import get_plugin_manager, reset_registry
+    from agilerl.rollout.generation import build_generation
+    from agilerl.rollout.policy import ScriptedPolicy
+
+    module = types.ModuleType("plugin_with_a_backend")
+
+    @hookimpl
+    def register_generation_backends(register):
+        register("scripted", lambda model, tokenizer, **kw: ScriptedPolicy(tokenizer, reply=str(kw)))
+
+    module.register_generation_backends = register_generation_backends
+    reset_registry()  # a fresh manager, forgotten again at the end
+    get_plugin_manager().register(module, name="backend-plugin")
+    try:
+        policy = build_generation("scripted", tiny_model, chatml_tokenizer, max_model_len=64, seed=3, options={"x": 1})
+        assert isinstance(policy, ScriptedPolicy) and policy.reply == "{'max_model_len': 64, 'seed': 3, 'x': 1}"
+    finally:
+        reset_registry()
