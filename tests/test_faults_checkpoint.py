@@ -244,3 +244,33 @@ def test_checkpoint_minutes_bounds_lost_work_and_keep_last_rotates(tmp_path, cap
     out = tmp_path / "out"
     assert main(["train", str(manifest), "--output-dir", str(out), "--no-progress"]) == 0
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000003", "step-000004"]
+
+
+def test_an_evaluation_that_fails_after_the_update_keeps_the_step_its_row_and_its_checkpoint(tmp_path):
+    from agilerl.assembly.models import load_model_and_tokenizer
+    from agilerl.data.dataset_env import DatasetEnv
+    from agilerl.manifest.spec import load_manifest
+    from agilerl.train.loops import train_llm_dataset
+
+    class HeldOutGoesAway(DatasetEnv):
+        """The held-out split reads once (the baseline), then its storage is gone."""
+
+        evaluations = 0
+
+        def batches(self, epoch=0, *, evaluation=False):
+            if evaluation:
+                HeldOutGoesAway.evaluations += 1
+                if HeldOutGoesAway.evaluations > 1:
+                    raise OSError("the held-out shard's disk went away")
+            return super().batches(epoch, evaluation=evaluation)
+
+    manifest = load_manifest(SFT / "manifest.yaml")
+    model, tokenizer = load_model_and_tokenizer(manifest.model)
+    dataset = HeldOutGoesAway.from_spec(manifest.environment, tokenizer, base_dir=manifest.base_dir, batch_size=4)
+    out = tmp_path / "out"
+    settings = {"max_steps": 4, "evaluation_interval": 2, "output_dir": str(out), "lr": 1e-4}
+    with pytest.raises(OSError, match="disk went away") as info:
+        train_llm_dataset(model, tokenizer, dataset, "sft", settings, show_progress=False)
+    assert _steps(out) == [0, 1, 2]  # step 2's row, without the evaluation that failed
+    assert (out / "checkpoints" / "step-000002" / "trainer_state.json").is_file()
+    assert f"the last whole step, 2, is saved in {out / 'checkpoints' / 'step-000002'}" in info.value.__notes__[0]

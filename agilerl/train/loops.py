@@ -269,6 +269,7 @@ class _Trainer:
                         if self.synced is not None:
                             self.synced.sleep()  # its memory is the update's (where it can sleep)
                         metrics.update(self._update(batches))
+                        self._unlogged = metrics  # the step is taken: its row is owed from here on
                         metrics.update(self._push_weights())
                         metrics["time/step_s"] = time.perf_counter() - t0
                         last = self._unlogged = mean_over_ranks(self.accelerator, metrics)
