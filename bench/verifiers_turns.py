@@ -21,7 +21,7 @@ from agilerl.builtins.tiny_model import build_tiny_tokenizer
 from agilerl.rollout.harness import RolloutHarness
 
 TESTS = Path(__file__).resolve().parent.parent / "plugins" / "agilerl-env-verifiers" / "tests"
-CALLS = [f'<tool_call>{{"name": "check", "arguments": {{"n": {n}}}}}</tool_call>' for n in (5, 8, 7)]
+CALLS = [f'<tool_call>{{"name": "oracle_check", "arguments": {{"n": {n}}}}}</tool_call>' for n in (5, 8, 7)]
 REPLIES = [*CALLS, "7"]
 
 
@@ -29,7 +29,7 @@ class PlainGuess:
     """The same episode as vf_tasks.Guess, as a plain text env."""
 
     max_turns = 4
-    tools = [{"type": "function", "function": {"name": "check", "parameters": {"type": "object"}}}]
+    tools = [{"type": "function", "function": {"name": "oracle_check", "parameters": {"type": "object"}}}]
 
     def reset(self, seed=None):
         self.target = 7

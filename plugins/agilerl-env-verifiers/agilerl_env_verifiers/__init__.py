@@ -12,6 +12,6 @@ from agilerl import hookimpl
 def register_envs(register):
     register(
         "verifiers",
-        "agilerl_env_verifiers.env:VerifiersEnv",
-        description="A verifiers v1 taskset, scored by its own rewards: env_config {taskset: 'module:attr' or id}.",
+        "agilerl_env_verifiers.env:verifiers_env",
+        description="A verifiers v1 taskset: env_config {taskset: 'module:attr' or id, mode: score|bridge}.",
     )

@@ -70,7 +70,7 @@ class _Episode:
             task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
             agent=AgentInfo(config=vf.AgentConfig(), name="agilerl", trainable=True),
         )
-        self.tools: dict[str, Any] = {}  # tool name: the MCP server that runs it
+        self.tools: dict[str, tuple[Any, str]] = {}  # advertised name: (MCP server, its tool)
         self.turns = 0
         self.scored = False
 
@@ -84,9 +84,11 @@ class _Episode:
             await toolset.setup()
             await toolset.setup_task(self.task)
             for tool in await server.list_tools():
-                self.tools[tool.name] = server
+                # advertised as verifiers does: prefixed with the server's name (TOOL_PREFIX)
+                name = f"{toolset.server_name}_{tool.name}" if toolset.server_name else tool.name
+                self.tools[name] = (server, tool.name)
                 schemas.append({"type": "function", "function": {
-                    "name": tool.name, "description": tool.description or "", "parameters": tool.input_schema,
+                    "name": name, "description": tool.description or "", "parameters": tool.input_schema,
                 }})
         data = self.task.data
         messages: list[dict[str, Any]] = []
@@ -111,7 +113,7 @@ class _Episode:
         if self.scored:
             raise EnvError("the episode has ended: reset() first")
         self.turns += 1
-        call = _tool_call(action, self.tools)
+        call = tool_call(action, self.tools)
         if call is None:
             self._commit(vf.AssistantMessage(content=action), sampled=True)
             return "", await self._score(), True, False, {"rewards": self._rewards()}
@@ -119,7 +121,8 @@ class _Episode:
         self._commit(vf.AssistantMessage(content=action, tool_calls=[
             vf.ToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
         ]), sampled=True)
-        result = await self.tools[name].call_tool(name, arguments)
+        server, tool_name = self.tools[name]
+        result = await server.call_tool(tool_name, arguments)
         text = "\n".join(getattr(part, "text", "") for part in result.content)
         self._commit(vf.ToolMessage(tool_call_id=call_id, name=name, content=text))
         if self.turns >= max_turns:  # cut short here: still scored, on the trace so far
@@ -140,7 +143,7 @@ class _Episode:
         self.trace.nodes.append(MessageNode(parent=parent, message=message, sampled=sampled))
 
 
-def _tool_call(text: str, tools: dict[str, Any]) -> tuple[str, dict[str, Any], str] | None:
+def tool_call(text: str, tools: dict[str, Any]) -> tuple[str, dict[str, Any], str] | None:
     """``(name, arguments, call id)`` when ``text`` calls one of ``tools``, else None."""
     if not tools:
         return None
@@ -181,3 +184,15 @@ def _load_taskset(source: str, fields: dict[str, Any]) -> vf.Taskset:
     if not isinstance(taskset, vf.Taskset):
         raise InvalidArgument(f"taskset {source!r} returned {type(taskset).__name__}, not a verifiers Taskset")
     return taskset
+
+
+def verifiers_env(taskset: str, *, mode: str = "score", **options: Any) -> Any:
+    """The registered ``verifiers`` env: ``mode`` ``"score"`` (``VerifiersEnv``, the default) or
+    ``"bridge"`` (``VerifiersBridgeEnv``: the env's own ``Env.run`` against our policy)."""
+    if mode == "score":
+        return VerifiersEnv(taskset, **options)
+    if mode == "bridge":
+        from agilerl_env_verifiers.bridge import VerifiersBridgeEnv
+
+        return VerifiersBridgeEnv(taskset, **options)
+    raise InvalidArgument(f"env_config.mode must be 'score' or 'bridge', got {mode!r}")

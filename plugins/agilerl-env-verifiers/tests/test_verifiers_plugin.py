@@ -5,6 +5,7 @@ verifiers and this plugin), reused after. Each test runs one script there and re
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def run(vf_python: Path, code: str, *args: str) -> object:
     """Run ``code`` in the venv (tests/ on the path); it prints one JSON value last."""
     result = subprocess.run(
         [str(vf_python), "-c", textwrap.dedent(code), *args], capture_output=True, text=True, timeout=300,
-        cwd=PLUGIN / "tests", env={"PYTHONPATH": str(PLUGIN / "tests"), "PATH": "/usr/bin:/bin", "AGILERL_PLUGINS": "agilerl,verifiers"},
+        cwd=PLUGIN / "tests", env={**os.environ, "PYTHONPATH": str(PLUGIN / "tests"), "AGILERL_PLUGINS": "agilerl,verifiers"},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -83,13 +84,17 @@ with contextlib.redirect_stdout(printed):
 out["bench"] = printed.getvalue()
 print(json.dumps(out))
 """
-CALL = '<tool_call>{{"name": "check", "arguments": {{"n": {}}}}}</tool_call>'
-ADD = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+CALL = '<tool_call>{{"name": "oracle_check", "arguments": {{"n": {}}}}}</tool_call>'
+ADD = '<tool_call>{"name": "adder_add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 EPISODES = {
     "reverse": ({"taskset": "vf_tasks:Reverse"}, [["desserts"], ["dessert"]]),
     "guess": ({"taskset": "vf_tasks:Guess"}, [[CALL.format(5), CALL.format(8), CALL.format(7), "7"]]),
-    "guess cut short": ({"taskset": "vf_tasks:Guess", "max_turns": 2}, [['{"name": "check", "arguments": {"n": 7}}'] * 3]),
+    "guess cut short": ({"taskset": "vf_tasks:Guess", "max_turns": 2}, [['{"name": "oracle_check", "arguments": {"n": 7}}'] * 3]),
     "sums": ({"taskset": "vf_tasks:Sums"}, [[ADD, "5"], ["5"]]),
+    # bridge: the env's own Env.run (null harness program, the Toolset served over MCP)
+    "bridge reverse": ({"taskset": "vf_bridge_reverse", "mode": "bridge"}, [["desserts"]]),
+    "bridge guess": ({"taskset": "vf_bridge_guess", "mode": "bridge"}, [[CALL.format(5), CALL.format(7), "7"]]),
+    "bridge cut short": ({"taskset": "vf_bridge_guess", "mode": "bridge", "max_turns": 2}, [[CALL.format(7)] * 3]),
 }
 
 
@@ -110,7 +115,7 @@ def test_a_single_turn_taskset_is_scored_by_its_own_reward(played):
 def test_a_multi_turn_task_with_a_toolset_answers_tool_calls_in_the_tool_role(played):
     (episode,) = played["guess"]
     assert episode["rewards"] == [0.0, 0.0, 0.0, 1.0] and episode["terminated"]
-    assert '"name": "check"' in episode["text"].split("<|im_end|>")[0]  # the tool's schema in the system turn
+    assert '"name": "oracle_check"' in episode["text"].split("<|im_end|>")[0]  # the tool's schema in the system turn
     for answer in ("higher", "lower", "correct"):
         assert f"<|im_start|>tool\n{answer}<|im_end|>" in episode["text"]
 
@@ -137,3 +142,19 @@ def test_env_check_plays_a_taskset_named_on_the_command_line(played):
 def test_the_bench_reports_score_only_against_a_plain_env(played):
     """bench/verifiers_turns.py still runs (at its smallest size) and prints its ratio line."""
     assert re.search(r"^score-only / plain: reset \d+\.\d+x, turn \d+\.\d+x$", played["bench"], re.M), played["bench"]
+
+
+def test_bridge_mode_runs_the_envs_own_episode_against_our_replies(played):
+    (reverse,) = played["bridge reverse"]
+    assert reverse["rewards"] == [1.0] and reverse["terminated"] and reverse["infos"][0]["rewards"] == {"lcs": 1.0}
+    assert "<|im_start|>system\nReply with the text only.<|im_end|>\n<|im_start|>user\nReverse: stressed" in reverse["text"]
+    (guess,) = played["bridge guess"]
+    assert guess["rewards"] == [0.0, 0.0, 1.0] and guess["terminated"]
+    assert [i.get("observation_role") for i in guess["infos"][:2]] == ["tool", "tool"]
+    assert "<|im_start|>tool\nhigher<|im_end|>" in guess["text"] and "<|im_start|>tool\ncorrect<|im_end|>" in guess["text"]
+
+
+def test_bridge_mode_scores_an_episode_cut_short(played):
+    (episode,) = played["bridge cut short"]
+    assert episode["truncated"] and len(episode["rewards"]) == 2
+    assert episode["infos"][-1]["rewards"] == {"found": 0.0}

@@ -4,6 +4,7 @@ Toolset, and a taskset-wide Toolset. Imported in the verifiers venv only."""
 from __future__ import annotations
 
 import verifiers.v1 as vf
+from vf_oracle import Oracle, OracleConfig
 
 
 def _lcs(a: str, b: str) -> int:
@@ -34,18 +35,6 @@ class Reverse(vf.Taskset[ReverseTask]):
 
 class GuessData(vf.TaskData):
     target: int
-
-
-class Oracle(vf.Toolset):
-    @vf.tool
-    async def check(self, n: int) -> str:
-        """Say whether n is the secret number, or whether the secret is higher or lower."""
-        target = self.config.target
-        return "correct" if n == target else ("higher" if target > n else "lower")
-
-
-class OracleConfig(vf.ToolsetConfig):
-    target: int = 0
 
 
 class GuessTask(vf.Task[GuessData]):
