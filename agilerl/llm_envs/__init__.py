@@ -52,6 +52,11 @@ _LAZY = {
     "SamplingParams": "agilerl.rollout.policy",
     "Generation": "agilerl.rollout.policy",
     "TransformersPolicy": "agilerl.rollout.policy",
+    "VLLMPolicy": "agilerl.rollout.vllm_policy",
+    "VLLMServerPolicy": "agilerl.rollout.vllm_server",
+    "WeightSyncedPolicy": "agilerl.rollout.generation",
+    "build_generation": "agilerl.rollout.generation",
+    "hf_weights": "agilerl.rollout.weights",
     "ScriptedPolicy": "agilerl.rollout.policy",
     "RolloutBatch": "agilerl.rollout.results",
     "CollectStats": "agilerl.rollout.results",
@@ -147,7 +152,11 @@ if TYPE_CHECKING:
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.harness import RolloutHarness
     from agilerl.rollout.openai_policy import MessageTokenizer, OpenAIChatPolicy
+    from agilerl.rollout.generation import WeightSyncedPolicy, build_generation
     from agilerl.rollout.policy import Generation, Policy, SamplingParams, ScriptedPolicy, TransformersPolicy
+    from agilerl.rollout.vllm_policy import VLLMPolicy
+    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.rollout.weights import hf_weights
     from agilerl.rollout.results import CollectStats, EvalResult, RolloutBatch, SlotFailure
     from agilerl.rollout.trajectory import Trajectory
     from agilerl.train.algorithm import Algorithm, AlgorithmConfig, build_algorithm
