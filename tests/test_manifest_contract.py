@@ -63,9 +63,16 @@ def test_train_refuses_an_out_of_range_seed_override(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+BROKEN_RUBRICS = {
+    "syntax error": ("def reward(completion:\n    return 1.0\n", "'rubric.py' is not valid Python ({file}, line 1: '(' was never closed"),
+    "raises when run": ("raise NameError('nme')\n", "'rubric.py': running {file} raised NameError: nme; fix the file."),
+}
+
+
 @pytest.mark.parametrize("command", ["validate", "train"])
-def test_a_rubric_file_with_a_syntax_error_exits_2_and_says_where(tmp_path, capsys, command):
-    (tmp_path / "rubric.py").write_text("def reward(completion:\n    return 1.0\n")
+@pytest.mark.parametrize("source, message", BROKEN_RUBRICS.values(), ids=BROKEN_RUBRICS)
+def test_a_broken_rubric_file_exits_2_and_says_where(tmp_path, capsys, command, source, message):
+    (tmp_path / "rubric.py").write_text(source)
     (tmp_path / "data.csv").write_text("question,answer\nq,a\nr,b\n")
     manifest = tmp_path / "m.yaml"
     manifest.write_text(yaml.safe_dump({
@@ -76,7 +83,7 @@ def test_a_rubric_file_with_a_syntax_error_exits_2_and_says_where(tmp_path, caps
         "train", str(manifest), "--output-dir", str(tmp_path / "out"), "--no-progress"]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert f"'rubric.py' is not valid Python ({tmp_path / 'rubric.py'}, line 1: '(' was never closed" in err
+    assert message.format(file=tmp_path / "rubric.py") in err
 
 
 def test_parse_errors_name_every_field_at_once():

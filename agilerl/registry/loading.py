@@ -99,6 +99,12 @@ def _load_file(target: str, base_dir: str | Path | None) -> Any:
     except SyntaxError as exc:
         del sys.modules[mod_name]
         raise _syntax_error(exc, target) from None
+    except ImportError:  # a missing package: its own message (an extra to install) is made above
+        del sys.modules[mod_name]
+        raise
+    except Exception as exc:  # the user's file raised while it ran: theirs to fix, as a syntax error is
+        del sys.modules[mod_name]
+        raise LoadError(f"{target!r}: running {path} raised {type(exc).__name__}: {exc}; fix the file.") from exc
     except BaseException:
         del sys.modules[mod_name]
         raise
