@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.train.algorithm import Algorithm, build_algorithm
-from agilerl.train.checkpoint import save_checkpoint
+from agilerl.train.checkpoint import checkpoint_dir, save_checkpoint
 from agilerl.train.run_dir import mark_run
 from agilerl.manifest.settings import TrainingSettings
 from agilerl.train.distributed import (
@@ -287,8 +287,11 @@ class _Trainer:
                 self._save_on_failure(exc, header)
                 raise
             self._shielding = True  # the last save is never cut in half by a Ctrl-C
-            if self.step > self._saved_step or interrupted:
+            if self.step > self._saved_step:
                 checkpoint = self._save()
+            elif interrupted and self.world.is_main:  # this step is saved already (or was never taken):
+                saved = checkpoint_dir(self.output_dir, self.step)  # never delete it to write it again
+                checkpoint = saved if saved.is_dir() else None
         plot = None
         if self.log is not None:
             try:
