@@ -116,8 +116,9 @@ class VLLMPolicy:
         self.sleeps = torch.cuda.is_available() if sleep is None else sleep
         self._config_dir = tempfile.TemporaryDirectory(prefix="agilerl-vllm-")
         _base_model(model).config.save_pretrained(self._config_dir.name)  # the architecture; weights follow
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        rank = torch.distributed.get_rank() if distributed else 0
+        # launched ranks (accelerate launch, torchrun): one engine each, in the launcher's group
+        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        rank = int(os.environ.get("RANK", "0"))
         self.llm = vllm.LLM(
             model=self._config_dir.name,
             skip_tokenizer_init=True,  # token ids in, token ids out

@@ -1,0 +1,147 @@
+"""vLLM against TransformersPolicy in the same run: the generation step (fp32 and bf16) and the
+whole GRPO step (generation, update, and for vLLM the weight push), per backend.
+
+    .venv-vllm/bin/python bench/vllm_step.py                     # tiny and SmolLM2-135M
+    .venv-vllm/bin/python bench/vllm_step.py --models tiny --steps 3
+
+Run it in ``.venv-vllm`` (vLLM needs transformers<5.20; see docs/generation.md). Both backends
+generate ``batch x group`` completions of exactly ``--completion-tokens`` tokens (stopping off)
+for the same chat-templated prompts, as bench/train_step.py does; the GRPO step is
+``collate_trajectories`` + ``GRPO.loss`` + backward + AdamW, and with vLLM the push of the
+updated weights (``load_weights(hf_weights(model))``). The first step of each is warm-up; the
+median of the others is reported. ``tiny`` here has 2 heads (head_dim 32: vLLM's CPU attention
+has no head_dim 16 kernel); SmolLM2 is loaded as bench/train_step.py loads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_step import PROMPTS, _load, _prompt_ids  # noqa: E402
+
+
+def load(name: str) -> tuple[Any, Any]:
+    if name == "tiny":
+        from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer("chatml")
+        return build_tiny_model(tokenizer, num_heads=2), tokenizer
+    return _load(name)
+
+
+def fixed_length(policy: Any) -> Any:
+    """No stop token at all: every completion runs to ``max_new_tokens``."""
+    if hasattr(policy, "eos_id"):
+        policy.eos_id = None
+    else:
+        policy.stops = []
+    return policy
+
+
+def generation_s(policy: Any, prompts: list[list[int]], params: Any, steps: int) -> tuple[float, int]:
+    times, tokens = [], 0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = policy.generate(prompts, params)
+        times.append(time.perf_counter() - t0)
+        tokens = sum(len(g.token_ids) for g in out)
+    return statistics.median(times[1:] or times), tokens
+
+
+def grpo_step_s(policy: Any, model: Any, tokenizer: Any, prompts: list[list[int]], params: Any, args: Any) -> dict[str, float]:
+    """Median (generation, update, push, whole) seconds of one GRPO step."""
+    from agilerl.builtins.algorithms.grpo import GRPO
+    from agilerl.rollout.trajectory import Trajectory
+    from agilerl.rollout.weights import hf_weights
+    from agilerl.train.batch import collate_trajectories
+    from agilerl.train.loops import build_optimizer
+
+    algorithm, optimizer = GRPO(), build_optimizer(list(model.parameters()), lr=1e-6)
+    rows = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        generations = policy.generate(prompts, params)
+        t1 = time.perf_counter()
+        trajectories = [
+            Trajectory(
+                token_ids=list(p) + g.token_ids, action_mask=[False] * len(p) + [True] * len(g.token_ids),
+                turn_ids=[-1] * len(p) + [0] * len(g.token_ids), rewards=[float(len(set(g.token_ids)))],
+                logprobs=[0.0] * len(p) + list(g.logprobs or []), group=i // args.group,
+            )
+            for i, (p, g) in enumerate(zip(prompts, generations))
+        ]
+        batch = collate_trajectories(trajectories, tokenizer.pad_token_id)
+        model.train()
+        loss, _ = algorithm.loss(model, batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        t2 = time.perf_counter()
+        if hasattr(policy, "load_weights"):
+            policy.load_weights(hf_weights(model))
+        t3 = time.perf_counter()
+        rows.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0))
+    counted = rows[1:] or rows
+    return {k: statistics.median(r[i] for r in counted) for i, k in enumerate(("generation_s", "update_s", "push_s", "step_s"))}
+
+
+def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
+    from agilerl.rollout.vllm_policy import VLLMPolicy
+
+    model, tokenizer = load(name)
+    prompts = [_prompt_ids(tokenizer, p) for p in PROMPTS[: args.batch] for _ in range(args.group)]
+    params = SamplingParams(max_new_tokens=args.completion_tokens)
+    out: dict[str, Any] = {"model": name}
+    for dtype in ("float32", "bfloat16"):
+        typed = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
+        hf = fixed_length(TransformersPolicy(typed, tokenizer, max_model_len=1024))
+        t0 = time.perf_counter()
+        engine = fixed_length(VLLMPolicy(typed, tokenizer, max_model_len=1024, dtype=dtype))
+        out[f"vllm_start_s_{dtype}"] = time.perf_counter() - t0
+        for label, policy in (("transformers", hf), ("vllm", engine)):
+            seconds, tokens = generation_s(policy, prompts, params, args.steps)
+            out[f"gen_{label}_{dtype}"] = {"s": seconds, "tok_per_s": tokens / seconds}
+        if dtype == "float32":  # the whole step trains in fp32, as agilerl train does by default
+            out["grpo_transformers"] = grpo_step_s(hf, model, tokenizer, prompts, params, args)
+            out["grpo_vllm"] = grpo_step_s(engine, model, tokenizer, prompts, params, args)
+        print(json.dumps(out), flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"])
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--completion-tokens", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    results = [bench_model(name, args) for name in args.models]
+    for r in results:
+        print(f"\n{r['model']}: batch {args.batch} x group {args.group} x {args.completion_tokens} tokens")
+        for dtype in ("float32", "bfloat16"):
+            hf, vl = r[f"gen_transformers_{dtype}"], r[f"gen_vllm_{dtype}"]
+            print(f"  generation {dtype}: transformers {hf['s']:.2f} s ({hf['tok_per_s']:.0f} tok/s), "
+                  f"vllm {vl['s']:.2f} s ({vl['tok_per_s']:.0f} tok/s): {hf['s'] / vl['s']:.2f}x")
+        a, b = r["grpo_transformers"], r["grpo_vllm"]
+        print(f"  GRPO step fp32: transformers {a['step_s']:.2f} s (gen {a['generation_s']:.2f} + update "
+              f"{a['update_s']:.2f}), vllm {b['step_s']:.2f} s (gen {b['generation_s']:.2f} + update "
+              f"{b['update_s']:.2f} + push {b['push_s']:.2f}): {a['step_s'] / b['step_s']:.2f}x")
+
+
+if __name__ == "__main__":  # vLLM may spawn processes: engines start only here
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    main()
