@@ -90,3 +90,10 @@ def test_parse_errors_name_every_field_at_once():
     with pytest.raises(ManifestError) as info:
         parse_manifest({"environment": ENV, "training": {"seed": -1, "lr": math.nan, "batch_size": True}})
     assert sorted(e.split(":")[0] for e in info.value.errors) == ["training.batch_size", "training.lr", "training.seed"]
+
+
+def test_the_schema_refuses_unknown_sections_too():
+    from agilerl.manifest.spec import Manifest
+
+    schema = Manifest.model_json_schema()
+    assert schema["additionalProperties"] is False and schema["patternProperties"] == {"^x-": {}}

@@ -278,6 +278,9 @@ class Manifest(_Section):
     An unknown section is an error: a typo'd ``trainig:`` would otherwise start a full default run."""
 
     _unknown_is_error: ClassVar[bool] = True
+    model_config = ConfigDict(  # the schema says so too: editors flag a typo'd section
+        json_schema_extra={"additionalProperties": False, "patternProperties": {"^x-": {}}}
+    )
 
     @classmethod
     def _is_extension(cls, key: Any) -> bool:
