@@ -1,12 +1,15 @@
-"""Per-turn cost of a verifiers taskset played score-only (plugins/agilerl-env-verifiers)
-against a plain text env of the same shape, both through RolloutHarness in one process.
+"""Per-turn cost of a verifiers taskset played through plugins/agilerl-env-verifiers, score-only
+and bridged, against a plain text env of the same shape, all through RolloutHarness in one process.
 
 The episode: three tool calls answered "higher"/"lower"/"correct" in the tool role, then the
 answer, scored. The plain env does that in Python; the verifiers env commits every message to a
 Trace, runs the Toolset's tool through MCP's server and scores with ``Task.score()``, all on
-agilerl's shared loop thread. Needs verifiers, so run it with the plugin's venv:
-``.venv-verifiers/bin/python bench/verifiers_turns.py [--episodes N]`` (the venv the plugin's
-tests create). Prints ms per turn and per reset for each side and the ratio.
+agilerl's shared loop thread. The bridge runs the env's own ``Env.run``: the null harness
+program, the Toolset as an MCP server subprocess, each request streamed from our endpoint. Needs
+verifiers, so run it with the plugin's venv:
+``.venv-verifiers/bin/python bench/verifiers_turns.py [--episodes N] [--bridge-episodes M]``
+from ``plugins/agilerl-env-verifiers/tests`` with it on ``PYTHONPATH`` (the venv the plugin's
+tests create). Prints ms per turn and per reset for each side and the ratios.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def measure(make_env, tokenizer, episodes: int) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, default=50)
+    parser.add_argument("--bridge-episodes", type=int, default=3, help="0 skips the bridge (seconds an episode)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(TESTS))
     from agilerl_env_verifiers.env import VerifiersEnv
@@ -74,6 +78,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"plain text env: reset {plain[0]:.2f} ms, turn {plain[1]:.2f} ms")
     print(f"verifiers score-only: reset {scored[0]:.2f} ms, turn {scored[1]:.2f} ms")
     print(f"score-only / plain: reset {scored[0] / plain[0]:.2f}x, turn {scored[1] / plain[1]:.2f}x")
+    if args.bridge_episodes:
+        from agilerl_env_verifiers.bridge import VerifiersBridgeEnv
+
+        bridged = measure(lambda: VerifiersBridgeEnv("vf_bridge_guess"), tokenizer, args.bridge_episodes)
+        print(f"verifiers bridge: reset {bridged[0]:.2f} ms, turn {bridged[1]:.2f} ms")
+        print(f"bridge / plain: reset {bridged[0] / plain[0]:.2f}x, turn {bridged[1] / plain[1]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """A verifiers v1 ``Taskset`` as an agilerl text env, scored by its tasks' own ``Task.score()``.
 
+``verifiers_env`` (the registered ``verifiers`` name) picks the mode: ``score`` (here) or
+``bridge`` (``bridge.py``: the env's own ``Env.run`` against our policy).
+
 Score-only: our policy's turns are committed to a verifiers ``Trace`` message by message and,
 when the episode ends, the task's ``@vf.reward``/``@vf.metric`` functions score that trace. No
 harness program and no model endpoint run, so this fits single-agent tasksets whose rewards read

@@ -80,7 +80,7 @@ module = importlib.util.module_from_spec(bench)
 bench.loader.exec_module(module)
 printed = io.StringIO()
 with contextlib.redirect_stdout(printed):
-    module.main(["--episodes", "1"])
+    module.main(["--episodes", "1", "--bridge-episodes", "0"])
 out["bench"] = printed.getvalue()
 print(json.dumps(out))
 """
