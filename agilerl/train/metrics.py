@@ -125,6 +125,7 @@ def plot_curves(
 def draw_curves(records: Sequence[Mapping[str, Any]], keys: Sequence[str], *, title: str) -> Any:
     """The figure :func:`plot_curves` saves: the train curve, the evaluations on top, labelled axes."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for index, key in enumerate(keys):
@@ -138,6 +139,7 @@ def draw_curves(records: Sequence[Mapping[str, Any]], keys: Sequence[str], *, ti
         else:  # evaluations: few, and what the run is judged by
             ax.plot(steps, values, color="tab:orange", linestyle="--", linewidth=1, marker="D", markersize=7,
                     markeredgecolor="black", label=key, zorder=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     ax.set_xlabel("step (optimiser steps)")
     ax.set_ylabel(_quantity(keys))
     ax.set_title(title)
