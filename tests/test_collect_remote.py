@@ -110,6 +110,9 @@ def test_a_remote_step_past_the_timeout_is_cancelled_and_reported(chatml_tokeniz
             # collect() gave up on both hung steps (one per group member) before either returned
             assert SlowOnSeed0Env.hangs_started == [SlowOnSeed0Env.hang_seed] * 2
             assert SlowOnSeed0Env.hangs_finished == []
+            # the cancelled sessions were hung up: the next batch gets fresh ones, no stale reply
+            again = c.collect(ScriptedPolicy(chatml_tokenizer, reply="even"))
+            assert not again.stats.failures and SlowOnSeed0Env.hangs_finished == []
     finally:
         SlowOnSeed0Env.release.set()
         server.stop()

@@ -246,6 +246,10 @@ class RemoteEnvClient(EnvClient):
         assert self._conn is not None
         try:
             raw = await self._conn.request(frame, self.request_timeout_s)
+        except asyncio.CancelledError:  # its reply would answer the next request: hang up at once
+            conn, self._conn = self._conn, None
+            conn.abort()
+            raise
         except asyncio.TimeoutError:
             await self._drop()
             raise RemoteEnvTimeout(

@@ -129,7 +129,7 @@ class Connection:
         import aiohttp
 
         if not polite:
-            self._abort()
+            self.abort()
             return
         try:
             if not self._reader.done():
@@ -137,10 +137,11 @@ class Connection:
                 await asyncio.wait_for(asyncio.shield(self._reader), timeout=self._close_timeout_s)
             await asyncio.wait_for(self._ws.close(), timeout=self._close_timeout_s)
         except (ConnectionError, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError):
-            self._abort()  # the server ends the session (and closes its env) either way
+            self.abort()  # the server ends the session (and closes its env) either way
         self._reader.cancel()
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
+        """Hang up now, waiting for nothing; the server ends the session and closes its env."""
         self._reader.cancel()
         # aiohttp has no public abort for a client WebSocket; its connection's transport has one.
         conn = getattr(self._ws, "_conn", None) or getattr(getattr(self._ws, "_response", None), "connection", None)
