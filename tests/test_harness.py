@@ -588,12 +588,22 @@ class PerTaskEnv:
         return "Checked.", 1.0, True, False, {}
 
 
-def _per_task_messages(seed):
+def _per_task_messages(seed, tool_role=None):
+    """A PerTaskEnv episode's opening (and, given the tool result's role, its whole conversation)
+    after the replies "call it" and "42"; and its tools."""
     task = seed % 2
-    return [
+    messages = [
         {"role": "system", "content": f"You solve task {task}."},
         {"role": "user", "content": f"Task {task}: call the tool, then answer."},
-    ], [PerTaskEnv.TOOLS[task]]
+    ]
+    if tool_role:
+        messages += [
+            {"role": "assistant", "content": "call it"},
+            {"role": tool_role, "content": "result of call it"},
+            {"role": "assistant", "content": "42"},
+            {"role": "user", "content": "Checked."},
+        ]
+    return messages, [PerTaskEnv.TOOLS[task]]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -601,16 +611,11 @@ def test_reset_info_gives_each_episode_its_system_prompt_and_tools_and_a_tool_re
     harness = RolloutHarness.local(PerTaskEnv(), chatml_tokenizer)
     for episode_seed in (1 - seed, seed):  # the other task first: nothing of it may remain
         prompt, _ = harness.reset(seed=episode_seed)
-    messages, tools = _per_task_messages(seed)
-    assert list(prompt) == _full_render(chatml_tokenizer, messages, tools=tools, add_generation_prompt=True)
+    opening, tools = _per_task_messages(seed)
+    assert list(prompt) == _full_render(chatml_tokenizer, opening, tools=tools, add_generation_prompt=True)
     harness.step("call it")
     harness.step("42")
-    messages += [
-        {"role": "assistant", "content": "call it"},
-        {"role": "tool", "content": "result of call it"},
-        {"role": "assistant", "content": "42"},
-        {"role": "user", "content": "Checked."},
-    ]
+    messages, _ = _per_task_messages(seed, tool_role="tool")
     assert harness.trajectory.token_ids == _full_render(chatml_tokenizer, messages, tools=tools)
     assert harness.system_prompt == f"You solve task {seed}." and harness.observation_role == "user"
 
@@ -669,14 +674,21 @@ def test_a_template_without_a_tool_role_renders_the_tool_result_as_the_user(chat
     with pytest.warns(UserWarning, match="cannot render a 'tool' message"):
         harness.step("call it")
     harness.step("42")
-    messages, tools = _per_task_messages(0)
-    messages += [
-        {"role": "assistant", "content": "call it"},
-        {"role": "user", "content": "result of call it"},
-        {"role": "assistant", "content": "42"},
-        {"role": "user", "content": "Checked."},
-    ]
+    messages, tools = _per_task_messages(0, tool_role="user")
     assert harness.trajectory.token_ids == _full_render(tokenizer, messages, tools=tools)
+
+
+def test_a_served_env_frames_its_episodes_as_in_process(chatml_tokenizer):
+    """The framing travels in reset's and step's info, which RemoteEnvClient asks the server for."""
+    from agilerl.remote.hosting import resolve_env
+
+    url, server = resolve_env(PerTaskEnv)
+    with server, RolloutHarness(url, chatml_tokenizer, max_turns=3) as harness:
+        harness.reset(seed=1)
+        harness.step("call it")
+        harness.step("42")
+        messages, tools = _per_task_messages(1, tool_role="tool")
+        assert harness.trajectory.token_ids == _full_render(chatml_tokenizer, messages, tools=tools)
 
 
 @pytest.mark.parametrize(
