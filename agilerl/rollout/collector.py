@@ -240,11 +240,7 @@ class RolloutCollector:
         if any(traj.action_mask):
             run.finish(slot, traj, cut_at=end_of_last_action(traj))
         else:
-            run.overflow(
-                slot,
-                f"the opening prompt is {len(traj.token_ids):,} tokens: "
-                f"max_model_len={budget.max_model_len} leaves no room to generate",
-            )
+            run.overflow(slot, budget.no_room(len(traj.token_ids)))
 
     def _budget(self, policy: Policy) -> ContextBudget:
         """The context of this collection: ``max_model_len`` given here, else the policy's own."""
@@ -336,12 +332,7 @@ class RolloutCollector:
         """End an episode whose env answered with more text than the context has room for,
         without tokenizing that text: a reset is lost; a step keeps its action and reward."""
         if method == "reset":
-            chars = answer_chars(method, result)
-            run.overflow(
-                slot,
-                f"the env's opening prompt is {chars:,} characters, more than "
-                f"max_model_len={budget.max_model_len} tokens can hold",
-            )
+            run.overflow(slot, budget.too_long(answer_chars(method, result)))
             return
         harness = self._harness_of(slot)
         harness.apply_step(("", *result[1:]))  # the action and its reward; the text is never tokenized

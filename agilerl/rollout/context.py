@@ -39,6 +39,20 @@ class ContextBudget:
         """True when ``used_tokens`` leave no room for one generated token."""
         return self.max_model_len is not None and used_tokens >= self.max_model_len
 
+    def too_long(self, chars: int) -> str:
+        """Why an opening prompt of ``chars`` characters was refused."""
+        return (
+            f"the env's opening prompt is {chars:,} characters, more than "
+            f"max_model_len={self.max_model_len} tokens can hold"
+        )
+
+    def no_room(self, tokens: int) -> str:
+        """Why an opening prompt of ``tokens`` tokens was refused."""
+        return (
+            f"the opening prompt is {tokens:,} tokens: max_model_len={self.max_model_len} leaves "
+            "no room to generate"
+        )
+
 
 def text_chars(texts: Iterable[Any]) -> int:
     """How many characters the given texts hold (a message's content may be a list of parts)."""
