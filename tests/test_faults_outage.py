@@ -387,3 +387,18 @@ def test_the_manifests_reconnect_bound_reaches_the_remote_clients():
     assert make_env_factory(spec)().retry_budget_s == 7
     default = parse_env_spec({"env_type": "rollout", "env_url": "127.0.0.1:1"})
     assert make_env_factory(default)().retry_budget_s == 120
+
+
+def test_the_length_check_never_refuses_text_that_would_fit(chatml_tokenizer):
+    import random
+
+    from agilerl.rollout.context import ContextBudget
+
+    rng = random.Random(0)
+    alphabet = "abc xyz 0123 \n\t" + "".join(chr(c) for c in (0xE9, 0x4E2D, 0x1F600, 0x0301))
+    for limit in (4, 16, 64):
+        budget = ContextBudget.for_tokenizer(chatml_tokenizer, limit)
+        for _ in range(200):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 4 * limit * budget.chars_per_token)))
+            if budget.cannot_fit(len(text), 0):
+                assert len(chatml_tokenizer.encode(text, add_special_tokens=False)) > limit
