@@ -183,6 +183,8 @@ class ChatRenderer:
     def with_tools(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
         """The renderer for episodes that show ``tools``: this one when they are its own, else a
         sibling learned once per tool set and shared by every harness that shares this one."""
+        if tools is self.tools or (not tools and self.tools is None):
+            return self  # the common case, without serializing the tools
         key = _tools_key(tools or None)
         renderer = self._family.get(key)
         if renderer is None:
