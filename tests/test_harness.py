@@ -646,7 +646,7 @@ def test_the_collector_frames_episodes_as_the_harness_does(chatml_tokenizer):
     assert seeds == {0, 1}  # both framings met in one batch
 
 
-def test_env_check_shows_the_episodes_framing_in_text_and_through_the_template(tmp_path, capsys, monkeypatch):
+def test_env_check_shows_the_episodes_framing_as_the_harness_renders_it(tmp_path, capsys, monkeypatch):
     from agilerl.cli.main import main
 
     (tmp_path / "per_task.py").write_text(
@@ -657,10 +657,6 @@ def test_env_check_shows_the_episodes_framing_in_text_and_through_the_template(t
     text = capsys.readouterr().out
     assert "[tools] lookup_1\n[system] You solve task 1.\n[user] Task 1: call the tool, then answer." in text
     assert "[assistant] call it\n[tool] result of call it\n[assistant] 42\n[user] Checked." in text
-    assert main(["env", "check", "per_task.py:PerTaskEnv", "--seed", "1", "--actions", "call it,42", "--tokenizer", "tiny"]) == 0
-    templated = capsys.readouterr().out
-    assert '# Tools\n{"type": "function", "function": {"name": "lookup_1"' in templated
-    assert "<|im_start|>tool\nresult of call it<|im_end|>" in templated
 
 
 def test_a_template_without_a_tool_role_renders_the_tool_result_as_the_user(chatml_tokenizer):
