@@ -24,7 +24,9 @@ PLUGINS = {
     "exits-in-hook": HOOK + "    raise SystemExit(3)\n",
     "base-exception": "class Odd(BaseException):\n    pass\nraise Odd('not an Exception')\n",
     "many": HOOK + "    for i in range(10_000):\n        register(f'many/{i}', 'fault_many.env:Env')\n",
+    "env-exits": HOOK + "    register('exiting-env', 'fault_env_exits.env:Env')\n",
 }
+EXTRA_FILES = {"env-exits": {"env.py": "raise SystemExit(3)\n"}}
 GUESS_MANIFEST = "environment:\n  env_type: rollout\n  entrypoint: guess\n"
 
 
@@ -33,7 +35,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = tmp_path_factory.mktemp("site")
     for name, source in PLUGINS.items():
         module = "fault_" + name.replace("-", "_")
-        write_distribution(site, f"agilerl-env-fault-{name}", "1.0", {f"{module}/__init__.py": source}, plugins={name: module})
+        files = {f"{module}/__init__.py": source, **{f"{module}/{k}": v for k, v in EXTRA_FILES.get(name, {}).items()}}
+        write_distribution(site, f"agilerl-env-fault-{name}", "1.0", files, plugins={name: module})
     return site
 
 
@@ -100,3 +103,9 @@ def test_a_bad_plugin_timeout_is_a_user_error(site, value):
     assert result.returncode == 2
     assert f"AGILERL_PLUGIN_TIMEOUT={value!r} is not a number of seconds" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_registered_env_whose_module_exits_when_first_used_is_a_user_error(site):
+    result = agilerl(site, "env-exits", "env", "check", "exiting-env")
+    assert result.returncode == 2, result.stderr
+    assert "importing 'fault_env_exits.env:Env' raised SystemExit(3)" in result.stderr

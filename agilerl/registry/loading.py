@@ -33,10 +33,18 @@ def split_reference(ref: str) -> tuple[str, str]:
 def load_object(ref: str, base_dir: str | Path | None = None) -> Any:
     """Import what ``ref`` names; file paths are relative to ``base_dir`` (the manifest's folder)."""
     target, attr = split_reference(ref)
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        module = _load_file(target, base_dir)
-    else:
-        module = _import_module(target, ref, base_dir)
+    try:
+        if target.endswith(".py") or "/" in target or "\\" in target:
+            module = _load_file(target, base_dir)
+        else:
+            module = _import_module(target, ref, base_dir)
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # SystemExit at import must not end the command without a word
+        raise LoadError(
+            f"importing {ref!r} raised {type(exc).__name__}({exc}); code that runs at import must "
+            "not exit: move it under `if __name__ == '__main__':`."
+        ) from None
     return _get_attr(module, attr, ref)
 
 
