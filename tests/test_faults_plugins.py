@@ -18,6 +18,7 @@ PLUGINS = {
     "good": HOOK + "    register('good-env', 'fault_good.env:Env')\n",
     "sleeps": "import time\ntime.sleep(600)\n",
     "spins": "while True:\n    pass\n",
+    "hangs-printing": "import time\nwhile True:\n    print('still here', flush=True)\n    time.sleep(0.01)\n",
     "hook-sleeps": HOOK + "    import time\n    time.sleep(600)\n",
     "prints": "print('printed at import')\n" + HOOK + "    print('printed in the hook')\n    register('loud', 'x:y')\n",
     "exits-at-import": "raise SystemExit(3)\n",
@@ -74,8 +75,9 @@ def test_a_command_that_does_not_need_the_hung_plugin_goes_on(site, tmp_path):
 
 
 def test_output_printed_by_a_plugin_goes_to_stderr_and_the_json_stays_clean(site):
-    result = agilerl(site, "prints", "plugins", "list", "--json")
+    result = agilerl(site, "prints,hangs-printing", "plugins", "list", "--json")
     assert statuses(result)["prints"] == ("ok", None)  # stdout parsed as JSON
+    assert "still here" in result.stderr and "still here" not in result.stdout  # even after its deadline
     assert "printed at import" in result.stderr and "printed in the hook" in result.stderr
 
 

@@ -135,10 +135,38 @@ def call_plugin_code(function: Callable[[], Any], *, deadline: bool = True) -> O
     finally:
         sys.stdout = stdout
     if worker.is_alive():
+        _StdoutToStderrFor.install(worker)  # what it prints later cannot land in --json either
         return Outcome(error=f"did not finish within {timeout:g} s ({TIMEOUT_ENV_VAR}); skipped", timed_out=True)
     if isinstance(outcome.value, KeyboardInterrupt):
         raise outcome.value
     return outcome
+
+
+class _StdoutToStderrFor:
+    """``sys.stdout`` once a plugin's thread is left running: its writes go to stderr, all
+    others' to the real stdout."""
+
+    def __init__(self, stdout: Any) -> None:
+        self._stdout = stdout
+        self._threads: set[threading.Thread] = set()
+
+    @classmethod
+    def install(cls, thread: threading.Thread) -> None:
+        router = sys.stdout if isinstance(sys.stdout, cls) else cls(sys.stdout)
+        router._threads.add(thread)
+        sys.stdout = router
+
+    def _target(self) -> Any:
+        return sys.stderr if threading.current_thread() in self._threads else self._stdout
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stdout, name)
 
 
 def warn_skipped(info: PluginInfo) -> None:
