@@ -23,8 +23,8 @@ that catches the built-in kinds keeps working.
     │   ├── OpenEnvAdapterError (ValueError)      an OpenEnv env cannot be driven with text
     │   └── HarnessStateError, EpisodeError       used out of order
     ├── DataError → DatasetLoadError, RubricError, TemplateError
-    └── TrainingError → CollectionError, CheckpointError, ModelLoadError, PlotUnavailable,
-                        TrackerUnavailable (ImportError)
+    └── TrainingError → CollectionError, CheckpointError, OutputDirError, ModelLoadError,
+                        PlotUnavailable, TrackerUnavailable (ImportError)
         CollectionError → EndpointError            a model endpoint refused or failed
 """
 
