@@ -8,8 +8,8 @@ Run it in ``.venv-vllm`` (vLLM needs transformers<5.20; see docs/generation.md).
 generate ``batch x group`` completions of exactly ``--completion-tokens`` tokens (stopping off)
 for the same chat-templated prompts, as bench/train_step.py does; the GRPO step is
 ``collate_trajectories`` + ``GRPO.loss`` + backward + AdamW, and with vLLM the push of the
-updated weights (``load_weights(hf_weights(model))``). The first step of each is warm-up; the
-median of the others is reported. ``tiny`` here has 2 heads (head_dim 32: vLLM's CPU attention
+updated weights (``load_weights(hf_weights(model))``). Each backend runs in its own process.
+The first step of each is warm-up; the median of the others is reported. ``tiny`` here has 2 heads (head_dim 32: vLLM's CPU attention
 has no head_dim 16 kernel); SmolLM2 is loaded as bench/train_step.py loads it.
 """
 
@@ -20,6 +20,7 @@ import copy
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -94,29 +95,31 @@ def grpo_step_s(policy: Any, model: Any, tokenizer: Any, prompts: list[list[int]
     return {k: statistics.median(r[i] for r in counted) for i, k in enumerate(("generation_s", "update_s", "push_s", "step_s"))}
 
 
-def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def bench_side(name: str, backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One backend on one model, fp32 then bf16 generation and the fp32 GRPO step (in this process)."""
     import torch
 
     from agilerl.rollout.policy import SamplingParams, TransformersPolicy
-    from agilerl.rollout.vllm_policy import VLLMPolicy
 
     model, tokenizer = load(name)
     prompts = [_prompt_ids(tokenizer, p) for p in PROMPTS[: args.batch] for _ in range(args.group)]
     params = SamplingParams(max_new_tokens=args.completion_tokens)
-    out: dict[str, Any] = {"model": name}
+    out: dict[str, Any] = {}
     for dtype in ("float32", "bfloat16"):
         typed = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
-        hf = fixed_length(TransformersPolicy(typed, tokenizer, max_model_len=1024))
         t0 = time.perf_counter()
-        engine = fixed_length(VLLMPolicy(typed, tokenizer, max_model_len=1024, dtype=dtype))
-        out[f"vllm_start_s_{dtype}"] = time.perf_counter() - t0
-        for label, policy in (("transformers", hf), ("vllm", engine)):
-            seconds, tokens = generation_s(policy, prompts, params, args.steps)
-            out[f"gen_{label}_{dtype}"] = {"s": seconds, "tok_per_s": tokens / seconds}
+        if backend == "vllm":
+            from agilerl.rollout.vllm_policy import VLLMPolicy
+
+            policy = fixed_length(VLLMPolicy(typed, tokenizer, max_model_len=1024, dtype=dtype))
+        else:
+            policy = fixed_length(TransformersPolicy(typed, tokenizer, max_model_len=1024))
+        out[f"start_s_{dtype}"] = time.perf_counter() - t0
+        seconds, tokens = generation_s(policy, prompts, params, args.steps)
+        out[f"gen_{dtype}"] = {"s": seconds, "tok_per_s": tokens / seconds}
         if dtype == "float32":  # the whole step trains in fp32, as agilerl train does by default
-            out["grpo_transformers"] = grpo_step_s(hf, model, tokenizer, prompts, params, args)
-            out["grpo_vllm"] = grpo_step_s(engine, model, tokenizer, prompts, params, args)
-        print(json.dumps(out), flush=True)
+            out["grpo"] = grpo_step_s(policy, model, tokenizer, prompts, params, args)
+        del typed, policy
     return out
 
 
@@ -127,18 +130,31 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--completion-tokens", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--side", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    results = [bench_model(name, args) for name in args.models]
-    for r in results:
-        print(f"\n{r['model']}: batch {args.batch} x group {args.group} x {args.completion_tokens} tokens")
+    if args.side:  # a child: one side, its JSON on the last line
+        print(json.dumps(bench_side(*args.side, args)), flush=True)
+        return
+    shared = ["--batch", str(args.batch), "--group", str(args.group),
+              "--completion-tokens", str(args.completion_tokens), "--steps", str(args.steps)]
+    for name in args.models:
+        # each side in a fresh process: vLLM's CPU worker binds the OpenMP threads of its process,
+        # which slows any torch work after it there (transformers' generation ran 2-4x slower)
+        r = {}
+        for backend in ("transformers", "vllm"):
+            done = subprocess.run([sys.executable, __file__, *shared, "--side", name, backend],
+                                  capture_output=True, text=True, check=True)
+            r[backend] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"\n{name}: batch {args.batch} x group {args.group} x {args.completion_tokens} tokens")
         for dtype in ("float32", "bfloat16"):
-            hf, vl = r[f"gen_transformers_{dtype}"], r[f"gen_vllm_{dtype}"]
+            hf, vl = r["transformers"][f"gen_{dtype}"], r["vllm"][f"gen_{dtype}"]
             print(f"  generation {dtype}: transformers {hf['s']:.2f} s ({hf['tok_per_s']:.0f} tok/s), "
                   f"vllm {vl['s']:.2f} s ({vl['tok_per_s']:.0f} tok/s): {hf['s'] / vl['s']:.2f}x")
-        a, b = r["grpo_transformers"], r["grpo_vllm"]
+        a, b = r["transformers"]["grpo"], r["vllm"]["grpo"]
         print(f"  GRPO step fp32: transformers {a['step_s']:.2f} s (gen {a['generation_s']:.2f} + update "
               f"{a['update_s']:.2f}), vllm {b['step_s']:.2f} s (gen {b['generation_s']:.2f} + update "
               f"{b['update_s']:.2f} + push {b['push_s']:.2f}): {a['step_s'] / b['step_s']:.2f}x")
+        print(f"  vllm engine start: {r['vllm']['start_s_float32']:.1f} s (fp32)", flush=True)
 
 
 if __name__ == "__main__":  # vLLM may spawn processes: engines start only here
