@@ -7,12 +7,16 @@ connection must deliver its first request head within ``header_timeout_s`` (else
 and past ``max_connections`` open ones a new connection gets 503 and is closed at once. Later
 requests on a kept-alive connection are bounded by aiohttp's own ``keepalive_timeout``.
 A malformed request (a header past aiohttp's size cap, bytes that are not HTTP) is answered 400
-by aiohttp and logged here as one warning line, never as a traceback per request.
+by aiohttp and logged here as one warning line, never as a traceback per request; a bearer
+credential is checked here too, and any value that is not the token (malformed, non-ASCII) is
+simply refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -141,3 +145,31 @@ class _Guarded(asyncio.Protocol):
             self._inner.connection_lost(exc)
             self._inner = None
         self._transport = None
+
+
+def credential_matches(given: str, expected: bytes | None) -> bool:
+    """Constant-time check of an ``Authorization`` value; any value that is not even text
+    (non-ASCII bytes aiohttp kept as surrogates) simply does not match."""
+    try:
+        return expected is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)
+    except (UnicodeError, TypeError):
+        return False
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine can reach (serving there needs no token)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def url_host(host: str) -> str:
+    """``host`` as written in a URL a client can reach (a wildcard bind is reached on loopback)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host

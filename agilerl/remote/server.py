@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hmac
 import inspect
-import ipaddress
 import json
 import logging
 import time
@@ -47,7 +45,7 @@ from agilerl.remote.frames import (
     rpc_error,
     schema,
 )
-from agilerl.remote.guard import ConnectionGuard, quiet_bad_requests
+from agilerl.remote.guard import ConnectionGuard, credential_matches, is_loopback, quiet_bad_requests, url_host
 from agilerl.remote.lifecycle import EnvLifecycle, concurrency_limit, served_class
 from agilerl.remote.limits import (
     DEFAULT_BACKLOG,
@@ -141,7 +139,7 @@ class EnvServer:
 
     @property
     def url(self) -> str:
-        return f"http://{_url_host(self.host)}:{self.port}"
+        return f"http://{url_host(self.host)}:{self.port}"
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth] if self._expected else [])
@@ -157,7 +155,7 @@ class EnvServer:
 
     async def start(self) -> str:
         """Bind and start serving; returns the base URL (the real port when ``port`` was 0)."""
-        if not _is_loopback(self.host) and not self._expected:
+        if not is_loopback(self.host) and not self._expected:
             log.warning(
                 "serving on %s without a token: anyone who can reach it can run the env. "
                 "Set --token or %s.", self.host, TOKEN_ENV_VAR,
@@ -220,7 +218,7 @@ class EnvServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if not _credential_matches(request.headers.get("Authorization", ""), self._expected):
+        if not credential_matches(request.headers.get("Authorization", ""), self._expected):
             return web.json_response(
                 {"error": "missing or wrong bearer token: send 'Authorization: Bearer <token>'."},
                 status=401,
@@ -486,15 +484,6 @@ class EnvServer:
         return task
 
 
-def _credential_matches(given: str, expected: bytes | None) -> bool:
-    """Constant-time check of an ``Authorization`` value; any value that is not even text
-    (non-ASCII bytes aiohttp kept as surrogates) simply does not match."""
-    try:
-        return expected is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)
-    except (UnicodeError, TypeError):
-        return False
-
-
 async def _json_body(request: web.Request, default: Any) -> Any:
     raw = await request.read()
     if not raw.strip():
@@ -515,20 +504,3 @@ def _http_error(frame: dict[str, Any] | None) -> web.Response:
     detail = data.get("errors") or data.get("message")
     return web.Response(body=encode({"detail": detail, "code": data.get("code")}), status=status,
                         content_type="application/json")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
