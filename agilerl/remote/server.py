@@ -410,19 +410,21 @@ class EnvServer:
             self._handlers.discard(task)
             if link is not None:
                 self._links.discard(link)
-            if session is not None:
-                await self._leave(session)
-            if env is None:
-                self._active -= 1
-                caller.release()
-            else:
-                closing = self._spawn(self._close_and_release(env, caller))
-                try:
-                    await asyncio.shield(closing)
-                except asyncio.CancelledError:
-                    pass  # the close task carries on and releases the slot
-                if link is not None and not ws.closed:
-                    await self.watchdog.hang_up(ws, link.transport, WSCloseCode.OK)
+            try:
+                if session is not None:
+                    await self._leave(session)
+            finally:  # even when stop() cancels the leaving: the env is closed, the slot freed
+                if env is None:
+                    self._active -= 1
+                    caller.release()
+                else:
+                    closing = self._spawn(self._close_and_release(env, caller))
+                    try:
+                        await asyncio.shield(closing)
+                    except asyncio.CancelledError:
+                        pass  # the close task carries on and releases the slot
+                    if link is not None and not ws.closed:
+                        await self.watchdog.hang_up(ws, link.transport, WSCloseCode.OK)
         return ws
 
     async def _serve(self, link: Link, session: Session) -> None:
