@@ -152,3 +152,39 @@ def test_a_cancelled_wait_drops_the_late_result() -> None:
 
     asyncio.run(main())
 
+
+
+def test_an_idle_worker_keeps_nothing_of_its_last_task() -> None:
+    """A worker waiting for work must not hold its last task (and through it an env the server
+    already closed): issue 20.4."""
+    import gc
+    import weakref
+
+    class Env:
+        pass
+
+    threads = WorkerThreads("idle", min_workers=1)
+    env = Env()
+    alive = weakref.ref(env)
+    ran = threading.Event()
+    threads.submit(lambda env=env: ran.set())
+    del env
+    assert ran.wait(10)
+    deadline = time.monotonic() + 10
+    while alive() is not None and time.monotonic() < deadline:  # the worker drops it once it ran
+        gc.collect()
+        time.sleep(0.01)
+    assert alive() is None
+    threads.shutdown()
+
+
+def test_an_own_thread_caller_runs_every_call_on_one_thread() -> None:
+    from agilerl.concurrency import EnvCaller
+
+    async def main() -> set[str]:
+        session = EnvCaller(WorkerThreads("pool")).own_thread("session")
+        names = [await session.in_thread(lambda: threading.current_thread().name) for _ in range(20)]
+        session.release()
+        return set(names)
+
+    assert asyncio.run(main()) == {"session-1"}
