@@ -12,7 +12,7 @@ import yaml
 from agilerl.data.qa_dataset import EpisodeError, QADatasetEnv, qa_env_factory
 from agilerl.data.rubric import RubricError
 from agilerl.data.tables import DatasetLoadError
-from agilerl.errors import InvalidArgument
+from agilerl.errors import ManifestError
 from agilerl.data.templates import PromptTemplate, TemplateError
 from agilerl.manifest.spec import load_manifest
 
@@ -227,7 +227,7 @@ def test_default_template_needs_a_question_column(folder):
         ({"rubric_file_path": None, "rubric_name": "no_such_rubric"}, Exception, r"no_such_rubric"),
         ({"env_config": {"temperature": 1}}, DatasetLoadError, r"env_config: temperature not understood"),
         ({"columns": {"numbers": "question"}}, DatasetLoadError, r"'numbers' not in dataset"),
-        ({"max_reward": -1}, InvalidArgument, r"max_reward must be positive"),
+        ({"max_reward": -1}, ManifestError, r"environment\.max_reward: Input should be greater than 0"),
     ],
 )
 def test_load_errors_name_the_problem(folder, environment, error, message):
