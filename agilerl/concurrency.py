@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, TypeVar
 
-from agilerl.errors import AgileRLError, EnvTimeoutError
+from agilerl.errors import EnvTimeoutError, InvalidArgument
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class LoopThread:
         """Run ``coro`` on the loop and block the calling thread until it finishes."""
         if self.on_loop_thread():
             coro.close()
-            raise AgileRLError(
+            raise InvalidArgument(
                 "a synchronous env-client call was made from inside its own event loop; "
                 "await the async method (areset/astep/astate/aclose) instead."
             )

@@ -8,7 +8,7 @@ from typing import Any
 
 from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
 from agilerl.envs.openenv_native import ADAPTER_OPTIONS
-from agilerl.errors import AgileRLError
+from agilerl.errors import InvalidArgument
 from agilerl.manifest.spec import EnvironmentSpec
 from agilerl.protocol import close_env, max_turns_problem
 
@@ -18,7 +18,7 @@ _PROBED_MAX_TURNS: dict[tuple[str, str], int] = {}
 def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = None) -> EnvFactory:
     """Resolve the spec's source once; each call of the result builds one fresh env (or client)."""
     if spec.env_type != "rollout":
-        raise AgileRLError(
+        raise InvalidArgument(
             f"env_type {spec.env_type!r} has no env factory: it is data for "
             "train_llm_dataset (DatasetEnv), not an env to roll out"
         )
@@ -82,7 +82,7 @@ def resolve_max_turns(spec: EnvironmentSpec, factory: EnvFactory) -> int:
                 if spec.env_url
                 else f"the env from {spec.entrypoint!r} has no usable max_turns attribute"
             )
-            raise AgileRLError(
+            raise InvalidArgument(
                 f"environment.max_turns is not set and {where} (got {max_turns!r}); set max_turns "
                 "in the manifest (agilerl env check: --max-turns N)"
             )

@@ -70,3 +70,14 @@ def test_manifest_error_is_raised_only_where_manifests_are_read():
         if "raise ManifestError(" in path.read_text()
     )
     assert raisers == ["assembly/from_manifest.py", "cli/manifest_cmd.py", "manifest/spec.py"]
+
+
+def test_no_error_is_raised_as_the_bare_root():
+    """Each raise picks the branch that says what went wrong, so callers can catch a family."""
+    bare = sorted(
+        f"{path.relative_to(PACKAGE)}:{number}"
+        for path in PACKAGE.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\braise AgileRLError\(", line)
+    )
+    assert bare == []

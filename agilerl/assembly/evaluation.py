@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.envs.client import EnvClient, InProcessEnvClient
-from agilerl.errors import AgileRLError, InvalidArgument
+from agilerl.errors import InvalidArgument
 from agilerl.factory import make_env_factory, resolve_max_turns
 from agilerl.manifest.spec import EnvironmentSpec
 from agilerl.protocol import StepResult
@@ -156,7 +156,7 @@ def _slots_admitted(metadata: dict[str, Any], concurrency: int) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool):
         return concurrency
     if limit < 2:
-        raise AgileRLError(
+        raise InvalidArgument(
             f"the env server admits {limit} concurrent session(s); evaluation needs 2: start it "
             "with agilerl serve ... --max-concurrent-envs 2 or more"
         )
@@ -233,7 +233,7 @@ class ResultsFile:
         self.path = path
         self.rows: dict[tuple[int, int], dict[str, Any]] = {}
         if path.exists() and path.stat().st_size and not resume:
-            raise AgileRLError(
+            raise InvalidArgument(
                 f"results file {path} already holds rows: continue it with --resume, or pick "
                 "another --output (or delete the file)"
             )
@@ -258,13 +258,13 @@ class ResultsFile:
             except (ValueError, KeyError, TypeError):
                 if number == len(lines):  # torn by a kill mid-write: that episode is played again
                     break
-                raise AgileRLError(
+                raise InvalidArgument(
                     f"results file {self.path}, line {number}: not an eval row ({line[:80]!r}); "
                     "resume only a file agilerl eval wrote, or pick another --output"
                 ) from None
             other = {k: row.get(k) for k in label if row.get(k) != label[k]}
             if other:
-                raise AgileRLError(
+                raise InvalidArgument(
                     f"results file {self.path} holds a run with {other}, but this run has "
                     f"{ {k: label[k] for k in other} }: resume with the same model and env, or "
                     "pick another --output"

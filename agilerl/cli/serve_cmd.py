@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from agilerl.cli.args import json_object, positive_float, positive_int
-from agilerl.errors import AgileRLError
+from agilerl.errors import EnvError, InvalidArgument
 from agilerl.remote import limits
 
 
@@ -66,7 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
     from agilerl.remote.hosting import build_server
 
     if args.token is not None and not args.token.strip():
-        raise AgileRLError("--token is empty, which would turn authentication off; give a real token or leave --token out.")
+        raise InvalidArgument("--token is empty, which would turn authentication off; give a real token or leave --token out.")
     args.max_concurrent_envs = _build_one_env(args)
 
     server = build_server(
@@ -95,7 +95,7 @@ def _build_one_env(args: argparse.Namespace) -> int:
     try:
         env = factory()
     except Exception as exc:  # the env's own constructor: any error is the user's to fix
-        raise AgileRLError(
+        raise EnvError(
             f"{args.entrypoint} cannot be built with --env-config {json.dumps(args.env_config)}: "
             f"{type(exc).__name__}: {exc}"
         ) from None

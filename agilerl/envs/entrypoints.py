@@ -18,7 +18,7 @@ from agilerl.envs.openenv_native import (
     check_options,
     is_openenv_environment,
 )
-from agilerl.errors import AgileRLError, InvalidArgument, MissingExtra
+from agilerl.errors import InvalidArgument, LoadError, MissingExtra
 from agilerl.registry import resolve
 from agilerl.registry.openenv_packages import OpenEnvPackage
 
@@ -48,7 +48,7 @@ def entrypoint_factory(
         options["action_type"] = target.action_class()
         target = target.environment_class()
     if not callable(target):
-        raise AgileRLError(
+        raise LoadError(
             f"entrypoint {entrypoint!r} resolved to {type(target).__name__}, which is not callable; "
             "name an env class or a function that returns an env"
         )

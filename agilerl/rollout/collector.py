@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from agilerl.chat import ChatRenderer
 from agilerl.concurrency import WorkerThreads, run_in_threads, run_on_loop, shared_loop
-from agilerl.errors import AgileRLError, EnvUnavailable
+from agilerl.errors import EnvUnavailable, InvalidArgument
 from agilerl.protocol import require_max_turns
 from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.rollout.context import ContextBudget, answer_chars
@@ -88,7 +88,7 @@ class RolloutCollector:
         max_model_len: int | None = None,
     ) -> None:
         if batch_size < 1 or group_size < 1:
-            raise AgileRLError(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
+            raise InvalidArgument(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
         self.batch_size = batch_size
         self.group_size = group_size
         self.num_slots = batch_size * group_size
@@ -165,7 +165,7 @@ class RolloutCollector:
         group_size``; group ``g`` is slots ``g*G .. g*G+G-1``), with the collector's sampling.
         ``agilerl eval`` uses it; training draws its tasks through ``collect``."""
         if not 0 < len(tasks) <= self.num_slots:
-            raise AgileRLError(f"play takes 1 to {self.num_slots} tasks (one per slot), got {len(tasks)}")
+            raise InvalidArgument(f"play takes 1 to {self.num_slots} tasks (one per slot), got {len(tasks)}")
         start = time.perf_counter()
         run = self._play(dict(enumerate(tasks)), policy, self.sampling, evaluation)
         return run.batch(time.perf_counter() - start)
@@ -422,12 +422,12 @@ class RolloutCollector:
         held_out = getattr(self._harness_of(slot).client, "eval_dataset_size", None)
         if num_episodes is None:
             if held_out is None:
-                raise AgileRLError("this env has no held-out split (eval_dataset_size): pass num_episodes=")
+                raise InvalidArgument("this env has no held-out split (eval_dataset_size): pass num_episodes=")
             num_episodes = held_out
         if held_out is not None:
             num_episodes = min(num_episodes, held_out)
         if num_episodes < 1:
-            raise AgileRLError(f"evaluation needs at least one episode, got num_episodes={num_episodes}")
+            raise InvalidArgument(f"evaluation needs at least one episode, got num_episodes={num_episodes}")
         greedy = replace(self.sampling, temperature=0.0)
         rewards: list[float] = []
         failures = retries = 0

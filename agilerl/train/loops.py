@@ -41,7 +41,7 @@ from agilerl.train.metrics import (
     plot_curves,
 )
 from agilerl.train.tracking import Tracking, run_config
-from agilerl.errors import AgileRLError, InvalidArgument
+from agilerl.errors import InvalidArgument
 
 if TYPE_CHECKING:
     import torch
@@ -509,7 +509,7 @@ def _dataset_batches(dataset: DatasetEnv, world: World, *, skip: int) -> Iterato
     """Endless batches, epoch after epoch; rank r takes batches r, r + world_size, ...;
     the first ``skip`` (steps already trained) are passed over."""
     if dataset.num_batches() < world.world_size:
-        raise AgileRLError(
+        raise InvalidArgument(
             f"the dataset has {dataset.num_batches()} batch(es) per epoch, fewer than the "
             f"{world.world_size} ranks; lower training.batch_size or use fewer processes."
         )
