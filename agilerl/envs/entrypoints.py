@@ -13,7 +13,7 @@ from typing import Any
 
 from agilerl.envs.openenv_native import (
     ADAPTER_OPTIONS,
-    accepted_kwargs,
+    AcceptedKeywords,
     adapt_openenv,
     check_options,
     is_openenv_environment,
@@ -86,7 +86,7 @@ def entrypoint_factory(
 def _refuse_adapter_options_in_env_config(env_cls: type, config: dict[str, Any]) -> None:
     """``env_config`` is the env's constructor arguments: an adapter option there that the
     constructor does not take is misplaced, and the error says where it goes."""
-    takes = accepted_kwargs(env_cls, dict.fromkeys(ADAPTER_OPTIONS))
+    takes = AcceptedKeywords(env_cls)
     misplaced = [k for k in ADAPTER_OPTIONS if k in config and k not in takes]
     if misplaced:
         names = ", ".join(misplaced)

@@ -196,13 +196,13 @@ class OpenEnvTextEnv:
         ``reset`` gets only the keywords it accepts, as openenv's server passes them:
         ``reset(self)`` and ``reset(self, fen=None)`` are both OpenEnv envs."""
         given = {"seed": seed, "episode_id": episode_id, **kwargs}
-        observation = self.env.reset(**accepted_kwargs(self.env.reset, given))
+        observation = self.env.reset(**AcceptedKeywords(self.env.reset)(given))
         return self._read(observation_payload(observation)), _info(observation)
 
     @property
     def takes_seed(self) -> bool:
         """Whether the env's ``reset`` accepts a seed (OpenEnv does not require one)."""
-        return "seed" in accepted_kwargs(self.env.reset, {"seed": 0})
+        return "seed" in AcceptedKeywords(self.env.reset)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Send the model's text as the env's own Action (or one MCP tool call)."""
@@ -281,12 +281,21 @@ class OpenEnvTextEnv:
         return self.mcp_tool, self.action_field
 
 
-def accepted_kwargs(method: Any, given: dict[str, Any]) -> dict[str, Any]:
-    """The keys of ``given`` that ``method`` accepts (all of them when it takes ``**kwargs``)."""
-    params = inspect.signature(method).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return dict(given)
-    return {k: v for k, v in given.items() if k in params}
+class AcceptedKeywords:
+    """The keywords a callable accepts, read from its signature once: OpenEnv's server passes
+    ``reset`` only those, so the adapter and our server's native host both filter with this."""
+
+    def __init__(self, method: Any) -> None:
+        params = inspect.signature(method).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        self.names: frozenset[str] | None = None if takes_any else frozenset(params)
+
+    def __contains__(self, name: str) -> bool:
+        return self.names is None or name in self.names
+
+    def __call__(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The items of ``given`` the callable accepts (all of them when it takes ``**kwargs``)."""
+        return dict(given) if self.names is None else {k: v for k, v in given.items() if k in self.names}
 
 
 def _info(observation: Any) -> dict[str, Any]:

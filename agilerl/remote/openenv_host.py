@@ -18,14 +18,13 @@ exactly as ``openenv.core.env_server.http_server`` answers:
 from __future__ import annotations
 
 import contextlib
-import inspect
 import typing
 from typing import Any
 
 from pydantic import ValidationError
 
 from agilerl.concurrency import EnvCaller
-from agilerl.envs.openenv_native import OpenEnvTextEnv, is_mcp_environment
+from agilerl.envs.openenv_native import AcceptedKeywords, OpenEnvTextEnv, is_mcp_environment
 from agilerl.remote.frames import (
     ErrorCode,
     RpcCode,
@@ -82,7 +81,7 @@ class NativeSession:
         base = next(c for c in type(env).__mro__ if (c.__module__, c.__name__) == _ENVIRONMENT)
         self.reset_async = type(env).reset_async is not base.reset_async
         self.step_async = type(env).step_async is not base.step_async
-        self.reset_params = _accepting(env.reset_async if self.reset_async else env.reset)
+        self.reset_keywords = AcceptedKeywords(env.reset_async if self.reset_async else env.reset)
         self._held = contextlib.AsyncExitStack()
 
     async def open(self) -> None:
@@ -110,7 +109,7 @@ class NativeSession:
                     return observation_reply(await env.step_async(action))
                 return observation_reply(await self.caller.in_thread(env.step, action))
             if kind == "reset":
-                kwargs = _accepted(self.reset_params, data)
+                kwargs = self.reset_keywords(data)
                 if self.reset_async:
                     return observation_reply(await env.reset_async(**kwargs))
                 return observation_reply(await self.caller.in_thread(env.reset, **kwargs))
@@ -173,19 +172,6 @@ def _action_class(adapter: OpenEnvTextEnv) -> Any:
     from openenv.core.env_server.mcp_types import CallToolAction
 
     return CallToolAction
-
-
-def _accepting(method: Any) -> set[str] | None:
-    """The keyword names ``method`` accepts; None when it takes ``**kwargs`` (then all)."""
-    params = inspect.signature(method).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return None
-    return set(params)
-
-
-def _accepted(params: set[str] | None, data: dict[str, Any]) -> dict[str, Any]:
-    """The keys of ``data`` the method accepts, as openenv's server passes only those."""
-    return dict(data) if params is None else {k: v for k, v in data.items() if k in params}
 
 
 def _observation_class(env_cls: type) -> Any:
