@@ -29,7 +29,7 @@ VENV = ROOT / ".venv-vllm"
 LOGPROB_TOLERANCE = 1e-4
 GRPO_STEPS = 12
 
-pytestmark = pytest.mark.timeout(1500)  # the first use builds the venv
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the first use builds the venv
 
 
 def vllm_python() -> Path:

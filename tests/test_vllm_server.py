@@ -22,7 +22,7 @@ import pytest
 from tests.test_vllm import LOGPROB_TOLERANCE, vllm_python
 from tests.vllm_checks import Recorder
 
-pytestmark = pytest.mark.timeout(1500)  # the first use builds the venv
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the first use builds the venv
 MAX_MODEL_LEN = 256
 START_TIMEOUT_S = 600  # two engines starting at once on a busy 2-core host
 

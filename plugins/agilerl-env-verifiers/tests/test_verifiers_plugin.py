@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds .venv-verifiers on first use, then runs verifiers in it
+
 PLUGIN = Path(__file__).resolve().parent.parent
 ROOT = PLUGIN.parent.parent
 VENV = ROOT / ".venv-verifiers"
