@@ -25,6 +25,7 @@ _LAZY = {
     "RemoteEnvClient": "agilerl.remote.client",
     "RolloutHarness": "agilerl.rollout.harness",
     "AgileRLError": "agilerl.errors",
+    "Register": "agilerl.registry.hookspecs",
 }
 
 __all__ = ["__version__", "hookimpl", *_LAZY]

@@ -5,11 +5,7 @@ Targets are ``"module:attr"`` strings, so listing never imports the implementati
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from agilerl import hookimpl
-
-Register = Callable[..., None]
+from agilerl import Register, hookimpl
 
 # (name, target, description); one list per kind.
 ENVS: list[tuple[str, str, str]] = [

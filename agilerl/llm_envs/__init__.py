@@ -29,6 +29,7 @@ _LAZY = {
     "TrainingSettings": "agilerl.manifest.settings",
     # plugins and names
     "hookimpl": "agilerl",
+    "Register": "agilerl.registry.hookspecs",
     "resolve": "agilerl.registry.resolver",
     "get_registry": "agilerl.registry.resolver",
     "get_plugin_manager": "agilerl.registry.resolver",
@@ -109,6 +110,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 if TYPE_CHECKING:
     from agilerl import hookimpl
+    from agilerl.registry.hookspecs import Register
     from agilerl.assembly.evaluation import EvalPlan, EvalSummary, evaluate_spec, pass_at_k
     from agilerl.assembly.from_manifest import train_from_manifest
     from agilerl.assembly.models import load_model_and_tokenizer

@@ -3,14 +3,18 @@ decides what a valid name is and what happens when two plugins claim the same on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any, Protocol
 
 import pluggy
 
 hookspec = pluggy.HookspecMarker("agilerl")
 
-Register = Callable[..., None]
-"""``register(name, target, *, description="")``; ``target`` is the object or ``"module:attr"``."""
+
+class Register(Protocol):
+    """The callback every hook gets; typed, so a checker sees a plugin author's wrong call."""
+
+    def __call__(self, name: str, target: Any, *, description: str = "") -> None:
+        """Register ``target`` (the object, or a ``"module:attr"`` string imported on first use)."""
 
 
 @hookspec
