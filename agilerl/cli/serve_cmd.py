@@ -17,7 +17,7 @@ def add_parser(subparsers: Any) -> None:
         "serve",
         help="Serve an env over the OpenEnv WebSocket protocol (for env_url manifests).",
         description="ENTRYPOINT is a registered env name, module:attr or file.py:attr. The server "
-        "listens on 127.0.0.1 unless --host says otherwise; with --token (or AGILERL_ENV_TOKEN) "
+        f"listens on 127.0.0.1 unless --host says otherwise; with --token (or {limits.TOKEN_ENV_VAR}) "
         "every request must carry 'Authorization: Bearer <token>'.",
     )
     parser.add_argument("entrypoint")

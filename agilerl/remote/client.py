@@ -34,6 +34,7 @@ from agilerl.remote.frames import (
     step_frame,
 )
 from agilerl.remote.connection import DEFAULT_MAX_REPLY_BYTES, Connection, _ConnectionLost, client_session
+from agilerl.remote.limits import TOKEN_ENV_VAR
 from agilerl.remote.observations import ObservationProcessor, make_observation_reader
 
 T = TypeVar("T")
@@ -83,7 +84,7 @@ class RemoteEnvClient(EnvClient):
         self.retry_budget_s = retry_budget_s
         self.max_message_bytes = max_message_bytes
         self._read = make_observation_reader(observation_field, observation_processor, base_dir=base_dir)
-        token = token or os.environ.get("AGILERL_ENV_TOKEN")
+        token = token or os.environ.get(TOKEN_ENV_VAR)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._loop = shared_loop()
         self._conn: Connection | None = None

@@ -15,6 +15,7 @@ from typing import Any
 from agilerl.concurrency import shared_loop
 from agilerl.errors import RemoteEnvError
 from agilerl.remote.frames import CLOSE_FRAME
+from agilerl.remote.limits import TOKEN_ENV_VAR
 
 
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
@@ -58,7 +59,7 @@ class Connection:
         except aiohttp.WSServerHandshakeError as exc:
             if exc.status == 401:
                 raise RemoteEnvError(
-                    f"{url} refused the connection: set the right token (AGILERL_ENV_TOKEN)."
+                    f"{url} refused the connection: set the right token ({TOKEN_ENV_VAR})."
                 ) from exc
             raise _ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.concurrency import LoopThread
-from agilerl.remote.limits import DEFAULT_MAX_CONCURRENT_ENVS
-from agilerl.remote.server import TOKEN_ENV_VAR, EnvServer
+from agilerl.remote.limits import DEFAULT_MAX_CONCURRENT_ENVS, TOKEN_ENV_VAR
+from agilerl.remote.server import EnvServer
 
 
 class RunningServer:

@@ -1,5 +1,7 @@
-"""The env server's default limits, in a module of their own so ``agilerl serve --help`` can
-show them without importing the server (and aiohttp)."""
+"""The env server's default limits and the constants its clients share, in a module of their own
+so ``agilerl serve --help`` can show them without importing the server (and aiohttp)."""
+
+TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"  # the bearer token, read by `agilerl serve` and every client
 
 DEFAULT_MAX_CONCURRENT_ENVS = 64
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024

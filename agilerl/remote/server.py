@@ -56,13 +56,13 @@ from agilerl.remote.limits import (
     DEFAULT_MAX_CONCURRENT_ENVS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
+    TOKEN_ENV_VAR,
 )
 from agilerl.remote.openenv_host import hosts_natively, native_schema
 from agilerl.remote.watchdog import Link, Watchdog, send_quietly
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"
 T = TypeVar("T")
 _HTTP_STATUS = {ErrorCode.VALIDATION_ERROR.value: 422, ErrorCode.INVALID_JSON.value: 400}
 
