@@ -82,7 +82,6 @@ def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[flo
     from agilerl.rollout.policy import SamplingParams, TransformersPolicy
     from agilerl.train.batch import collate_trajectories
     from agilerl.train.loops import build_optimizer
-    from agilerl.rollout.trajectory import Trajectory
 
     policy = TransformersPolicy(model, tokenizer)
     policy.eos_id = None  # fixed lengths: nothing stops early (TRL side: min_new_tokens)
@@ -95,17 +94,7 @@ def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[flo
         t0 = time.perf_counter()
         generations = policy.generate(prompts, params)
         t1 = time.perf_counter()
-        trajectories = [
-            Trajectory(
-                token_ids=list(p) + g.token_ids,
-                action_mask=[False] * len(p) + [True] * len(g.token_ids),
-                turn_ids=[-1] * len(p) + [0] * len(g.token_ids),
-                rewards=[float(len(set(g.token_ids)))],
-                logprobs=[0.0] * len(p) + list(g.logprobs or []),
-                group=i // args.group,
-            )
-            for i, (p, g) in enumerate(zip(prompts, generations))
-        ]
+        trajectories = bandit_trajectories(prompts, generations, args.group)
         batch = collate_trajectories(trajectories, policy.pad_id).to(model.device)
         model.train()
         loss, _ = algorithm.loss(model, batch)
@@ -184,6 +173,24 @@ def trl(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> list
     trainer._prepare_inputs = counted_prepare  # type: ignore[method-assign]
     trainer.train()
     return [(g, s - g, *t) for g, s, t in zip(gen_times, step_times, tokens)]
+
+
+def bandit_trajectories(prompts: list[list[int]], generations: list[Any], group: int) -> list[Any]:
+    """One-turn trajectories rewarded by distinct tokens (a stand-in reward with spread), rows
+    ``group`` at a time in one GRPO group: the step both sides and both backends time."""
+    from agilerl.rollout.trajectory import Trajectory
+
+    return [
+        Trajectory(
+            token_ids=list(p) + g.token_ids,
+            action_mask=[False] * len(p) + [True] * len(g.token_ids),
+            turn_ids=[-1] * len(p) + [0] * len(g.token_ids),
+            rewards=[float(len(set(g.token_ids)))],
+            logprobs=[0.0] * len(p) + list(g.logprobs or []),
+            group=i // group,
+        )
+        for i, (p, g) in enumerate(zip(prompts, generations))
+    ]
 
 
 def _sync() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step import PROMPTS, _load, _prompt_ids  # noqa: E402
+from train_step import PROMPTS, _load, _prompt_ids, bandit_trajectories  # noqa: E402
 
 
 def load(name: str) -> tuple[Any, Any]:
@@ -61,7 +61,6 @@ def generation_s(policy: Any, prompts: list[list[int]], params: Any, steps: int)
 def grpo_step_s(policy: Any, model: Any, tokenizer: Any, prompts: list[list[int]], params: Any, args: Any) -> dict[str, float]:
     """Median (generation, update, push, whole) seconds of one GRPO step."""
     from agilerl.builtins.algorithms.grpo import GRPO
-    from agilerl.rollout.trajectory import Trajectory
     from agilerl.rollout.weights import hf_weights
     from agilerl.train.batch import collate_trajectories
     from agilerl.train.loops import build_optimizer
@@ -72,14 +71,7 @@ def grpo_step_s(policy: Any, model: Any, tokenizer: Any, prompts: list[list[int]
         t0 = time.perf_counter()
         generations = policy.generate(prompts, params)
         t1 = time.perf_counter()
-        trajectories = [
-            Trajectory(
-                token_ids=list(p) + g.token_ids, action_mask=[False] * len(p) + [True] * len(g.token_ids),
-                turn_ids=[-1] * len(p) + [0] * len(g.token_ids), rewards=[float(len(set(g.token_ids)))],
-                logprobs=[0.0] * len(p) + list(g.logprobs or []), group=i // args.group,
-            )
-            for i, (p, g) in enumerate(zip(prompts, generations))
-        ]
+        trajectories = bandit_trajectories(prompts, generations, args.group)
         batch = collate_trajectories(trajectories, tokenizer.pad_token_id)
         model.train()
         loss, _ = algorithm.loss(model, batch)

@@ -101,21 +101,16 @@ def test_tensorboard_and_trackio_get_the_metrics_rows_and_a_resume_continues_the
         assert logged[step] == pytest.approx(values, rel=1e-9), step
 
 
-def test_a_tracker_without_its_package_exits_2_in_one_line_naming_it(tmp_path, capsys):
-    from importlib.util import find_spec
-
-    from agilerl.builtins.registrations import TRACKERS
-
-    missing = [name for name, _, _ in TRACKERS if find_spec(name) is None]
-    if not missing:
-        pytest.skip("every built-in tracker's package is installed here")
+def test_a_tracker_without_its_package_exits_2_in_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    # A None entry in sys.modules is how Python marks a module unimportable: wandb reads as not
+    # installed here whether or not it is, so the test runs on every machine.
+    monkeypatch.setitem(sys.modules, "wandb", None)
     out = tmp_path / "run"
-    code = main(["train", str(_manifest(tmp_path, report_to=[missing[0]])), "--output-dir", str(out), "--no-progress"])
+    code = main(["train", str(_manifest(tmp_path, report_to=["wandb"])), "--output-dir", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip().splitlines() == [
-        f"error: training.report_to {missing[0]!r} needs the {missing[0].replace('_', '-')!r} package, "
-        f"which is not installed: pip install {missing[0].replace('_', '-')}"
+        "error: training.report_to 'wandb' needs the 'wandb' package, which is not installed: pip install wandb"
     ]
     assert not (out / "metrics.jsonl").exists()  # nothing trained
 
