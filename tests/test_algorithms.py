@@ -15,8 +15,8 @@ import torch
 from agilerl import hookimpl
 from agilerl.builtins.registrations import ALGORITHMS
 from agilerl.errors import ConfigError
-from agilerl.manifest.spec import parse_env_spec
 from agilerl.train.algorithm import Algorithm, build_algorithm
+from agilerl.train.compatibility import EnvSource, check_compatible
 from agilerl.train.batch import collate_trajectories
 from agilerl.train.logprobs import policy_logprobs
 from agilerl.rollout.trajectory import Trajectory
@@ -166,9 +166,7 @@ def test_dataset_algorithms_learn_from_dataset_env_batches(
 ):
     model = copy.deepcopy(tiny_model)
     algorithm = build_algorithm({"name": name})
-    algorithm.check_environment(
-        parse_env_spec({"env_type": "dataset", "objective": objective, "name": "x"})
-    )
+    check_compatible(algorithm, EnvSource("dataset", objective))
     reference = copy.deepcopy(model).eval() if algorithm.needs_reference else None
     batch = next(dataset_env(chatml_tokenizer, objective).batches())
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -229,16 +227,43 @@ def test_config_errors_name_the_key_the_value_and_the_choices():
         build_algorithm({"name": "grpoo"})
 
 
-def test_check_environment_explains_a_mismatch():
-    rollout = parse_env_spec({"env_type": "rollout", "entrypoint": "x:y"})
-    preference = parse_env_spec({"env_type": "dataset", "objective": "preference", "name": "d"})
-    build_algorithm({"name": "grpo"}).check_environment(rollout)
-    with pytest.raises(
-        ConfigError, match="env_type 'dataset' but environment.env_type is 'rollout'"
-    ):
-        build_algorithm({"name": "sft"}).check_environment(rollout)
-    with pytest.raises(ConfigError, match="objective 'sft'"):
-        build_algorithm({"name": "sft"}).check_environment(preference)
+def compatibility_error(name: str, source: EnvSource, sampling=None) -> str:
+    with pytest.raises(ConfigError) as info:
+        check_compatible(build_algorithm({"name": name}), source, sampling)
+    return info.value.errors[0]
+
+
+def test_check_compatible_names_the_field_and_the_fix_of_each_mismatch():
+    from agilerl.rollout.policy import SamplingParams
+
+    rollout, sft = EnvSource("rollout"), EnvSource("dataset", "sft")
+    check_compatible(build_algorithm({"name": "grpo"}), rollout, SamplingParams())
+    check_compatible(build_algorithm({"name": "dpo"}), EnvSource("dataset", "preference"))
+    assert compatibility_error("sft", rollout).startswith(
+        "environment.env_type: algorithm SFT trains on dataset batches, not rollout; use SFT/DPO data"
+    )
+    assert compatibility_error("grpo", sft).startswith(
+        "environment.env_type: algorithm GRPO trains on rollout batches, not dataset; use an env"
+    )
+    assert compatibility_error("dpo", sft).startswith(
+        "environment.objective: algorithm DPO trains on 'preference' batches but the objective is 'sft'"
+    )
+    hot = compatibility_error("grpo", rollout, SamplingParams(temperature=0.7))
+    assert hot.startswith("sampling.temperature: the collector samples at temperature 0.7 but GRPO")
+    assert "SamplingParams(temperature=1.0" in hot
+
+
+def test_the_sampling_temperature_is_declared_by_the_algorithm():
+    from agilerl.rollout.policy import SamplingParams
+
+    assert build_algorithm({"name": "grpo", "temperature": 0.7}).sampling_temperature == 0.7
+    assert build_algorithm({"name": "sft"}).sampling_temperature is None
+
+    class AnyTemperature(Algorithm):  # the base declares no temperature: any sampling fits
+        def loss(self, policy, batch, reference=None):
+            raise NotImplementedError
+
+    check_compatible(AnyTemperature(), EnvSource("rollout"), SamplingParams(temperature=0.3))
 
 
 def test_a_third_party_algorithm_plugs_in_by_name():

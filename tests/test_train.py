@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from agilerl.cli.main import main
-from agilerl.manifest.spec import ManifestError, load_manifest, parse_manifest
+from agilerl.errors import ManifestError
+from agilerl.manifest.spec import load_manifest, parse_manifest
 from agilerl.manifest.settings import ModelSettings
 from agilerl.train.metrics import read_metrics
 from agilerl.assembly.models import load_model_and_tokenizer
@@ -163,17 +164,43 @@ def test_python_api_mismatches_are_named_before_any_step(chatml_tokenizer, tiny_
     from agilerl.rollout.policy import SamplingParams
     from agilerl.manifest.spec import parse_env_spec
     from agilerl.train.loops import train_llm_rollout
-    from agilerl.errors import AgileRLError
+    from agilerl.errors import ConfigError
 
     hot = SamplingParams(temperature=0.7, max_new_tokens=2)
     with RolloutCollector.from_spec(
         parse_env_spec(GUESS), chatml_tokenizer, base_dir=EXAMPLES / "guess", batch_size=1, group_size=2, sampling=hot
     ) as collector:
-        with pytest.raises(AgileRLError, match=r"samples at temperature 0.7 but GRPO scores at 1.0; .*"
+        with pytest.raises(ConfigError, match=r"samples at temperature 0.7 but GRPO scores log-probs at 1.0; .*"
                            r"SamplingParams\(temperature=1.0"):
             train_llm_rollout(tiny_model, chatml_tokenizer, collector, "grpo", {"max_steps": 1}, show_progress=False)
-        with pytest.raises(AgileRLError, match=r"SFT trains on dataset batches: use train_llm_dataset"):
+        with pytest.raises(ConfigError, match=r"train_llm_rollout: algorithm SFT trains on dataset batches, not "
+                           r"rollout; use SFT/DPO data .*train_llm_dataset"):
             train_llm_rollout(tiny_model, chatml_tokenizer, collector, "sft", {"max_steps": 1}, show_progress=False)
+
+
+@pytest.mark.parametrize(
+    ("environment", "algorithm", "field"),
+    [
+        (GUESS, {"name": "sft"}, "environment.env_type: algorithm SFT trains on dataset batches"),
+        (GUESS, {"name": "dpo"}, "environment.env_type: algorithm DPO trains on dataset batches"),
+        ({"env_type": "dataset", "objective": "sft", "dataset": "d.jsonl"}, {"name": "grpo"},
+         "environment.env_type: algorithm GRPO trains on rollout batches"),
+        ({"env_type": "dataset", "objective": "sft", "dataset": "d.jsonl"}, {"name": "dpo"},
+         "environment.objective: algorithm DPO trains on 'preference' batches"),
+    ],
+)
+def test_an_incompatible_manifest_is_refused_before_any_model_loads(environment, algorithm, field, tmp_path):
+    from agilerl.assembly.from_manifest import train_from_manifest
+
+    manifest = parse_manifest(
+        {"environment": environment, "algorithm": algorithm,
+         "model": {"name_or_path": str(tmp_path / "no-such-model")}},  # loading it would fail
+        base_dir=tmp_path,
+    )
+    with pytest.raises(ManifestError) as info:
+        train_from_manifest(manifest, overrides={"output_dir": str(tmp_path / "run")}, show_progress=False)
+    assert info.value.errors[0].startswith(field)
+    assert not (tmp_path / "run").exists()
 
 
 def test_sections_are_typed_and_misspelt_keys_are_errors():

@@ -4,12 +4,20 @@ do not exist, references that do not import, algorithm options the algorithm doe
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import AgileRLError, ConfigError, LoadError, MissingExtra
-from agilerl.manifest.spec import Manifest
+from agilerl.manifest.spec import EnvironmentSpec, Manifest
 from agilerl.registry import Kind, get_registry, is_reference, load_object
 from agilerl.registry.loading import split_reference
+
+if TYPE_CHECKING:
+    from agilerl.manifest.settings import TrainingSettings
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.train.algorithm import Algorithm
+    from agilerl.train.compatibility import EnvSource
 
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".arrow")
 
@@ -66,13 +74,40 @@ def _exists(ref: str, base: Path) -> None:
         raise LoadError(f"module {target!r} is not installed")
 
 
-def _algorithm_options(manifest: Manifest) -> list[str]:
-    from agilerl.train.algorithm import build_algorithm
+def env_source(spec: EnvironmentSpec) -> EnvSource:
+    """What ``check_compatible`` needs from an ``environment:`` section, read here only: the
+    batches it yields and its objective (only an SFT/DPO dataset has one)."""
+    from agilerl.train.compatibility import EnvSource
 
-    try:
-        build_algorithm(manifest.algorithm.as_mapping(), base_dir=manifest.base_dir).check_environment(
-            manifest.environment
+    return EnvSource(spec.env_type, getattr(spec, "objective", None))
+
+
+def compatible_algorithm(
+    manifest: Manifest, training: TrainingSettings | None = None
+) -> tuple[Algorithm[Any], SamplingParams | None]:
+    """The manifest's algorithm and the sampling its collector uses (None for SFT/DPO data),
+    once ``check_compatible`` accepts them: no model is loaded before this. ``training``
+    overrides the manifest's (the CLI's flags)."""
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.train.algorithm import build_algorithm
+    from agilerl.train.compatibility import check_compatible
+
+    algorithm = build_algorithm(manifest.algorithm.as_mapping(), base_dir=manifest.base_dir)
+    source, training = env_source(manifest.environment), training or manifest.training
+    sampling = None
+    if source.kind == "rollout":
+        sampling = SamplingParams(
+            top_p=training.top_p, top_k=training.top_k, max_new_tokens=training.max_new_tokens
         )
+        if algorithm.sampling_temperature is not None:  # the one place the collector's comes from
+            sampling = replace(sampling, temperature=algorithm.sampling_temperature)
+    check_compatible(algorithm, source, sampling)
+    return algorithm, sampling
+
+
+def _algorithm_options(manifest: Manifest) -> list[str]:
+    try:
+        compatible_algorithm(manifest)
     except ConfigError as exc:
         return exc.errors
     return []

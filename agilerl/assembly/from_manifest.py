@@ -25,7 +25,7 @@ def train_from_manifest(
     ``output_dir`` defaults to ``runs/<the manifest's folder name>``.
     ``resume`` (a checkpoint folder or ``latest``) wins over ``training.resume_from``.
     """
-    from agilerl.train.algorithm import build_algorithm
+    from agilerl.assembly.checks import compatible_algorithm
     from agilerl.train.checkpoint import find_checkpoint
     from agilerl.train.distributed import current_world
     from agilerl.assembly.models import load_model_and_tokenizer
@@ -35,8 +35,7 @@ def train_from_manifest(
     training = _with_overrides(manifest.training, overrides)
     spec, base_dir = manifest.environment, manifest.base_dir
     try:
-        algorithm = build_algorithm(manifest.algorithm.as_mapping(), base_dir=base_dir)
-        algorithm.check_environment(spec)
+        algorithm, sampling = compatible_algorithm(manifest, training)
     except ConfigError as exc:  # in a manifest run, the manifest is what to fix
         raise ManifestError(exc.errors) from None
     world = current_world()  # before the collector: ranks shard tasks
@@ -59,15 +58,8 @@ def train_from_manifest(
         return train_llm_dataset(model, tokenizer, dataset, algorithm, training, **common)
 
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
     from agilerl.train.loops import train_llm_rollout
 
-    sampling = SamplingParams(
-        temperature=getattr(algorithm.config, "temperature", 1.0),
-        top_p=training.top_p,
-        top_k=training.top_k,
-        max_new_tokens=training.max_new_tokens,
-    )
     with RolloutCollector.from_spec(
         spec, tokenizer, batch_size=training.batch_size, group_size=training.group_size,
         base_dir=base_dir, sampling=sampling, seed=training.seed,

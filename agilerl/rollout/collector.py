@@ -160,6 +160,12 @@ class RolloutCollector:
         run = self._play(dict(enumerate(tasks)), policy, self.sampling)
         return run.batch(time.perf_counter() - start, min_finished=min(2, self.group_size))
 
+    def skip(self, batches: int) -> None:
+        """Pass over the tasks of the next ``batches`` ``collect`` calls without playing them, so
+        a resumed run continues the task stream where its checkpoint left it."""
+        for _ in range(batches):
+            self.assigner.assign(self.batch_size, self.group_size)
+
     def play(self, tasks: Sequence[Task], policy: Policy, *, evaluation: bool | None = None) -> RolloutBatch:
         """Play chosen tasks at once, slot ``i`` playing ``tasks[i]`` (at most ``batch_size x
         group_size``; group ``g`` is slots ``g*G .. g*G+G-1``), with the collector's sampling.

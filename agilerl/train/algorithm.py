@@ -25,6 +25,8 @@ The trainer's side of the contract:
   ``dataset_objective`` (``"sft"`` or ``"preference"``).
 - ``prepare_policy(model)`` returns the module the optimiser trains (the model itself, or the model
   wrapped with extra heads); generation keeps using ``model``.
+- ``sampling_temperature``: the temperature rollouts must be sampled at (None: any);
+  :func:`~agilerl.train.compatibility.check_compatible` holds the collector to it.
 - ``needs_reference``: the trainer passes the frozen initial model as ``reference`` (a copy, or
   with LoRA the model with its adapters off); otherwise it passes None and keeps nothing.
 - ``loss`` returns the scalar to minimise and plain-float metrics to log. When a rollout batch has
@@ -46,8 +48,6 @@ from agilerl.manifest.spec import format_validation_error
 
 if TYPE_CHECKING:
     import torch
-
-    from agilerl.manifest.spec import EnvironmentSpec
 
 
 class AlgorithmConfig(ManifestModel):
@@ -99,24 +99,11 @@ class Algorithm(ABC, Generic[ConfigT]):
         """The module the optimiser trains; override to add heads (a value head for PPO)."""
         return model
 
-    def check_environment(self, spec: EnvironmentSpec) -> None:
-        """Raise a ConfigError when the environment cannot feed this algorithm's batches."""
-        if spec.env_type != self.kind:
-            raise ConfigError(
-                [
-                    f"algorithm {type(self).__name__} trains on env_type '{self.kind}' but "
-                    f"environment.env_type is '{spec.env_type}'; change one of them."
-                ],
-                "environment for this algorithm",
-            )
-        if self.dataset_objective and spec.objective != self.dataset_objective:
-            raise ConfigError(
-                [
-                    f"algorithm {type(self).__name__} needs environment.objective "
-                    f"'{self.dataset_objective}' (got {spec.objective!r})."
-                ],
-                "environment for this algorithm",
-            )
+    @property
+    def sampling_temperature(self) -> float | None:
+        """The temperature the collector must sample at for ``loss`` to score its tokens right
+        (old log-probs are taken at it); None: any. The manifest's collector samples at it."""
+        return None
 
     @abstractmethod
     def loss(

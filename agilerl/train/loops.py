@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agilerl.train.algorithm import Algorithm, build_algorithm
 from agilerl.train.checkpoint import checkpoint_dir, save_checkpoint
+from agilerl.train.compatibility import EnvSource, check_compatible
 from agilerl.train.run_dir import mark_run
 from agilerl.manifest.settings import TrainingSettings
 from agilerl.train.distributed import (
@@ -95,9 +96,9 @@ def train_llm_rollout(
     from agilerl.rollout.policy import TransformersPolicy
     from agilerl.train.batch import collate_trajectories
 
-    algo = _algorithm(algorithm, "rollout")
+    algo = _algorithm(algorithm)
+    check_compatible(algo, EnvSource("rollout", kind_field="train_llm_rollout"), collector.sampling)
     settings = _settings(training)
-    _check_temperature(algo, collector)
     if settings.micro_batch_size and settings.micro_batch_size % collector.group_size:
         raise InvalidArgument(
             f"training.micro_batch_size {settings.micro_batch_size} is not a multiple of group_size "
@@ -109,8 +110,7 @@ def train_llm_rollout(
     trainer.synced = policy if isinstance(policy, WeightSyncedPolicy) else None
     # a synced policy generates from its own weights: the trainer's need no gathering
     own_weights = contextlib.nullcontext if trainer.synced else lambda: gathered_weights(trainer.policy)
-    for _ in range(trainer.step * settings.gradient_accumulation_steps):  # a resumed run plays on
-        collector.assigner.assign(collector.batch_size, collector.group_size)
+    collector.skip(trainer.step * settings.gradient_accumulation_steps)  # a resumed run plays on
 
     def next_batch() -> tuple[Any, dict[str, float]]:
         with own_weights(), trainer.accelerator.autocast():
@@ -150,12 +150,9 @@ def train_llm_dataset(
     Each rank takes every ``world_size``-th batch; evaluation is the mean loss (and the
     algorithm's metrics) over the held-out split.
     """
-    algo = _algorithm(algorithm, "dataset")
-    if algo.dataset_objective and dataset.objective != algo.dataset_objective:
-        raise InvalidArgument(
-            f"algorithm {type(algo).__name__} trains on '{algo.dataset_objective}' batches but the "
-            f"dataset's objective is '{dataset.objective}'; set environment.objective to match."
-        )
+    algo = _algorithm(algorithm)
+    source = EnvSource("dataset", dataset.objective, "train_llm_dataset", "DatasetEnv(objective=...)")
+    check_compatible(algo, source)
     settings = _settings(training)
     trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
     batches = _dataset_batches(
@@ -469,15 +466,8 @@ def build_optimizer(params: list[Any], *, lr: float, weight_decay: float = 0.0) 
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
-def _algorithm(ref: AlgorithmRef, kind: str) -> Algorithm[Any]:
-    algo = ref if isinstance(ref, Algorithm) else build_algorithm({"name": ref} if isinstance(ref, str) else ref)
-    if algo.kind != kind:
-        loop = "train_llm_rollout" if algo.kind == "rollout" else "train_llm_dataset"
-        raise InvalidArgument(
-            f"algorithm {type(algo).__name__} trains on {algo.kind} batches: use {loop} "
-            f"(and environment.env_type '{algo.kind}')."
-        )
-    return algo
+def _algorithm(ref: AlgorithmRef) -> Algorithm[Any]:
+    return ref if isinstance(ref, Algorithm) else build_algorithm({"name": ref} if isinstance(ref, str) else ref)
 
 
 def _settings(training: TrainingSettings | Mapping[str, Any] | None) -> TrainingSettings:
@@ -492,17 +482,6 @@ def _settings(training: TrainingSettings | Mapping[str, Any] | None) -> Training
         return TrainingSettings.model_validate(dict(training or {}))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "training"), "training settings") from None
-
-
-def _check_temperature(algo: Algorithm[Any], collector: RolloutCollector) -> None:
-    """Old log-probs are only right if the loss scores tokens at the sampler's temperature."""
-    wanted = getattr(algo.config, "temperature", None)
-    if wanted is not None and collector.sampling.temperature != wanted:
-        raise InvalidArgument(
-            f"the collector samples at temperature {collector.sampling.temperature} but "
-            f"{type(algo).__name__} scores at {wanted}; build the collector with "
-            f"sampling=SamplingParams(temperature={wanted}, ...) or set algorithm.temperature."
-        )
 
 
 def _dataset_batches(dataset: DatasetEnv, world: World, *, skip: int) -> Iterator[dict[str, Any]]:

@@ -53,6 +53,10 @@ class PolicyGradient(Algorithm[ConfigT]):
     def needs_reference(self) -> bool:
         return self.config.beta > 0
 
+    @property
+    def sampling_temperature(self) -> float:
+        return self.config.temperature
+
     def loss(
         self,
         policy: torch.nn.Module,
