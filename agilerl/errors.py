@@ -21,14 +21,19 @@ that catches the built-in kinds keeps working.
     │   │                    EnvUnavailable       or stayed down past reconnect_timeout_s
     │   ├── ObservationError                      no prompt text in an observation
     │   ├── OpenEnvAdapterError (ValueError)      an OpenEnv env cannot be driven with text
-    │   └── HarnessStateError, EpisodeError       used out of order
+    │   └── EpisodeError                          reset/step/close called out of order
     ├── DataError → DatasetLoadError, RubricError, TemplateError
     └── TrainingError → CollectionError, CheckpointError, OutputDirError, ModelLoadError,
-                        PlotUnavailable, TrackerUnavailable (ImportError)
+                        TrackerUnavailable (ImportError)
         CollectionError → EndpointError            a model endpoint refused or failed
+
+Warnings are warnings, never errors: ``AgileRLWarning`` (UserWarning) → PlotUnavailable.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 class AgileRLError(Exception):
@@ -84,6 +89,24 @@ class MissingExtra(AgileRLError, ImportError):
         """The error for a missing module one of our extras installs; None for any other module."""
         extra = cls.EXTRA_OF_MODULE.get(missing.partition(".")[0])
         return cls(extra, what, missing) if extra else None
+
+    @classmethod
+    @contextmanager
+    def translate(
+        cls, what: str, otherwise: Callable[[ModuleNotFoundError], Exception] | None = None
+    ) -> Iterator[None]:
+        """Inside, a missing module one of our extras installs raises the line to install it,
+        naming ``what`` needs it; any other missing module raises ``otherwise(exc)`` (default:
+        the ``ModuleNotFoundError`` itself). The one place this translation is made."""
+        try:
+            yield
+        except ModuleNotFoundError as exc:
+            missing = cls.for_module(exc.name or "", what)
+            if missing is not None:
+                raise missing from None
+            if otherwise is None:
+                raise
+            raise otherwise(exc) from exc
 
 
 class ManifestError(AgileRLError, ValueError):
@@ -186,12 +209,9 @@ class OpenEnvAdapterError(EnvError, ValueError):
     """An OpenEnv env cannot take text: no action field or MCP tool to put it in, or no Action type."""
 
 
-class HarnessStateError(EnvError):
-    """The harness was used out of order (step before reset, step after the episode ended)."""
-
-
 class EpisodeError(EnvError):
-    """``reset``/``step`` was called out of order or with a row that does not exist."""
+    """An env or harness was called out of order: ``step`` before ``reset`` or after the episode
+    ended, anything after ``close``."""
 
 
 class DataError(AgileRLError):
@@ -234,7 +254,11 @@ class ModelLoadError(TrainingError):
     """The model or tokenizer named in ``model.name_or_path`` cannot be loaded."""
 
 
-class PlotUnavailable(TrainingError):
+class AgileRLWarning(UserWarning):
+    """Something the user should know about; the run goes on (``-W error::...`` makes it stop)."""
+
+
+class PlotUnavailable(AgileRLWarning):
     """matplotlib is not installed; the run goes on without its plot."""
 
 

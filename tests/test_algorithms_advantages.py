@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from agilerl.errors import TrajectoryShapeError
 from agilerl.builtins.algorithms.advantages import (
     discounted_returns,
     gae,
@@ -18,7 +19,7 @@ from agilerl.builtins.algorithms.advantages import (
     turn_action_bounds,
 )
 from agilerl.builtins.algorithms.grpo import GRPO
-from agilerl.train.batch import TrajectoryShapeError, collate_trajectories
+from agilerl.train.batch import collate_trajectories
 from agilerl.rollout.trajectory import Trajectory
 
 EPS = 1e-4

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from agilerl.envs.checker import EnvCheckError, check_env
+from agilerl.errors import EnvCheckError
+from agilerl.envs.checker import check_env
 
 
 class Good:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agilerl.rollout.collector import CollectionError, RolloutCollector
+from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import (
     Generation,
     SamplingParams,
@@ -19,7 +19,7 @@ from agilerl.rollout.policy import (
 )
 from agilerl.manifest.spec import parse_env_spec, parse_manifest
 from agilerl.train.batch import collate_trajectories
-from agilerl.errors import AgileRLError
+from agilerl.errors import AgileRLError, CollectionError
 
 
 class CountingEnv:

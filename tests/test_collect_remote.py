@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from agilerl.rollout.collector import CollectionError, RolloutCollector
+from agilerl.errors import CollectionError
+from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import ScriptedPolicy
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.hosting import resolve_env

@@ -9,8 +9,8 @@ import torch
 import yaml
 
 from agilerl.data.dataset_env import DatasetEnv
-from agilerl.data.tables import DatasetLoadError, load_table
-from agilerl.errors import InvalidArgument
+from agilerl.data.tables import load_table
+from agilerl.errors import DatasetLoadError, InvalidArgument
 from agilerl.manifest.spec import load_manifest
 
 ROWS = [

@@ -9,11 +9,16 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from agilerl.data.qa_dataset import EpisodeError, QADatasetEnv, qa_env_factory
-from agilerl.data.rubric import RubricError
-from agilerl.data.tables import DatasetLoadError
-from agilerl.errors import ManifestError
-from agilerl.data.templates import PromptTemplate, TemplateError
+from agilerl.data.qa_dataset import QADatasetEnv, qa_env_factory
+from agilerl.errors import (
+    DatasetLoadError,
+    EpisodeError,
+    InvalidArgument,
+    ManifestError,
+    RubricError,
+    TemplateError,
+)
+from agilerl.data.templates import PromptTemplate
 from agilerl.manifest.spec import load_manifest
 
 N_ROWS = 20
@@ -136,9 +141,9 @@ def test_episode_is_reproducible_from_seed_and_row(folder):
 
 def test_row_index_out_of_range(folder):
     env = make_env(folder)
-    with pytest.raises(EpisodeError, match=r"row_index 15 is out of range: the train split has 15 rows \(0..14\)"):
+    with pytest.raises(InvalidArgument, match=r"row_index 15 is out of range: the train split has 15 rows \(0..14\)"):
         env.reset(row_index=15)
-    with pytest.raises(EpisodeError, match="the test split has 5 rows"):
+    with pytest.raises(InvalidArgument, match="the test split has 5 rows"):
         env.reset(row_index=5, evaluation=True)
 
 

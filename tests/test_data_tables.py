@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agilerl.data.tables import DatasetLoadError, load_table, split_table
+from agilerl.errors import DatasetLoadError
+from agilerl.data.tables import load_table, split_table
 
 ROWS = {"nums": [[1, 2], [3, 4], [5, 6], [7, 8]], "target": [3, 7, 11, 15]}
 

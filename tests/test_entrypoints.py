@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from agilerl.errors import LoadError, ModuleNotImportable
 from agilerl.factory import make_env_factory, resolve_max_turns
 from agilerl.rollout.harness import RolloutHarness
 from agilerl.manifest.spec import load_manifest, parse_env_spec
-from agilerl.registry import LoadError, ModuleNotImportable, load_object
+from agilerl.registry import load_object
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -13,14 +13,9 @@ import subprocess
 
 import pytest
 
-from agilerl.errors import ConfigError
+from agilerl.errors import ConfigError, EnvPackagesError
 from agilerl.manifest.spec import parse_env_spec
-from agilerl.registry.install import (
-    EnvPackagesError,
-    install_packages,
-    pip_index_options,
-    uv_binary,
-)
+from agilerl.registry.install import install_packages, pip_index_options, uv_binary
 from agilerl.registry.testing import build_wheel
 
 ENV_CODE = """

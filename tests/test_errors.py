@@ -3,14 +3,23 @@ a ValueError too, so callers can catch either."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 import agilerl.errors as errors
-from agilerl.errors import AgileRLError, InvalidArgument
+from agilerl.errors import (
+    AgileRLError,
+    AgileRLWarning,
+    InvalidArgument,
+    LoadError,
+    MissingExtra,
+    PlotUnavailable,
+)
 from agilerl.llm_envs import RolloutHarness, TaskAssigner
 from agilerl.rollout.policy import SamplingParams
 
@@ -20,7 +29,9 @@ PACKAGE = Path(errors.__file__).parent
 def test_every_error_class_lives_in_errors_py_under_agilerl_error():
     classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
     assert len(classes) > 20
-    assert all(issubclass(c, AgileRLError) for c in classes)
+    warning_classes = [c for c in classes if issubclass(c, Warning)]
+    assert warning_classes and all(issubclass(c, AgileRLWarning) for c in warning_classes)
+    assert all(issubclass(c, AgileRLError) for c in classes if c not in warning_classes)
     defined_elsewhere = [
         f"{path.relative_to(PACKAGE)}: {name}"
         for path in PACKAGE.rglob("*.py")
@@ -81,3 +92,46 @@ def test_no_error_is_raised_as_the_bare_root():
         if re.search(r"\braise AgileRLError\(", line)
     )
     assert bare == []
+
+
+def test_tests_import_every_error_from_agilerl_errors():
+    """Modules that raise an error import it; only ``agilerl.errors`` (and the documented
+    ``agilerl.llm_envs`` facade) is where callers get it from."""
+    error_names = {name for name, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__}
+    elsewhere = [
+        f"{path.name}:{node.lineno} {node.module}.{alias.name}"
+        for path in sorted(Path(__file__).parent.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agilerl")
+        and node.module not in ("agilerl.errors", "agilerl.llm_envs")
+        for alias in node.names
+        if alias.name in error_names
+    ]
+    assert elsewhere == []
+
+
+def test_a_missing_matplotlib_is_a_warning_and_the_run_keeps_its_numbers(tmp_path, monkeypatch):
+    from agilerl.train.metrics import plot_curves
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "train/reward": 0.5}\n')
+    with pytest.warns(PlotUnavailable, match=r"no curve.png: plotting needs matplotlib .*agilerl-envlayer\[plot\]"):
+        assert plot_curves(metrics, tmp_path / "curve.png", ("train/reward", "eval/reward"), title="t") is None
+    assert issubclass(PlotUnavailable, UserWarning) and not issubclass(PlotUnavailable, AgileRLError)
+
+
+def test_one_translation_turns_a_missing_extra_module_into_the_line_to_install_it():
+    def missing(name: str) -> None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    with pytest.raises(MissingExtra, match=r"^agilerl x needs the 'train' extra \(torch.nn is not installed\): pip install 'agilerl-envlayer\[train\]'$"):
+        with MissingExtra.translate("agilerl x"):
+            missing("torch.nn")
+    with pytest.raises(ModuleNotFoundError, match="no_such_module"):  # not ours: unchanged
+        with MissingExtra.translate("agilerl x"):
+            missing("no_such_module")
+    with pytest.raises(LoadError, match="needs no_such_module") as info:
+        with MissingExtra.translate("agilerl x", lambda exc: LoadError(f"needs {exc.name}")):
+            missing("no_such_module")
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)

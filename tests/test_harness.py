@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agilerl.rollout.harness import HarnessStateError, RolloutHarness
+from agilerl.errors import EpisodeError
+from agilerl.rollout.harness import RolloutHarness
 
 
 class GuessEnv:
@@ -131,7 +132,7 @@ def test_turn_budget_truncates_and_env_may_end_earlier(chatml_tokenizer):
     *_, terminated, truncated, _ = harness.step(wrong)
     assert (terminated, truncated) == (False, True)
     assert harness.done and harness.trajectory.truncated
-    with pytest.raises(HarnessStateError, match="call reset"):
+    with pytest.raises(EpisodeError, match="call reset"):
         harness.step(wrong)
     harness.reset(seed=5)
     *_, terminated, truncated, _ = harness.step(str(info["target"]))
@@ -165,13 +166,13 @@ def test_close_closes_the_env_exactly_once(chatml_tokenizer):
         harness.reset(seed=0)
         harness.close()
     assert env.closed == 1
-    with pytest.raises(HarnessStateError, match="closed"):
+    with pytest.raises(EpisodeError, match="closed"):
         harness.reset(seed=0)
 
 
 def test_step_before_reset_is_a_clear_error(chatml_tokenizer):
     harness = RolloutHarness.local(GuessEnv(), chatml_tokenizer)
-    with pytest.raises(HarnessStateError, match="reset"):
+    with pytest.raises(EpisodeError, match="reset"):
         harness.step("5")
 
 
@@ -448,7 +449,7 @@ def test_a_template_that_rewrites_history_gives_append_only_trajectories(templat
 
 
 def test_a_template_that_hides_assistant_content_is_refused(chatml_tokenizer):
-    from agilerl.chat import ChatTemplateError
+    from agilerl.errors import ChatTemplateError
 
     hiding = _DEFAULT_SYSTEM_TEMPLATE.replace("message.content + '<|im_end|>", "'[hidden]<|im_end|>")
     with pytest.raises(ChatTemplateError, match="does not render an assistant message's content as given"):
@@ -522,7 +523,7 @@ def test_templates_that_insist_on_alternating_roles_or_end_with_a_trailer_render
 
 
 def test_a_system_prompt_the_template_refuses_is_a_clear_error(chatml_tokenizer):
-    from agilerl.chat import ChatTemplateError
+    from agilerl.errors import ChatTemplateError
 
     harness = RolloutHarness.local(
         GuessEnv(), _with_template(chatml_tokenizer, _NO_SYSTEM_TEMPLATE), system_prompt="Be brief."
@@ -547,7 +548,7 @@ def test_a_new_observation_costs_one_render_when_the_template_alters_content(lla
 
 
 def test_a_tokenizer_without_a_chat_template_is_a_clear_error(chatml_tokenizer):
-    from agilerl.chat import ChatTemplateError
+    from agilerl.errors import ChatTemplateError
 
     base_model_tokenizer = _with_template(chatml_tokenizer, None)
     with pytest.raises(ChatTemplateError, match=r"no chat template \(is it a base model's\?\)"):

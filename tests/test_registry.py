@@ -15,18 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from agilerl.errors import LoadError, NameConflict, NameNotRegistered, StrictPluginsError
 from agilerl import hookimpl
-from agilerl.registry import (
-    LoadError,
-    NameConflict,
-    NameNotRegistered,
-    StrictPluginsError,
-    get_plugin_manager,
-    get_registry,
-    hookspecs,
-    reset_registry,
-    resolve,
-)
+from agilerl.registry import get_plugin_manager, get_registry, hookspecs, reset_registry, resolve
 from agilerl.registry.registry import HOOK_OF_KIND
 from agilerl.registry.testing import write_distribution
 

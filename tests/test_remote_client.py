@@ -15,16 +15,11 @@ from typing import Any
 import pytest
 from aiohttp import WSMsgType, web
 
-from agilerl.remote.client import RemoteEnvClient, RemoteEnvError
+from agilerl.remote.client import RemoteEnvClient
 from agilerl.concurrency import LoopThread, shared_loop
-from agilerl.remote.observations import (
-    ObservationError,
-    default_text,
-    make_observation_reader,
-    text_from_field,
-)
+from agilerl.remote.observations import default_text, make_observation_reader, text_from_field
 from agilerl.remote.hosting import resolve_env
-from agilerl.errors import AgileRLError
+from agilerl.errors import AgileRLError, ObservationError, RemoteEnvError
 from tests.test_remote_server import (
     assert_all_closed_once,
     fresh_env_class,

@@ -22,9 +22,9 @@ from typing import Any, ClassVar
 import aiohttp
 import pytest
 
-from agilerl.remote.client import RemoteEnvClient, RemoteEnvError, RemoteEnvTimeout
+from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.hosting import resolve_env
-from agilerl.errors import AgileRLError
+from agilerl.errors import AgileRLError, RemoteEnvError, RemoteEnvTimeout
 
 
 class CountedEnv:

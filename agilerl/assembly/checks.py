@@ -53,12 +53,10 @@ def _reference(kind: Kind, field: str, ref: str, base: Path, offline: bool) -> l
         elif offline:
             _exists(ref, base)
         else:
-            load_object(ref, base)
+            with MissingExtra.translate(repr(ref)):  # an env file that imports an extra's module
+                load_object(ref, base)
     except AgileRLError as exc:
         return [f"{field}: {exc}"]
-    except ModuleNotFoundError as exc:  # an env file that imports an extra's module (openenv)
-        missing = MissingExtra.for_module(exc.name or "", repr(ref))
-        return [f"{field}: {missing or exc}"]
     except Exception as exc:  # the user's module raised while importing
         return [f"{field}: importing {ref!r} failed: {type(exc).__name__}: {exc}"]
     return []

@@ -47,14 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        try:
+        command = " ".join(v for k, v in vars(args).items() if k.endswith("command") and v)
+        with MissingExtra.translate(f"agilerl {command}"):
             return int(handler(args) or 0)
-        except ModuleNotFoundError as exc:
-            command = " ".join(v for k, v in vars(args).items() if k.endswith("command") and v)
-            missing = MissingExtra.for_module(exc.name or "", f"agilerl {command}")
-            if missing is None:
-                raise
-            raise missing from None
     except AgileRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         _print_notes(exc)

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from agilerl.errors import InvalidArgument
+from agilerl.errors import DatasetLoadError, InvalidArgument
 from agilerl.chat import render_chat
-from agilerl.data.tables import DatasetLoadError, load_spec_table, split_table
+from agilerl.data.tables import load_spec_table, split_table
 from agilerl.data.templates import PromptTemplate, with_system_prompt
 
 if TYPE_CHECKING:

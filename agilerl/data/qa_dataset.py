@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agilerl.errors import EpisodeError, InvalidArgument
+from agilerl.errors import DatasetLoadError, EpisodeError, InvalidArgument
 from agilerl.data.rubric import Rubric, load_rubric
-from agilerl.data.tables import DatasetLoadError, Splits, load_spec_table, split_table
+from agilerl.data.tables import Splits, load_spec_table, split_table
 from agilerl.data.templates import PromptTemplate, user_text, with_system_prompt
 
 if TYPE_CHECKING:
@@ -129,14 +129,16 @@ class QADatasetEnv:
         size = len(table)
         if row_index is None:
             if size == 0:
-                raise EpisodeError(f"the {split_name} split has no rows.")
+                raise DatasetLoadError(
+                    f"the {split_name} split has no rows: use more rows or change train_test_split."
+                )
             if seed is not None:
                 row_index = random.Random(seed).randrange(size)
             else:
                 self._rng = self._rng or random.Random()
                 row_index = self._rng.randrange(size)
         elif not 0 <= row_index < size:
-            raise EpisodeError(
+            raise InvalidArgument(
                 f"row_index {row_index} is out of range: the {split_name} split has {size} "
                 f"rows (0..{size - 1})."
             )

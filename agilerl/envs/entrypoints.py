@@ -102,10 +102,5 @@ def _refuse_adapter_options_in_env_config(env_cls: type, config: dict[str, Any])
 def _resolve(entrypoint: str | Callable[..., Any], base_dir: str | Path | None, install: list[str] | None) -> Any:
     if not isinstance(entrypoint, str):
         return entrypoint
-    try:
+    with MissingExtra.translate(f"env {entrypoint!r}"):  # a file.py that imports an extra's module
         return resolve("env", entrypoint, base_dir=base_dir, install=install)
-    except ModuleNotFoundError as exc:  # a file.py that imports an extra's module
-        missing = MissingExtra.for_module(exc.name or "", f"env {entrypoint!r}")
-        if missing is None:
-            raise
-        raise missing from None

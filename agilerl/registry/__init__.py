@@ -6,20 +6,11 @@ registry of envs, processors, rubrics and algorithms, and on-demand installs wit
 
 from __future__ import annotations
 
-from agilerl.registry.loading import (
-    LoadError,
-    ModuleNotImportable,
-    is_reference,
-    load_object,
-)
+from agilerl.registry.loading import is_reference, load_object
 from agilerl.registry.plugins import ENTRY_POINT_GROUP, PluginInfo
 from agilerl.registry.registry import (
     Entry,
     Kind,
-    NameConflict,
-    NameNotRegistered,
-    StrictPluginsError,
-    RegistrationError,
     Registry,
 )
 from agilerl.registry.resolver import (
@@ -33,13 +24,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Entry",
     "Kind",
-    "LoadError",
-    "ModuleNotImportable",
-    "NameConflict",
-    "NameNotRegistered",
-    "StrictPluginsError",
     "PluginInfo",
-    "RegistrationError",
     "Registry",
     "get_plugin_manager",
     "get_registry",

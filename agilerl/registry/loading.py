@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,25 +61,25 @@ def _import_module(name: str, ref: str, base_dir: str | Path | None = None) -> A
                 if (folder / top).is_dir():  # its modules' `from models import X`, as for a file
                     _on_path(folder / top)
     try:
-        return importlib.import_module(name)
+        with MissingExtra.translate(repr(ref), partial(_missing_module_error, name, ref)):
+            return importlib.import_module(name)
     except SyntaxError as exc:
         raise _syntax_error(exc, ref) from None
-    except ModuleNotFoundError as exc:
-        missing = exc.name or name
-        if missing == name or name.startswith(missing + "."):
-            raise ModuleNotImportable(
-                f"cannot import module {name!r} (from {ref!r}): it is not installed. "
-                "Install the package that provides it, or list it under `env_packages` "
-                "in the manifest so it is installed on first use.",
-                module=name,
-            ) from exc
-        extra = MissingExtra.for_module(missing, f"{ref!r}")
-        if extra is not None:
-            raise extra from None
-        raise LoadError(
-            f"importing {name!r} (from {ref!r}) failed: it needs {missing!r}, which is not "
-            "installed."
-        ) from exc
+
+
+def _missing_module_error(name: str, ref: str, exc: ModuleNotFoundError) -> LoadError:
+    """``name`` itself not installed (``env_packages`` can install it), or a module it imports."""
+    missing = exc.name or name
+    if missing == name or name.startswith(missing + "."):
+        return ModuleNotImportable(
+            f"cannot import module {name!r} (from {ref!r}): it is not installed. "
+            "Install the package that provides it, or list it under `env_packages` "
+            "in the manifest so it is installed on first use.",
+            module=name,
+        )
+    return LoadError(
+        f"importing {name!r} (from {ref!r}) failed: it needs {missing!r}, which is not installed."
+    )
 
 
 def _load_file(target: str, base_dir: str | Path | None) -> Any:

@@ -74,17 +74,16 @@ class OpenEnvPackage:
     def _app_namespace(self) -> list[type]:
         if importlib.util.find_spec("openenv") is None:
             raise MissingExtra("openenv", f"OpenEnv env {self.key!r} ({self.distribution})", "openenv")
-        try:
-            module = importlib.import_module(self.app_module)
-        except ModuleNotFoundError as exc:
-            missing = MissingExtra.for_module(exc.name or "", f"OpenEnv env {self.key!r}")
-            if missing is not None:
-                raise missing from None
-            raise ModuleNotImportable(
+
+        def not_importable(exc: ModuleNotFoundError) -> ModuleNotImportable:
+            return ModuleNotImportable(
                 f"OpenEnv env {self.key!r}: importing {self.app_module} (from {self.location}) "
                 f"failed: {exc}",
                 module=self.app_module,
-            ) from exc
+            )
+
+        with MissingExtra.translate(f"OpenEnv env {self.key!r}", not_importable):
+            module = importlib.import_module(self.app_module)
         seen: dict[int, type] = {}
         for value in vars(module).values():
             if inspect.isclass(value):

@@ -11,13 +11,12 @@ from typing import Any
 
 import pluggy
 
-from agilerl.errors import LoadError
-from agilerl.registry.loading import ModuleNotImportable, file_without_attr_message, is_reference, load_object
+from agilerl.errors import LoadError, ModuleNotImportable, NameNotRegistered
+from agilerl.registry.loading import file_without_attr_message, is_reference, load_object
 from agilerl.registry.openenv_packages import add_openenv_packages
 from agilerl.registry.plugins import PluginInfo, new_plugin_manager
 from agilerl.registry.registry import (
     Kind,
-    NameNotRegistered,
     Registry,
     build_registry,
     check_strict,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from agilerl.envs.observations import (
     TEXT_FIELDS,
-    ObservationError,
     ObservationProcessor,
     default_text,
     make_observation_reader,
@@ -16,7 +15,6 @@ from agilerl.envs.observations import (
 
 __all__ = [
     "TEXT_FIELDS",
-    "ObservationError",
     "ObservationProcessor",
     "default_text",
     "make_observation_reader",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from agilerl.chat import ChatRenderer, EpisodeChat
 from agilerl.envs.client import EnvClient, InProcessEnvClient
-from agilerl.errors import HarnessStateError, InvalidArgument
+from agilerl.errors import EpisodeError, InvalidArgument
 from agilerl.protocol import StepResult, require_max_turns
 from agilerl.rollout.trajectory import Trajectory
 
@@ -158,7 +158,7 @@ class RolloutHarness:
     def trajectory(self) -> Trajectory:
         """The episode so far (or the last finished one)."""
         if self._trajectory is None:
-            raise HarnessStateError("no episode yet: call reset() first")
+            raise EpisodeError("no episode yet: call reset() first")
         return self._trajectory
 
     @property
@@ -210,7 +210,7 @@ class RolloutHarness:
         """
         self.trajectory
         if self._done:
-            raise HarnessStateError("the episode has ended: call reset() before step()")
+            raise EpisodeError("the episode has ended: call reset() before step()")
         if isinstance(completion, str):
             action_text, action_ids = completion, self.renderer.encode(completion)
         else:
@@ -224,7 +224,7 @@ class RolloutHarness:
     def apply_step(self, result: StepResult) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
         """The second half of ``step``: record the env's answer to the prepared completion."""
         if self._pending is None:
-            raise HarnessStateError("apply_step() needs a prepare_step() first")
+            raise EpisodeError("apply_step() needs a prepare_step() first")
         (action_ids, logprobs), self._pending = self._pending, None
         traj = self.trajectory
         observation, reward, terminated, truncated, info = result
@@ -250,7 +250,7 @@ class RolloutHarness:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise HarnessStateError("the harness is closed")
+            raise EpisodeError("the harness is closed")
 
     def opening_messages(self, prompt: str, info: dict[str, Any]) -> list[dict[str, Any]]:
         """The conversation a reset of ``(prompt, info)`` opens (``EpisodeChat.opening``)."""

@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ from agilerl.train.distributed import (
 )
 from agilerl.train.metrics import (
     MetricsLog,
-    PlotUnavailable,
     ProgressBar,
     plot_curves,
 )
@@ -291,11 +289,7 @@ class _Trainer:
                 checkpoint = saved if saved.is_dir() else None
         plot = None
         if self.log is not None:
-            try:
-                title = type(self.algorithm).__name__
-                plot = plot_curves(self.log.path, self.output_dir / plot_name, curves, title=title)
-            except PlotUnavailable as exc:
-                warnings.warn(str(exc), stacklevel=2)
+            plot = plot_curves(self.log.path, self.output_dir / plot_name, curves, title=type(self.algorithm).__name__)
             mark_run(self.output_dir)  # the plot is the run's too
         return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
 

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -99,8 +100,9 @@ def _read(path: Path) -> tuple[list[dict[str, Any]], str | None]:
 
 def plot_curves(
     metrics_path: str | Path, png_path: str | Path, keys: Sequence[str], *, title: str
-) -> Path:
-    """Plot ``keys`` against ``step`` from the jsonl (matplotlib's Agg backend: no display).
+) -> Path | None:
+    """Plot ``keys`` against ``step`` from the jsonl (matplotlib's Agg backend: no display);
+    without matplotlib, warn ``PlotUnavailable`` and return None: a run never fails for its plot.
 
     ``keys`` is ``(train_key, eval_key)``: the train curve is a line, the evaluations (a few
     points, greedy) big markers drawn on top, so they never hide in the train curve's noise.
@@ -108,10 +110,14 @@ def plot_curves(
     try:
         import matplotlib
     except ImportError:
-        raise PlotUnavailable(
-            f"no {Path(png_path).name}: plotting needs matplotlib (pip install 'agilerl-envlayer[plot]'); "
-            f"the numbers are in {metrics_path}"
-        ) from None
+        warnings.warn(
+            PlotUnavailable(
+                f"no {Path(png_path).name}: plotting needs matplotlib (pip install "
+                f"'agilerl-envlayer[plot]'); the numbers are in {metrics_path}"
+            ),
+            stacklevel=2,
+        )
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
