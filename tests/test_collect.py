@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import textwrap
 import threading
 import time
@@ -74,11 +75,13 @@ class RecordingPolicy:
     def __init__(self, inner):
         self.inner = inner
         self.seen: dict[tuple[int, ...], list[Generation]] = {}
+        self.prompts: list[list[int]] = []
         self.batch_sizes: list[int] = []
 
     def generate(self, prompts, params):
         out = self.inner.generate(prompts, params)
         self.batch_sizes.append(len(prompts))
+        self.prompts += [list(p) for p in prompts]
         for prompt, gen in zip(prompts, out):
             self.seen.setdefault(tuple(prompt), []).append(gen)
         return out
@@ -294,6 +297,33 @@ REWARD_PY = textwrap.dedent(
 )
 
 
+def test_the_evaluation_env_is_built_at_the_first_evaluation_and_reused(chatml_tokenizer):
+    factory, policy = Factory(), ScriptedPolicy(chatml_tokenizer)
+    with collector(factory, chatml_tokenizer, batch_size=1, group_size=2) as c:
+        c.collect(policy)
+        assert len(factory.envs) == 2  # one per slot: none for evaluation yet
+        c.evaluate(policy, num_episodes=2)
+        c.evaluate(policy, num_episodes=2)
+    assert len(factory.envs) == 3
+
+
+def test_skip_continues_the_task_stream_where_the_skipped_batches_left_it(chatml_tokenizer):
+    def third_batch_tasks(skip: bool) -> list[tuple[int | None, int | None]]:
+        factory, policy = Factory(), ScriptedPolicy(chatml_tokenizer)
+        with collector(factory, chatml_tokenizer) as c:
+            if skip:
+                c.skip(2)
+            else:
+                c.collect(policy), c.collect(policy)
+            before = sum(len(env.resets) for env in factory.envs)
+            c.collect(policy)
+        resets = [r for env in factory.envs for r in env.resets]
+        assert len(resets) - before == 6  # batch_size 3 x group_size 2, none replayed
+        return sorted(r for env in factory.envs for r in env.resets[-1:])
+
+    assert third_batch_tasks(skip=True) == third_batch_tasks(skip=False)
+
+
 def test_from_spec_and_greedy_evaluation_over_the_held_out_rows(tmp_path, chatml_tokenizer):
     rows = [{"question": f"{i} + {i}", "answer": str(2 * i)} for i in range(20)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "qa.parquet")
@@ -309,21 +339,22 @@ def test_from_spec_and_greedy_evaluation_over_the_held_out_rows(tmp_path, chatml
         }
     )
 
+    def number(prompt) -> int:
+        return int(chatml_tokenizer.decode(prompt).split(" + ")[0].split()[-1])
+
     def answer_even(prompt):  # right on questions about even numbers, wrong otherwise
-        text = chatml_tokenizer.decode(prompt)
-        n = int(text.split(" + ")[0].split()[-1])
+        n = number(prompt)
         return str(2 * n) if n % 2 == 0 else "?"
 
     policy = RecordingPolicy(ScriptedPolicy(chatml_tokenizer, reply=answer_even))
     with RolloutCollector.from_spec(spec, chatml_tokenizer, batch_size=2, group_size=2, base_dir=tmp_path, seed=0) as c:
         assert c.max_turns == 1 and c.assigner.dataset_size == 15
-        assert c._slots[-1] is None  # the evaluation env waits for the first evaluation
         batch = c.collect(policy)
         assert {t.total_reward for t in batch.trajectories} <= {0.0, 2.0}
         result = c.evaluate(policy)
-        held_out = c._slots[-1].client.env
-    questions = [held_out.data.splits.test[i]["question"] for i in range(5)]
-    expected = sum(int(q.split(" + ")[0]) % 2 == 0 for q in questions) / 5
+    held_out = [number(p) for p in policy.prompts[-5:]]  # the evaluation's questions
+    assert len(set(held_out)) == 5
+    expected = sum(n % 2 == 0 for n in held_out) / 5
     assert result.episodes == 5 and result.failures == 0
     assert result.accuracy == pytest.approx(expected)
     assert result.mean_reward == pytest.approx(2 * expected)
@@ -347,11 +378,14 @@ def test_from_spec_names_the_env_file_and_passes_template_kwargs(tmp_path, chatm
         {"environment": {"env_type": "rollout", "entrypoint": "env.py:Echo", "chat_template_kwargs": {"flag": True}}},
         base_dir=tmp_path,
     )
+    tokenizer = copy.deepcopy(chatml_tokenizer)  # a template that shows the kwarg it was given
+    tokenizer.chat_template = "{% if flag %}FLAG{% endif %}" + chatml_tokenizer.chat_template
+    policy = RecordingPolicy(ScriptedPolicy(tokenizer))
     with RolloutCollector.from_spec(
-        manifest.environment, chatml_tokenizer, batch_size=1, group_size=2, base_dir=manifest.base_dir
+        manifest.environment, tokenizer, batch_size=1, group_size=2, base_dir=manifest.base_dir
     ) as c:
-        assert c._slots[0].renderer.template_kwargs == {"flag": True}
-        batch = c.collect(ScriptedPolicy(chatml_tokenizer))
+        batch = c.collect(policy)
+    assert all(tokenizer.decode(p).startswith("FLAG") for p in policy.prompts)
     assert [t.num_turns for t in batch.trajectories] == [2, 2]
     assert all(t.truncated and t.total_reward == 1.0 for t in batch.trajectories)
 

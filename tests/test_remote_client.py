@@ -9,6 +9,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -172,18 +174,51 @@ def test_bad_processors_are_reported(foreign_server: Any) -> None:
 
 def test_connection_errors_at_reset_are_retried_until_the_server_is_up() -> None:
     env_cls = fresh_env_class()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    client = RemoteEnvClient(f"http://127.0.0.1:{port}", retry_budget_s=20)
-    pending = shared_loop().submit(client._reset(4, None, None))
-    time.sleep(0.4)
+    pool = ThreadPoolExecutor(1)
+    with _hanging_up_listener() as (port, attempts):  # the port answers, but no server is up yet
+        client = RemoteEnvClient(f"http://127.0.0.1:{port}", retry_budget_s=20)
+        pending = pool.submit(client.reset, 4)
+        deadline = time.monotonic() + 10
+        while len(attempts) < 2:  # failed once, and tried again
+            assert time.monotonic() < deadline and not pending.done(), pending
+            time.sleep(0.01)
     assert not pending.done()
     _, server = resolve_env(env_cls, port=port)
     with server:
         assert pending.result(timeout=20)[0] == "start 4"
         client.close()
         assert_all_closed_once(server, env_cls, built=1)
+    pool.shutdown()
+
+
+@contextmanager
+def _hanging_up_listener() -> Iterator[tuple[int, list[float]]]:
+    """A port that accepts connections and closes them at once, noting each; freed on exit."""
+    attempts: list[float] = []
+    done = threading.Event()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.02)
+
+    def hang_up() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            attempts.append(time.monotonic())
+            conn.close()
+
+    thread = threading.Thread(target=hang_up, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], attempts
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
 
 
 def test_unreachable_server_fails_with_a_clear_error() -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -354,11 +355,12 @@ def test_capacity_reached_at_reset_is_retried_until_a_slot_frees(env_cls: type[C
         holder = RemoteEnvClient(url)
         holder.reset()
         waiter = RemoteEnvClient(url, retry_budget_s=10)
-        future = waiter._loop.submit(waiter._reset(1, None, None))
-        time.sleep(0.3)
-        assert not future.done()
-        holder.close()
-        assert future.result(timeout=10)[0] == "start 1"
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(waiter.reset, 1)
+            wait_until(lambda: server.server.sessions_turned_away >= 2, timeout=10)  # refused, retried
+            assert not future.done()
+            holder.close()
+            assert future.result(timeout=10)[0] == "start 1"
         waiter.close()
         assert_all_closed_once(server, env_cls, built=2)
 
@@ -405,7 +407,7 @@ def test_an_env_still_being_built_when_stop_gives_up_is_closed_once_it_exists() 
     assert building.wait(10)
     server.stop(grace_s=0.1)  # gives up on the handler while the factory is still running
     wait_until(lambda: len(env_cls.instances) == 1 and env_cls.instances[0].closes == 1, timeout=10)
-    time.sleep(0.2)
+    time.sleep(0.2)  # a window for a second close, which must not come
     assert [env.closes for env in env_cls.instances] == [1]
     assert server.server.envs_created == server.server.envs_closed == 1
     connecting.join(10)

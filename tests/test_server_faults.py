@@ -27,6 +27,7 @@ class HangableEnv:
     """Echoes the action; ``hang`` blocks the call until the test releases it."""
 
     release: ClassVar[threading.Event] = threading.Event()
+    hanging: ClassVar[threading.Event] = threading.Event()  # set once a ``hang`` call has started
     closed: ClassVar[list[int]] = []
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
@@ -34,6 +35,7 @@ class HangableEnv:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if action == "hang":
+            HangableEnv.hanging.set()
             HangableEnv.release.wait(30)
         return action, 0.0, False, False, {}
 
@@ -43,6 +45,8 @@ class HangableEnv:
 
 class AsyncHangableEnv(HangableEnv):
     async def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:  # type: ignore[override]
+        if action == "hang":
+            HangableEnv.hanging.set()
         while action == "hang" and not HangableEnv.release.is_set():
             await asyncio.sleep(0.01)
         return action, 0.0, False, False, {}
@@ -50,7 +54,7 @@ class AsyncHangableEnv(HangableEnv):
 
 @pytest.fixture(autouse=True)
 def _fresh_env_state() -> Iterator[None]:
-    HangableEnv.release = threading.Event()
+    HangableEnv.release, HangableEnv.hanging = threading.Event(), threading.Event()
     HangableEnv.closed = []
     yield
     HangableEnv.release.set()  # no env call outlives its test
@@ -170,7 +174,8 @@ def test_a_hung_env_call_delays_neither_health_nor_other_sessions_nor_stop(env_c
         stuck.step("x")
     hung = threading.Thread(target=lambda: _outcome(lambda: stuck.step("hang")), daemon=True)
     hung.start()
-    until(lambda: server.server.active_sessions == 1 and _in_call(server), 5, "the env call hangs")
+    assert HangableEnv.hanging.wait(5), "the env call did not start"
+    assert server.server.active_sessions == 1
     assert in_thread(lambda: health(url, 2), 2, "/health while an env call hangs") == {"status": "healthy"}
     assert in_thread(other.reset, 2, "another session's reset")[0] == "start"
     assert in_thread(lambda: other.step("y"), 2, "another session's step")[0] == "y"
@@ -179,10 +184,6 @@ def test_a_hung_env_call_delays_neither_health_nor_other_sessions_nor_stop(env_c
     assert len(HangableEnv.closed) == 2  # the hung env too, once, though its call never returned
     HangableEnv.release.set()
     hung.join(5)
-
-
-def _in_call(server: RunningServer) -> bool:
-    return any(link.busy for link in server.server._links)
 
 
 # -- 3. request_timeout_s ----------------------------------------------------------------------

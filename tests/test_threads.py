@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -125,13 +126,11 @@ def test_loop_calls_wake_the_loop_once_per_burst() -> None:
             return original(*args, **kwargs)
 
         loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
-        calls = LoopCalls(WorkerThreads("t"), loop)
-        returned = threading.Semaphore(0)
-        tasks = [asyncio.ensure_future(calls.run(returned.release)) for _ in range(32)]
+        threads = WorkerThreads("t", max_workers=1)  # idle again only once every call finished
+        calls = LoopCalls(threads, loop)
+        tasks = [asyncio.ensure_future(calls.run(lambda: None)) for _ in range(32)]
         await asyncio.sleep(0)  # every call is submitted
-        for _ in range(32):  # the loop is busy (blocked here) while all 32 finish
-            assert returned.acquire(timeout=10)
-        time.sleep(0.2)
+        assert _wait_for(lambda: threads.idle)  # the loop is busy (blocked here) while all 32 finish
         await asyncio.gather(*tasks)
         return wakeups
 
@@ -140,15 +139,26 @@ def test_loop_calls_wake_the_loop_once_per_burst() -> None:
 
 def test_a_cancelled_wait_drops_the_late_result() -> None:
     async def main() -> None:
-        calls = LoopCalls(WorkerThreads("t"), asyncio.get_running_loop())
-        release = threading.Event()
-        waiting = asyncio.ensure_future(calls.run(release.wait, 10))
-        await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        reported: list[dict] = []  # a late result set on the cancelled future would land here
+        loop.set_exception_handler(lambda _, context: reported.append(context))
+        threads = WorkerThreads("t", max_workers=1)
+        calls = LoopCalls(threads, loop)
+        started, release = threading.Event(), threading.Event()
+
+        def late() -> str:
+            started.set()
+            release.wait(10)
+            return "late"
+
+        waiting = asyncio.ensure_future(calls.run(late))
+        assert await asyncio.to_thread(started.wait, 10)  # the call runs on its worker
         waiting.cancel()
         release.set()
-        await asyncio.sleep(0.1)  # the late result arrives and is dropped, not set on a done future
-        assert waiting.cancelled()
-        assert await calls.run(lambda: "next") == "next"
+        assert await asyncio.to_thread(lambda: _wait_for(lambda: threads.idle))  # the late result is in
+        # its delivery was scheduled first, so it has run once this call's result is back
+        assert await asyncio.wait_for(calls.run(lambda: "next"), 10) == "next"
+        assert waiting.cancelled() and reported == []
 
     asyncio.run(main())
 
@@ -188,3 +198,13 @@ def test_an_own_thread_caller_runs_every_call_on_one_thread() -> None:
         return set(names)
 
     assert asyncio.run(main()) == {"session-1"}
+
+
+def _wait_for(condition: Callable[[], bool], limit_s: float = 10.0) -> bool:
+    """Poll ``condition`` (bounded); True once it holds."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

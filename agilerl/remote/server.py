@@ -109,6 +109,7 @@ class EnvServer:
         self._spare = EnvCaller(WorkerThreads("agilerl-env", max_workers=max_concurrent_envs + 2))
         self.envs = EnvLifecycle(factory, self._spare)
         self._active = 0
+        self._turned_away = 0
         self._links: set[Link] = set()
         self._closing: set[asyncio.Task[Any]] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -128,6 +129,11 @@ class EnvServer:
     def active_sessions(self) -> int:
         """Sessions holding a slot: from the handshake until their env is closed."""
         return self._active
+
+    @property
+    def sessions_turned_away(self) -> int:
+        """Sessions refused with ``CAPACITY_REACHED`` (full, or stopping): how often clients retried."""
+        return self._turned_away
 
     @property
     def envs_created(self) -> int:
@@ -368,6 +374,7 @@ class EnvServer:
             compress=False,
         )
         if self._stopping or self._active >= self.max_concurrent_envs:
+            self._turned_away += 1
             await ws.prepare(request)
             why = (
                 "the server is stopping"
