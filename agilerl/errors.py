@@ -93,15 +93,22 @@ class MissingExtra(AgileRLError, ImportError):
     @classmethod
     @contextmanager
     def translate(
-        cls, what: str, otherwise: Callable[[ModuleNotFoundError], Exception] | None = None
+        cls,
+        what: str,
+        otherwise: Callable[[ModuleNotFoundError], Exception] | None = None,
+        *,
+        importing: str | None = None,
     ) -> Iterator[None]:
         """Inside, a missing module one of our extras installs raises the line to install it,
         naming ``what`` needs it; any other missing module raises ``otherwise(exc)`` (default:
-        the ``ModuleNotFoundError`` itself). The one place this translation is made."""
+        the ``ModuleNotFoundError`` itself), as does ``importing`` itself (the module a reference
+        names: ``env_packages`` may install it). The one place this translation is made."""
         try:
             yield
         except ModuleNotFoundError as exc:
-            missing = cls.for_module(exc.name or "", what)
+            name = exc.name or ""
+            named = importing is not None and (importing == name or importing.startswith(name + "."))
+            missing = None if named else cls.for_module(name, what)
             if missing is not None:
                 raise missing from None
             if otherwise is None:

@@ -135,3 +135,6 @@ def test_one_translation_turns_a_missing_extra_module_into_the_line_to_install_i
         with MissingExtra.translate("agilerl x", lambda exc: LoadError(f"needs {exc.name}")):
             missing("no_such_module")
     assert isinstance(info.value.__cause__, ModuleNotFoundError)
+    with pytest.raises(LoadError, match="needs torch"):  # the module a reference names is not an extra's
+        with MissingExtra.translate("x", lambda exc: LoadError(f"needs {exc.name}"), importing="torch.nn"):
+            missing("torch")

@@ -61,7 +61,7 @@ def _import_module(name: str, ref: str, base_dir: str | Path | None = None) -> A
                 if (folder / top).is_dir():  # its modules' `from models import X`, as for a file
                     _on_path(folder / top)
     try:
-        with MissingExtra.translate(repr(ref), partial(_missing_module_error, name, ref)):
+        with MissingExtra.translate(repr(ref), partial(_missing_module_error, name, ref), importing=name):
             return importlib.import_module(name)
     except SyntaxError as exc:
         raise _syntax_error(exc, ref) from None
