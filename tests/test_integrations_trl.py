@@ -62,9 +62,15 @@ def test_two_grpo_steps_train_on_the_served_envs_rewards_with_env_tokens_masked(
 
 
 def test_a_prompt_names_its_task(chatml_tokenizer):
-    from agilerl.integrations.trl import _seed_of
+    import zlib
+    from types import SimpleNamespace
 
-    assert _seed_of(task_prompt(17)) == 17
-    assert _seed_of("my own prompt") == _seed_of([{"role": "user", "content": "my own prompt"}])
-    with EnvRollout("guess") as rollout:
+    from agilerl.rollout.policy import ScriptedPolicy
+
+    args = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4, seed=0)
+    trainer = SimpleNamespace(args=args, processing_class=chatml_tokenizer)  # what the rollout reads
+    own = "my own prompt"
+    with EnvRollout("guess", policy=ScriptedPolicy(chatml_tokenizer)) as rollout:
+        rollout([task_prompt(17), own, [{"role": "user", "content": own}]], trainer)
+        assert [t.seed for t in rollout.last_batch] == [17, zlib.crc32(own.encode()), zlib.crc32(own.encode())]
         assert rollout.dataset(3)["prompt"] == ["agilerl task 0", "agilerl task 1", "agilerl task 2"]
