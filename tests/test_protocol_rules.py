@@ -3,6 +3,7 @@ in-process client, the env server and ``check_env`` accept and refuse the same r
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from agilerl.envs.checker import check_env
 from agilerl.envs.client import InProcessEnvClient
 from agilerl.errors import EnvProtocolError, InvalidArgument, RemoteEnvError
-from agilerl.protocol import max_turns_problem, require_max_turns, reset_kwargs
+from agilerl.protocol import EnvInfo, describe_env, member_problem, reset_kwargs
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.frames import decode, reset_frame
 from agilerl.remote.hosting import resolve_env
@@ -94,17 +95,33 @@ def test_every_user_accepts_numbers_and_numpy_bools_and_hands_back_plain_types(e
         assert play(client)[1] == expected
 
 
-@pytest.mark.parametrize("value", [0, -1, True, 2.0, "3", None])
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "3"])
 def test_one_max_turns_rule_for_the_checker_the_harness_and_the_collector(value: Any, chatml_tokenizer: Any) -> None:
     problem = f"max_turns must be an int >= 1, got {value!r}"
-    assert max_turns_problem(value) == problem
-    if value is not None:  # a missing max_turns is a note for the checker, not a problem
-        assert problem in check_env(type("E", (ScriptedEnv,), {"max_turns": value})(), raise_on_error=False).problems
-    with pytest.raises(InvalidArgument, match=problem.replace("(", r"\(")):
+    assert member_problem("max_turns", value) == problem
+    declaring = type("E", (ScriptedEnv,), {"max_turns": value})
+    assert problem in check_env(declaring(), raise_on_error=False).problems
+    with pytest.raises(InvalidArgument, match=re.escape(problem)):
         RolloutHarness(ScriptedEnv(), chatml_tokenizer, max_turns=value)
-    with pytest.raises(InvalidArgument, match="pass max_turns= to RolloutCollector"):
-        RolloutCollector(type("E", (ScriptedEnv,), {"max_turns": value}), chatml_tokenizer, batch_size=1, group_size=1)
-    assert require_max_turns(4) == 4 and max_turns_problem(1) is None
+    with pytest.raises(InvalidArgument, match=re.escape(problem)):
+        RolloutCollector(ScriptedEnv, chatml_tokenizer, batch_size=1, group_size=1, max_turns=value)
+    # declared by the env, it is ignored with a warning, and then nothing gives a budget
+    with pytest.warns(UserWarning, match=re.escape(f"E: {problem}; it is ignored")):
+        with pytest.raises(InvalidArgument, match="no turn budget: max_turns is not given and E declares no usable"):
+            RolloutCollector(declaring, chatml_tokenizer, batch_size=1, group_size=1)
+
+
+def test_a_missing_max_turns_is_one_error_naming_the_field_to_set(chatml_tokenizer: Any) -> None:
+    bare = type("Bare", (ScriptedEnv,), {"max_turns": None})
+    fix = "Set environment.max_turns in the manifest or pass max_turns="
+    for build in (
+        lambda: RolloutHarness(bare(), chatml_tokenizer),
+        lambda: RolloutHarness.local(bare(), chatml_tokenizer),
+        lambda: RolloutCollector(bare, chatml_tokenizer, batch_size=1, group_size=1),
+    ):
+        with pytest.raises(InvalidArgument, match=fix):
+            build()
+    assert "no max_turns attribute: manifests must set max_turns" in check_env(bare()).notes
 
 
 class PlainEnv:
