@@ -223,7 +223,7 @@ class RolloutCollector:
         for slot in slots:
             if self._slots[slot] is None:
                 try:
-                    self._slots[slot] = self._harness(self._env_factory(), self.max_turns)
+                    self._slots[slot] = self._fresh_harness()
                 except Exception as exc:  # reported, and retried like any failed attempt
                     run.fail(slot, "create", exc, None)
                     continue
@@ -365,6 +365,10 @@ class RolloutCollector:
         self._renderer = harness.renderer  # every slot runs the same kind of env: one renderer
         return harness
 
+    def _fresh_harness(self) -> RolloutHarness:
+        """A harness over a newly built env, with the run's turn budget."""
+        return self._harness(self._env_factory(), self.max_turns)
+
     def _harness_of(self, slot: int) -> RolloutHarness:
         harness = self._slots[slot]
         assert harness is not None, f"slot {slot} has no env"
@@ -372,7 +376,7 @@ class RolloutCollector:
 
     def _create_many(self, slots: range) -> None:
         """Build the envs of ``slots`` at once; raise the first failure."""
-        built = run_in_threads(self._threads, [lambda: self._harness(self._env_factory(), self.max_turns)] * len(slots), None, "creation")
+        built = run_in_threads(self._threads, [self._fresh_harness] * len(slots), None, "creation")
         for slot, result in zip(slots, built):
             if not isinstance(result, BaseException):
                 self._slots[slot] = result
@@ -418,7 +422,7 @@ class RolloutCollector:
         """
         slot = self.num_slots
         if self._slots[slot] is None:
-            self._slots[slot] = self._harness(self._env_factory(), self.max_turns)
+            self._slots[slot] = self._fresh_harness()
         held_out = self._harness_of(slot).info.eval_dataset_size
         if num_episodes is None:
             if held_out is None:
