@@ -1,8 +1,7 @@
-"""From an ``environment:`` spec to a zero-argument env factory, and the spec's turn budget."""
+"""From an ``environment:`` spec to a zero-argument env factory."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +9,6 @@ from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
 from agilerl.envs.openenv_native import ADAPTER_OPTIONS
 from agilerl.errors import InvalidArgument
 from agilerl.manifest.spec import EnvironmentSpec
-from agilerl.protocol import close_env, max_turns_problem
-
-_PROBED_MAX_TURNS: dict[tuple[str, str], int] = {}
 
 
 def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = None) -> EnvFactory:
@@ -59,32 +55,3 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
         install=spec.env_packages.packages if spec.env_packages else None,
         **adapter,
     )
-
-
-def resolve_max_turns(spec: EnvironmentSpec, factory: EnvFactory) -> int:
-    """The spec's ``max_turns``, else probed off one throwaway env and cached per source."""
-    if spec.max_turns is not None:
-        return spec.max_turns
-    if spec.dataset:
-        return 1
-    source = str(spec.env_urls if spec.env_url else spec.entrypoint)
-    key = (source, json.dumps(spec.env_config, sort_keys=True, default=repr))
-    if key not in _PROBED_MAX_TURNS:
-        env = factory()
-        try:
-            max_turns = getattr(env, "max_turns", None)  # a remote client reads /metadata
-        finally:
-            close_env(env)
-        if max_turns_problem(max_turns) is not None:
-            where = (
-                f"the server at {source} does not publish a usable max_turns in /metadata "
-                "(OpenEnv servers do not)"
-                if spec.env_url
-                else f"the env from {spec.entrypoint!r} has no usable max_turns attribute"
-            )
-            raise InvalidArgument(
-                f"environment.max_turns is not set and {where} (got {max_turns!r}); set max_turns "
-                "in the manifest (agilerl env check: --max-turns N)"
-            )
-        _PROBED_MAX_TURNS[key] = max_turns
-    return _PROBED_MAX_TURNS[key]

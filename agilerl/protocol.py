@@ -3,14 +3,20 @@
 Every user of an env (the in-process client, the env server, ``check_env``) checks what the env
 returns with the functions here, so they all accept and refuse the same things: ``reset`` returns
 ``(str, dict)``; ``step`` returns ``(str, finite real number, bool, bool, dict)`` (a bool is not a
-reward; numpy's bool counts as a bool); a turn budget is an int >= 1.
+reward; numpy's bool counts as a bool). What an env declares about itself (turn budget, tools,
+system prompt, dataset sizes, best reward) is one ``EnvInfo``, built by these rules on either side
+of a connection; a turn budget is an int >= 1.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from agilerl.errors import EnvProtocolError, InvalidArgument
@@ -23,11 +29,11 @@ StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 class TextEnv(Protocol):
     """Text in, text out.
 
-    Optional members an env may add: ``tools`` (a list of JSON-schema tool specs rendered through
-    the chat template), ``dataset_size`` (then ``reset(seed, *, row_index=None, evaluation=None)``
-    picks a row) and ``eval_dataset_size`` (rows of its held-out split), ``max_turns`` (the turn
-    budget used when a manifest leaves it out), ``max_reward`` (for accuracy), ``system_prompt``
-    and ``close()``.
+    Optional members an env may add (``DESCRIBED_MEMBERS``, read into an ``EnvInfo``): ``tools``
+    (a list of JSON-schema tool specs rendered through the chat template), ``dataset_size`` (then
+    ``reset(seed, *, row_index=None, evaluation=None)`` picks a row) and ``eval_dataset_size``
+    (rows of its held-out split), ``max_turns`` (the turn budget used when a manifest leaves it
+    out), ``max_reward`` (for accuracy), ``system_prompt``; and ``close()``.
     """
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
@@ -39,33 +45,130 @@ class TextEnv(Protocol):
         ...
 
 
-DESCRIBED_MEMBERS: dict[str, type | tuple[type, ...]] = {
-    # the optional members a server publishes at /metadata, and the type each must have
-    "max_turns": int,
-    "dataset_size": int,
-    "eval_dataset_size": int,
-    "max_reward": (int, float),
-    "system_prompt": str,
-    "tools": list,
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_tool_list(value: Any) -> bool:
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        return False
+    try:
+        json.dumps(value)  # a server publishes them: what cannot travel is refused locally too
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    # what each fact about an env must be: "<name> must be <what>"
+    "max_turns": ("an int >= 1", lambda v: _is_int(v) and v >= 1),
+    "tools": ("a list of JSON-schema dicts", _is_tool_list),
+    "system_prompt": ("a str", lambda v: isinstance(v, str)),
+    "dataset_size": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "eval_dataset_size": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "max_reward": (
+        "a finite number",
+        lambda v: isinstance(v, numbers.Real) and not _is_bool(v) and math.isfinite(v),
+    ),
+    "max_concurrent_envs": ("an int >= 1", lambda v: _is_int(v) and v >= 1),
 }
 
+DESCRIBED_MEMBERS = ("max_turns", "tools", "system_prompt", "dataset_size", "eval_dataset_size", "max_reward")
+"""The optional members an env may declare (``TextEnv``); a server publishes them at ``/metadata``."""
 
-def describe_env(env: Any) -> dict[str, Any]:
-    """The optional members ``env`` declares (None where absent or of the wrong type): what a
-    server publishes at ``/metadata`` so that remote clients see its env as a local one."""
-    described: dict[str, Any] = {}
+
+def member_problem(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the env fact ``name`` (see ``EnvInfo``); None when it can."""
+    what, usable = _RULES[name]
+    if usable(value):
+        return None
+    return f"{name} must be {what}, got {_short_repr(value)}"
+
+
+def declared_members(env: Any) -> dict[str, Any]:
+    """The optional members ``env`` declares, as it declares them (None where absent or where
+    reading raises): what ``check_env`` judges and ``describe_env`` keeps the usable part of."""
+    declared: dict[str, Any] = {}
     for name in DESCRIBED_MEMBERS:
         try:
-            value = getattr(env, name, None)
-        except Exception:
-            value = None
-        described[name] = value if has_member_type(name, value) else None
-    return described
+            declared[name] = getattr(env, name, None)
+        except Exception:  # a broken property declares nothing
+            declared[name] = None
+    return declared
 
 
-def has_member_type(name: str, value: Any) -> bool:
-    """Whether ``value`` is usable as the optional member ``name`` (a bool is not a number)."""
-    return isinstance(value, DESCRIBED_MEMBERS[name]) and not isinstance(value, bool)
+@dataclass(frozen=True)
+class EnvInfo:
+    """What an env declares about itself, in one typed value that is read once and passed along.
+
+    ``EnvClient.describe()`` returns it: built by ``describe_env`` from a local env, parsed by
+    ``EnvInfo.parse`` from a server's ``/metadata``, by the same rules, so a remote env is seen as
+    the same env. None where the env does not say. It cannot hold a value the rules refuse.
+    """
+
+    name: str
+    """What messages call the env: its class name, or the name its server gives."""
+    max_turns: int | None = None
+    """The turn budget used when a manifest or caller gives none."""
+    tools: list[dict[str, Any]] | None = None
+    """JSON-schema tool specs, rendered through the chat template."""
+    system_prompt: str | None = None
+    dataset_size: int | None = None
+    """Rows of the train split: then ``reset`` takes ``row_index`` and ``evaluation``."""
+    eval_dataset_size: int | None = None
+    """Rows of the held-out split."""
+    max_reward: float | None = None
+    """The best episode reward (accuracy is reward / max_reward)."""
+    max_concurrent_envs: int | None = None
+    """Sessions the env's server admits at once (replicas summed); None in process: no limit."""
+
+    def __post_init__(self) -> None:
+        given = {name: value for name in _RULES if (value := getattr(self, name)) is not None}
+        problems = [p for name, value in given.items() if (p := member_problem(name, value)) is not None]
+        if problems:
+            raise InvalidArgument(f"{self.name}: {'; '.join(problems)}")
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any], *, name: str) -> EnvInfo:
+        """The usable facts among ``values`` (an env's members, or ``/metadata``); a value the
+        rules refuse is left out with a warning, the same way on either side of a connection."""
+        kept: dict[str, Any] = {}
+        for key in _RULES:
+            value = values.get(key)
+            if value is None:
+                continue
+            problem = member_problem(key, value)
+            if problem is None:
+                kept[key] = float(value) if key == "max_reward" else value
+            else:
+                warnings.warn(f"{name}: {problem}; it is ignored (agilerl env check lists such problems)", stacklevel=3)
+        return cls(name=name, **kept)
+
+    def metadata(self) -> dict[str, Any]:
+        """The declared members as a server publishes them at ``/metadata`` (None where unsaid)."""
+        return {name: getattr(self, name) for name in DESCRIBED_MEMBERS}
+
+    def turn_budget(self, max_turns: int | None = None) -> int:
+        """``max_turns`` when given (it must be usable), else the env's own; the one error for
+        a run that has neither names the field to set."""
+        if max_turns is not None:
+            problem = member_problem("max_turns", max_turns)
+            if problem is not None:
+                raise InvalidArgument(problem)
+            return max_turns
+        if self.max_turns is None:
+            raise InvalidArgument(
+                f"no turn budget: max_turns is not given and {self.name} declares no usable max_turns "
+                "(an int >= 1; OpenEnv servers publish none). Set environment.max_turns in the manifest "
+                "or pass max_turns= (agilerl env check SOURCE --max-turns N to try one)."
+            )
+        return self.max_turns
+
+
+def describe_env(env: Any) -> EnvInfo:
+    """What a local ``env`` declares, by the protocol's rules: what its in-process client
+    describes and what a server serving it publishes."""
+    return EnvInfo.parse(declared_members(env), name=type(env).__name__)
 
 
 def reset_kwargs(row_index: int | None = None, evaluation: bool | None = None) -> dict[str, Any]:
@@ -144,21 +247,6 @@ def check_step_result(result: Any, env_name: str) -> StepResult:
     return observation, float(reward), bool(terminated), bool(truncated), dict(info)
 
 
-def max_turns_problem(value: Any) -> str | None:
-    """Why ``value`` cannot be a turn budget (it must be an int >= 1, not a bool); None when it can."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return None
-    return f"max_turns must be an int >= 1, got {value!r}"
-
-
-def require_max_turns(value: Any, fix: str = "") -> int:
-    """``value`` when it is a usable turn budget, else ``InvalidArgument`` (with ``fix`` appended)."""
-    problem = max_turns_problem(value)
-    if problem is not None:
-        raise InvalidArgument(f"{problem}; {fix}" if fix else problem)
-    return value
-
-
 def read_state(env: Any) -> Any:
     """The env's ``state``: called when it is a method (its result may be awaitable), else as is."""
     state = getattr(env, "state", None)
@@ -182,6 +270,11 @@ def close_env(env: Any) -> None:
 def _is_bool(value: Any) -> bool:
     # numpy's bool is not a bool subclass; check its type by name rather than import numpy
     return isinstance(value, bool) or (type(value).__name__ in ("bool_", "bool") and type(value).__module__ == "numpy")
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _shape(value: Any) -> str:

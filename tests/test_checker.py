@@ -91,10 +91,10 @@ def test_optional_members_are_checked():
         max_turns = 0
 
     assert _problems(Optional()) == [
-        "tools[0] has no 'name' (nor function.name)",
-        "dataset_size must be a non-negative int, got -1",
-        "env has dataset_size, so reset() must accept row_index, evaluation as keywords",
         "max_turns must be an int >= 1, got 0",
+        "dataset_size must be an int >= 0, got -1",
+        "tools[0] has no 'name' (nor function.name)",
+        "env has dataset_size, so reset() must accept row_index, evaluation as keywords",
     ]
 
 

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agilerl.rollout.collector import RolloutCollector
+from agilerl.rollout.harness import RolloutHarness
 from agilerl.rollout.policy import (
     Generation,
     SamplingParams,
@@ -272,7 +273,7 @@ def test_max_turns_comes_from_the_env_or_must_be_given(chatml_tokenizer):
         def step(self, action):
             return "", 0.0, True, False, {}
 
-    with pytest.raises(AgileRLError, match="pass max_turns="):
+    with pytest.raises(AgileRLError, match="NoBudget declares no usable max_turns.*pass max_turns="):
         collector(NoBudget, chatml_tokenizer)
     with collector(NoBudget, chatml_tokenizer, max_turns=2) as c:
         assert c.max_turns == 2
@@ -280,13 +281,36 @@ def test_max_turns_comes_from_the_env_or_must_be_given(chatml_tokenizer):
         assert all(t.row_index is None for t in c.collect(ScriptedPolicy(chatml_tokenizer)).trajectories)
 
 
-def test_a_server_with_too_few_sessions_stops_before_the_first_batch(chatml_tokenizer):
-    class SmallServer(CountingEnv):
-        def server_metadata(self):
-            return {"max_concurrent_envs": 6}
+def test_each_slot_builds_its_env_once_and_the_turn_budget_comes_from_that_env(tmp_path, chatml_tokenizer):
+    (tmp_path / "envs.py").write_text(
+        textwrap.dedent(
+            """
+            class Logged:
+                max_turns = 3
 
-    with pytest.raises(CollectionError, match=r"admits 6 concurrent sessions but this run needs 7"):
-        collector(SmallServer, chatml_tokenizer)
+                def __init__(self, log):
+                    with open(log, "a") as f:
+                        f.write("built\\n")
+
+                def reset(self, seed=None):
+                    return "hi", {}
+
+                def step(self, action):
+                    return "ok", 1.0, False, False, {}
+            """
+        )
+    )
+    log = tmp_path / "built.txt"
+    spec = parse_env_spec({"env_type": "rollout", "entrypoint": "envs.py:Logged", "env_config": {"log": str(log)}})
+    built = lambda: len(log.read_text().splitlines())  # noqa: E731
+    with RolloutCollector.from_spec(spec, chatml_tokenizer, batch_size=3, group_size=2, base_dir=tmp_path, seed=0) as c:
+        assert built() == 6  # one per slot: none built only to read max_turns
+        assert c.max_turns == 3
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer))
+        assert [t.num_turns for t in batch.trajectories] == [3] * 6 and all(t.truncated for t in batch.trajectories)
+        assert built() == 6
+    with RolloutHarness.from_spec(spec, chatml_tokenizer, base_dir=tmp_path) as harness:
+        assert harness.max_turns == 3 and built() == 7
 
 
 REWARD_PY = textwrap.dedent(

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from agilerl.envs.client import InProcessEnvClient
 from agilerl.errors import LoadError, ModuleNotImportable
-from agilerl.factory import make_env_factory, resolve_max_turns
+from agilerl.factory import make_env_factory
 from agilerl.rollout.harness import RolloutHarness
 from agilerl.manifest.spec import load_manifest, parse_env_spec
 from agilerl.registry import load_object
@@ -57,7 +58,7 @@ def test_file_entrypoint_is_relative_to_the_manifest_folder(tmp_path, chatml_tok
     env = factory()
     assert env.reset()[0] == "hello"
     assert factory() is not env  # a fresh env per call
-    assert resolve_max_turns(manifest.environment, factory) == 4
+    assert InProcessEnvClient(env).describe().max_turns == 4  # no max_turns in the manifest: the env's
 
 
 def test_module_entrypoint_and_system_prompt_popped():
@@ -73,23 +74,11 @@ def test_module_entrypoint_and_system_prompt_popped():
     assert env.system_prompt == "be nice"
 
 
-def test_max_turns_probe_is_cached_per_source(tmp_path):
-    (tmp_path / "counted.py").write_text(
-        "BUILT = []\nclass Env:\n    max_turns = 7\n    def __init__(self):\n        BUILT.append(1)\n"
-    )
-    spec = parse_env_spec({"env_type": "rollout", "entrypoint": "counted.py:Env"})
-    factory = make_env_factory(spec, base_dir=tmp_path)
-    assert resolve_max_turns(spec, factory) == 7
-    assert resolve_max_turns(spec, factory) == 7
-    module = sys.modules[type(factory()).__module__]
-    assert len(module.BUILT) == 2  # one probe + the explicit call above
-
-
-def test_missing_max_turns_is_a_clear_error(tmp_path):
+def test_missing_max_turns_is_a_clear_error(tmp_path, chatml_tokenizer):
     (tmp_path / "nobudget.py").write_text("class Env:\n    pass\n")
     spec = parse_env_spec({"env_type": "rollout", "entrypoint": "nobudget.py:Env"})
-    with pytest.raises(Exception, match="set max_turns in the manifest"):
-        resolve_max_turns(spec, make_env_factory(spec, base_dir=tmp_path))
+    with pytest.raises(Exception, match="Env declares no usable max_turns.*Set environment.max_turns in the manifest"):
+        RolloutHarness.from_spec(spec, chatml_tokenizer, base_dir=tmp_path)
 
 
 def test_module_not_importable_mentions_env_packages():

@@ -201,7 +201,7 @@ def test_max_turns_defaults_to_the_envs_own(chatml_tokenizer):
         def step(self, action):
             return "", 0.0, True, False, {}
 
-    with pytest.raises(ValueError, match="max_turns is required"):
+    with pytest.raises(ValueError, match="NoBudget declares no usable max_turns"):
         RolloutHarness.local(NoBudget(), chatml_tokenizer)
 
 

@@ -3,6 +3,8 @@ in-process client, the env server and ``check_env`` accept and refuse the same r
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 from agilerl.envs.checker import check_env
 from agilerl.envs.client import InProcessEnvClient
 from agilerl.errors import EnvProtocolError, InvalidArgument, RemoteEnvError
-from agilerl.protocol import max_turns_problem, require_max_turns, reset_kwargs
+from agilerl.protocol import EnvInfo, member_problem, reset_kwargs
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.frames import decode, reset_frame
 from agilerl.remote.hosting import resolve_env
@@ -94,17 +96,138 @@ def test_every_user_accepts_numbers_and_numpy_bools_and_hands_back_plain_types(e
         assert play(client)[1] == expected
 
 
-@pytest.mark.parametrize("value", [0, -1, True, 2.0, "3", None])
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "3"])
 def test_one_max_turns_rule_for_the_checker_the_harness_and_the_collector(value: Any, chatml_tokenizer: Any) -> None:
     problem = f"max_turns must be an int >= 1, got {value!r}"
-    assert max_turns_problem(value) == problem
-    if value is not None:  # a missing max_turns is a note for the checker, not a problem
-        assert problem in check_env(type("E", (ScriptedEnv,), {"max_turns": value})(), raise_on_error=False).problems
-    with pytest.raises(InvalidArgument, match=problem.replace("(", r"\(")):
+    assert member_problem("max_turns", value) == problem
+    declaring = type("E", (ScriptedEnv,), {"max_turns": value})
+    assert problem in check_env(declaring(), raise_on_error=False).problems
+    with pytest.raises(InvalidArgument, match=re.escape(problem)):
         RolloutHarness(ScriptedEnv(), chatml_tokenizer, max_turns=value)
-    with pytest.raises(InvalidArgument, match="pass max_turns= to RolloutCollector"):
-        RolloutCollector(type("E", (ScriptedEnv,), {"max_turns": value}), chatml_tokenizer, batch_size=1, group_size=1)
-    assert require_max_turns(4) == 4 and max_turns_problem(1) is None
+    with pytest.raises(InvalidArgument, match=re.escape(problem)):
+        RolloutCollector(ScriptedEnv, chatml_tokenizer, batch_size=1, group_size=1, max_turns=value)
+    # declared by the env, it is ignored with a warning, and then nothing gives a budget
+    with pytest.warns(UserWarning, match=re.escape(f"E: {problem}; it is ignored")):
+        with pytest.raises(InvalidArgument, match="no turn budget: max_turns is not given and E declares no usable"):
+            RolloutCollector(declaring, chatml_tokenizer, batch_size=1, group_size=1)
+
+
+def test_a_missing_max_turns_is_one_error_naming_the_field_to_set(chatml_tokenizer: Any) -> None:
+    bare = type("Bare", (ScriptedEnv,), {"max_turns": None})
+    fix = "Set environment.max_turns in the manifest or pass max_turns="
+    for build in (
+        lambda: RolloutHarness(bare(), chatml_tokenizer),
+        lambda: RolloutHarness.local(bare(), chatml_tokenizer),
+        lambda: RolloutCollector(bare, chatml_tokenizer, batch_size=1, group_size=1),
+    ):
+        with pytest.raises(InvalidArgument, match=fix):
+            build()
+    assert "no max_turns attribute: manifests must set max_turns" in check_env(bare()).notes
+
+
+class DeclaringEnv(ScriptedEnv):
+    """Declares every optional member."""
+
+    max_turns = 4
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    system_prompt = "Answer with a number."
+    dataset_size = 30
+    eval_dataset_size = 5
+    max_reward = 2
+
+    def reset(self, seed=None, row_index=None, evaluation=None):
+        return self.RESET
+
+
+class MisdeclaringEnv(ScriptedEnv):
+    """Declares every optional member wrongly."""
+
+    max_turns = 0
+    tools = {"name": "add"}
+    system_prompt = 7
+    dataset_size = True
+    eval_dataset_size = -1
+    max_reward = "lots"
+
+
+MISDECLARED = {
+    "max_turns must be an int >= 1, got 0",
+    "tools must be a list of JSON-schema dicts, got {'name': 'add'}",
+    "system_prompt must be a str, got 7",
+    "dataset_size must be an int >= 0, got True",
+    "eval_dataset_size must be an int >= 0, got -1",
+    "max_reward must be a finite number, got 'lots'",
+}
+
+
+def test_a_served_env_describes_itself_as_it_does_in_process() -> None:
+    local = InProcessEnvClient(DeclaringEnv()).describe()
+    assert local == EnvInfo(
+        name="DeclaringEnv", max_turns=4, tools=DeclaringEnv.tools, system_prompt="Answer with a number.",
+        dataset_size=30, eval_dataset_size=5, max_reward=2.0,
+    )
+    url, server = resolve_env(DeclaringEnv, max_concurrent_envs=3)
+    with server, RemoteEnvClient(url) as client:
+        assert client.describe() == replace(local, max_concurrent_envs=3)  # plus the server's session limit
+
+
+def ignored_members(caught: Any) -> set[str]:
+    return {str(w.message).split(": ", 1)[1].split("; it is ignored")[0] for w in caught}
+
+
+def test_a_misdeclared_member_is_ignored_alike_in_process_and_served() -> None:
+    with pytest.warns(UserWarning) as caught:
+        assert InProcessEnvClient(MisdeclaringEnv()).describe() == EnvInfo(name="MisdeclaringEnv")
+    assert ignored_members(caught) == MISDECLARED
+    assert set(check_env(MisdeclaringEnv(), raise_on_error=False).problems) >= MISDECLARED
+    url, server = resolve_env(MisdeclaringEnv, max_concurrent_envs=3)
+    with server, RemoteEnvClient(url) as client, pytest.warns(UserWarning) as caught:
+        assert client.describe() == EnvInfo(name="MisdeclaringEnv", max_concurrent_envs=3)
+    assert ignored_members(caught) == MISDECLARED  # the server leaves them out, for the same reasons
+
+
+@pytest.fixture
+def metadata_server() -> Any:
+    """A hand-written server whose ``/metadata`` says whatever the test gives it."""
+    from aiohttp import web
+
+    from agilerl.concurrency import LoopThread
+
+    thread = LoopThread("metadata-server")
+    runners: list[Any] = []
+
+    def start(metadata: dict[str, Any]) -> str:
+        async def boot() -> str:
+            app = web.Application()
+            app.router.add_get("/metadata", lambda request: web.json_response(metadata))
+            runner = web.AppRunner(app)
+            await runner.setup()
+            runners.append(runner)
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+        return thread.run(boot())
+
+    yield start
+    for runner in runners:
+        thread.run(runner.cleanup())
+    thread.stop()
+
+
+def test_a_client_refuses_what_a_server_publishes_wrongly_by_the_same_rules(metadata_server: Any) -> None:
+    url = metadata_server({
+        "name": "odd", "max_turns": 0, "tools": {"name": "add"}, "system_prompt": 7, "dataset_size": True,
+        "eval_dataset_size": -1, "max_reward": "lots", "max_concurrent_envs": "many",
+    })
+    with pytest.warns(UserWarning) as caught:
+        assert RemoteEnvClient(url).describe() == EnvInfo(name="odd")
+    assert ignored_members(caught) == MISDECLARED | {"max_concurrent_envs must be an int >= 1, got 'many'"}
+
+
+def test_an_env_info_cannot_hold_what_the_rules_refuse() -> None:
+    with pytest.raises(InvalidArgument, match=r"x: max_turns must be an int >= 1, got 0; max_reward must be"):
+        EnvInfo(name="x", max_turns=0, max_reward=float("nan"))
 
 
 class PlainEnv:

@@ -228,7 +228,7 @@ def test_unreachable_server_fails_with_a_clear_error() -> None:
     with pytest.raises(RemoteEnvError, match=r"could not start an episode .* within retry_budget_s=0.3"):
         RemoteEnvClient(f"127.0.0.1:{port}", retry_budget_s=0.3).reset()
     with pytest.raises(RemoteEnvError, match=rf"GET /metadata: http://127.0.0.1:{port}: .*Check that the server"):
-        RemoteEnvClient(f"127.0.0.1:{port}").max_turns  # noqa: B018 - the property reads /metadata
+        RemoteEnvClient(f"127.0.0.1:{port}").describe()
 
 
 def test_replicas_spread_sessions_and_skip_full_or_dead_ones() -> None:

@@ -160,7 +160,8 @@ def test_our_client_drives_an_openenv_text_env(openenv_server: object) -> None:
         assert client.state()["step_count"] == 2
         assert client.reset(seed=5)[0] == "ready 5"  # a new episode on the same session
         # openenv's /metadata describes no turn budget, tools or system prompt: none are made up.
-        assert (client.max_turns, client.tools, client.system_prompt, client.dataset_size) == (None,) * 4
+        info = client.describe()
+        assert (info.max_turns, info.tools, info.system_prompt, info.dataset_size) == (None,) * 4
 
 
 def test_our_client_drives_an_openenv_mcp_env(openenv_server: object) -> None:

@@ -178,7 +178,6 @@ class ToolQuizEnv:
 
 
 def test_metadata_describes_the_env_so_a_remote_harness_renders_like_a_local_one(chatml_tokenizer: Any) -> None:
-    from agilerl.factory import make_env_factory, resolve_max_turns
     from agilerl.rollout.harness import RolloutHarness
     from agilerl.manifest.spec import parse_env_spec
 
@@ -186,13 +185,15 @@ def test_metadata_describes_the_env_so_a_remote_harness_renders_like_a_local_one
     with server, RemoteEnvClient(url) as client:
         meta = client.server_metadata()
         assert meta["tools"] == ToolQuizEnv.tools and meta["system_prompt"] == "Answer with a number."
-        assert (client.max_turns, client.dataset_size, client.eval_dataset_size, client.max_reward) == (4, 30, 5, 2.0)
+        info = client.describe()
+        assert (info.max_turns, info.dataset_size, info.eval_dataset_size, info.max_reward) == (4, 30, 5, 2.0)
         remote = RolloutHarness(client, chatml_tokenizer, max_turns=4)
         local = RolloutHarness.local(ToolQuizEnv(), chatml_tokenizer)
         assert list(remote.reset(row_index=3)[0]) == list(local.reset(row_index=3)[0])
         assert "Add two numbers" in chatml_tokenizer.decode(remote.trajectory.token_ids)
         spec = parse_env_spec({"env_type": "rollout", "env_url": url})  # no max_turns: the server says
-        assert resolve_max_turns(spec, make_env_factory(spec)) == 4
+        with RolloutHarness.from_spec(spec, chatml_tokenizer) as harness:
+            assert harness.max_turns == 4
 
 
 class BareEnv:
@@ -210,18 +211,19 @@ class BareEnv:
         return "", 0.0, True, False, {}
 
 
-def test_metadata_leaves_out_what_the_env_does_not_declare_usably() -> None:
-    from agilerl.factory import make_env_factory, resolve_max_turns
+def test_metadata_leaves_out_what_the_env_does_not_declare_usably(chatml_tokenizer: Any) -> None:
+    from agilerl.rollout.harness import RolloutHarness
     from agilerl.manifest.spec import parse_env_spec
 
     url, server = resolve_env(BareEnv)
-    with server, RemoteEnvClient(url) as client:
+    with server, RemoteEnvClient(url) as client, pytest.warns(UserWarning) as ignored:
         meta = client.server_metadata()
         assert (meta["tools"], meta["max_reward"], meta["max_turns"], meta["system_prompt"]) == (None,) * 4
         assert client.reset()[0] == "go"  # the server is fine
         spec = parse_env_spec({"env_type": "rollout", "env_url": url})
-        with pytest.raises(AgileRLError, match="does not publish a usable max_turns in /metadata"):
-            resolve_max_turns(spec, make_env_factory(spec))
+        with pytest.raises(AgileRLError, match="BareEnv declares no usable max_turns"):
+            RolloutHarness.from_spec(spec, chatml_tokenizer)
+    assert {str(w.message).split(" must")[0] for w in ignored} == {"BareEnv: max_reward", "BareEnv: tools"}
 
 
 def test_token_is_required_on_every_route_when_set(env_cls: type[CountedEnv]) -> None:

@@ -63,5 +63,5 @@ def test_a_server_without_metadata_needs_max_turns_only_when_nothing_else_gives_
 
     url, _ = foreign_server(_mcp_echo)
     spec = parse_env_spec({"env_type": "rollout", "env_url": url, "mcp_tool": "echo_message"})
-    with pytest.raises(AgileRLError, match="does not publish a usable max_turns in /metadata.*set max_turns"):
+    with pytest.raises(AgileRLError, match="declares no usable max_turns .*OpenEnv servers publish none.*Set environment.max_turns"):
         RolloutHarness.from_spec(spec, chatml_tokenizer)

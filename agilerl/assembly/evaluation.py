@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agilerl.envs.client import EnvClient, InProcessEnvClient
+from agilerl.envs.client import EnvClient, as_client
 from agilerl.errors import InvalidArgument
-from agilerl.factory import make_env_factory, resolve_max_turns
+from agilerl.factory import make_env_factory
 from agilerl.manifest.spec import EnvironmentSpec
-from agilerl.protocol import StepResult
+from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import Policy, SamplingParams
@@ -111,12 +111,13 @@ def evaluate_spec(
     inner = make_env_factory(spec, base_dir=base_dir)
     first = _Recorded(inner())
     try:
-        held_out = getattr(first, "eval_dataset_size", None)
-        slots = _slots_admitted(first.server_metadata(), plan.concurrency)
+        info = first.describe()
+        held_out = info.eval_dataset_size
+        slots = _slots_admitted(info, plan.concurrency)
         max_reward = plan.max_reward if plan.max_reward is not None else spec.max_reward
         if max_reward is None:
-            max_reward = getattr(first, "max_reward", None)
-        max_turns = resolve_max_turns(spec, inner)
+            max_reward = info.max_reward
+        max_turns = info.turn_budget(spec.max_turns)  # fails here, before a results file is opened
     except BaseException:
         first.close()
         raise
@@ -149,11 +150,11 @@ def evaluate_spec(
     return _summary(results, episodes, plan, max_reward, played=len(todo), resumed=resumed)
 
 
-def _slots_admitted(metadata: dict[str, Any], concurrency: int) -> int:
+def _slots_admitted(info: EnvInfo, concurrency: int) -> int:
     """``concurrency``, lowered to what a remote server admits (the collector holds one session
     per slot plus one for its own evaluation)."""
-    limit = metadata.get("max_concurrent_envs")
-    if not isinstance(limit, int) or isinstance(limit, bool):
+    limit = info.max_concurrent_envs
+    if limit is None:
         return concurrency
     if limit < 2:
         raise InvalidArgument(
@@ -323,18 +324,14 @@ class _Recorded(EnvClient):
     """An env client that records each episode's messages and tags its reset info with them."""
 
     def __init__(self, env: Any) -> None:
-        self.inner = env if isinstance(env, EnvClient) else InProcessEnvClient(env)
+        self.inner = as_client(env)
         self.blocking = self.inner.blocking
+        self.reconnects = self.inner.reconnects
+        self.retry_budget_s = self.inner.retry_budget_s
         self._transcript: _Transcript | None = None
 
-    def __getattr__(self, item: str) -> Any:  # max_turns, dataset_size, system_prompt, tools, ...
-        if item.startswith("_") or item == "inner":
-            raise AttributeError(item)
-        return getattr(self.inner, item)
-
-    def server_metadata(self) -> dict[str, Any]:
-        metadata = getattr(self.inner, "server_metadata", None)
-        return metadata() if callable(metadata) else {}
+    def describe(self) -> EnvInfo:
+        return self.inner.describe()
 
     def reset(self, seed: int | None = None, **kwargs: Any) -> tuple[str, dict[str, Any]]:
         return self._opened(self.inner.reset(seed, **kwargs))
@@ -362,7 +359,7 @@ class _Recorded(EnvClient):
 
     def _opened(self, result: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         prompt, info = result
-        self._transcript = _Transcript(getattr(self.inner, "system_prompt", None), prompt, info)
+        self._transcript = _Transcript(self.inner.describe().system_prompt, prompt, info)
         return prompt, {**info, _EPISODE_KEY: self._transcript}
 
     def _stepped(self, action: str, result: StepResult) -> StepResult:

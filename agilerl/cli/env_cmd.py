@@ -6,11 +6,15 @@ import argparse
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agilerl.chat import EpisodeChat
 from agilerl.cli.args import json_object
 from agilerl.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from agilerl.envs.client import EnvClient
+    from agilerl.protocol import EnvInfo
 
 _RANDOM_WORDS = ("yes", "no", "hello", "higher", "lower", "done", "?")
 
@@ -77,20 +81,18 @@ def _spec_for(args: argparse.Namespace) -> tuple[Any, Path | None]:
     return parse_env_spec({**fields, **flags}), None
 
 
-def _turn_budget(spec: Any, factory: Any, summary: dict[str, Any]) -> int:
+def _turn_budget(spec: Any, info: EnvInfo, summary: dict[str, Any]) -> int:
     """The spec's or the env's max_turns; else a short one for the check (a manifest must set it)."""
-    from agilerl.errors import AgileRLError
-    from agilerl.factory import resolve_max_turns
-
     try:
-        return resolve_max_turns(spec, factory)
-    except AgileRLError:  # no budget anywhere: play a short episode, and say so
+        return info.turn_budget(spec.max_turns)
+    except InvalidArgument:  # no budget anywhere: play a short episode, and say so
         summary["notes"].append(f"played {CHECK_TURNS} turns an episode; --max-turns N to change")
         return CHECK_TURNS
 
 
 def _check(args: argparse.Namespace) -> int:
     from agilerl.envs.checker import check_env
+    from agilerl.envs.client import as_client
     from agilerl.factory import make_env_factory
 
     if args.episodes < 0:
@@ -111,13 +113,15 @@ def _check(args: argparse.Namespace) -> int:
         "errors": [],
     }
     if report.ok and args.episodes:
-        max_turns = _turn_budget(spec, factory, summary)
         tokenizer = _load_tokenizer(args.tokenizer, base_dir) if args.tokenizer else None
         policy = _policy(args)
+        max_turns: int | None = None
         for episode in range(args.episodes):
-            env = factory()
+            client = as_client(factory())
+            if max_turns is None:  # the first episode's env says, so no env is built just to ask
+                max_turns = _turn_budget(spec, client.describe(), summary)
             player = (
-                _TemplatedPlayer(env, tokenizer, max_turns, spec) if tokenizer else _TextPlayer(env, max_turns)
+                _TemplatedPlayer(client, tokenizer, max_turns, spec) if tokenizer else _TextPlayer(client, max_turns)
             )
             try:
                 _play(player, episode, args, policy, summary)
@@ -153,17 +157,14 @@ def _load_tokenizer(name: str, base_dir: Path | None) -> Any:
 class _TextPlayer:
     """Plays through the in-process client (the protocol's checks) and keeps a plain transcript."""
 
-    def __init__(self, env: Any, max_turns: int) -> None:
-        from agilerl.envs.client import EnvClient, InProcessEnvClient
-
-        self.client = env if isinstance(env, EnvClient) else InProcessEnvClient(env)
+    def __init__(self, client: EnvClient, max_turns: int) -> None:
+        self.client = client
         self.max_turns = max_turns
+        info = client.describe()
         # the framing the harness gives an episode (EpisodeChat), so both transcripts agree
-        self.defaults = EpisodeChat(
-            system_prompt=_member(self.client, "system_prompt", str), tools=_member(self.client, "tools", list)
-        )
+        self.defaults = EpisodeChat(system_prompt=info.system_prompt, tools=info.tools)
         self.chat = self.defaults
-        self.name = getattr(self.client, "name", None) or type(self.client).__name__
+        self.name = info.name
         self.lines: list[str] = []
         self.turn = 0
 
@@ -191,11 +192,6 @@ class _TextPlayer:
         self.client.close()
 
 
-def _member(client: Any, name: str, kind: type) -> Any:
-    value = getattr(client, name, None)
-    return value if isinstance(value, kind) else None
-
-
 def _tool_name(tool: dict[str, Any]) -> str:
     return str(tool.get("name") or (tool.get("function") or {}).get("name") or "?")
 
@@ -203,11 +199,11 @@ def _tool_name(tool: dict[str, Any]) -> str:
 class _TemplatedPlayer:
     """Plays through the RolloutHarness: the transcript is the tokens the model sees."""
 
-    def __init__(self, env: Any, tokenizer: Any, max_turns: int, spec: Any) -> None:
+    def __init__(self, client: EnvClient, tokenizer: Any, max_turns: int, spec: Any) -> None:
         from agilerl.rollout.harness import RolloutHarness
 
         self.harness = RolloutHarness(
-            env, tokenizer, max_turns=max_turns, chat_template_kwargs=spec.chat_template_kwargs
+            client, tokenizer, max_turns=max_turns, chat_template_kwargs=spec.chat_template_kwargs
         )
 
     def reset(self, seed: int) -> None:

@@ -6,9 +6,10 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from agilerl.envs.client import EnvClient
 from agilerl.envs.openenv_native import OpenEnvTextEnv
 from agilerl.errors import EnvCheckError
-from agilerl.protocol import close_env, max_turns_problem, reset_problems, step_problems
+from agilerl.protocol import close_env, declared_members, member_problem, reset_problems, step_problems
 
 
 @dataclass
@@ -91,27 +92,20 @@ def _check_step_result(result: Any, report: CheckReport) -> None:
 
 
 def _check_optional_members(env: Any, report: CheckReport) -> None:
-    tools = getattr(env, "tools", None)
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            report.problems.append("tools must be a list of JSON-schema dicts")
-        else:
-            for i, tool in enumerate(tools):
-                spec = tool.get("function", tool)
-                if "name" not in spec:
-                    report.problems.append(f"tools[{i}] has no 'name' (nor function.name)")
-    size = getattr(env, "dataset_size", None)
-    if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            report.problems.append(f"dataset_size must be a non-negative int, got {size!r}")
+    """Each declared member against the protocol's rule (a client's are its ``describe()``)."""
+    members = env.describe().metadata() if isinstance(env, EnvClient) else declared_members(env)
+    for name, value in members.items():
+        if value is not None and (problem := member_problem(name, value)) is not None:
+            report.problems.append(problem)
+    for i, tool in enumerate(members["tools"] if isinstance(members["tools"], list) else []):
+        if isinstance(tool, dict) and "name" not in tool.get("function", tool):
+            report.problems.append(f"tools[{i}] has no 'name' (nor function.name)")
+    if members["dataset_size"] is not None:
         params = inspect.signature(env.reset).parameters
         missing = [k for k in ("row_index", "evaluation") if k not in params]
         if missing and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             report.problems.append(
                 f"env has dataset_size, so reset() must accept {', '.join(missing)} as keywords"
             )
-    max_turns = getattr(env, "max_turns", None)
-    if max_turns is None:
+    if members["max_turns"] is None:
         report.notes.append("no max_turns attribute: manifests must set max_turns")
-    elif (problem := max_turns_problem(max_turns)) is not None:
-        report.problems.append(problem)

@@ -13,9 +13,11 @@ from typing import Any
 
 from agilerl.concurrency import EnvCaller, default_threads
 from agilerl.protocol import (
+    EnvInfo,
     StepResult,
     check_reset_result,
     check_step_result,
+    describe_env,
     read_state,
     reset_kwargs,
     state_dict,
@@ -33,6 +35,15 @@ class EnvClient:
     """
 
     blocking: bool = True
+    reconnects: bool = False
+    """Whether the client outlives a failed episode: its next reset opens a fresh session (a remote
+    client does), so a collector keeps it rather than building another."""
+    retry_budget_s: float = 0.0
+    """How long a reset may spend reconnecting through an outage before it fails."""
+
+    def describe(self) -> EnvInfo:
+        """What the env declares about itself (turn budget, tools, ...), read once."""
+        raise NotImplementedError
 
     def reset(
         self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
@@ -86,12 +97,14 @@ class InProcessEnvClient(EnvClient):
         self._closed = False
         self.name = type(env).__name__
         self.blocking = not inspect.iscoroutinefunction(getattr(env, "step", None))
+        self._info: EnvInfo | None = None
 
-    def __getattr__(self, item: str) -> Any:
-        # Optional protocol members (tools, dataset_size, max_turns, system_prompt) pass through.
-        if item.startswith("_") or item == "env":
-            raise AttributeError(item)
-        return getattr(self.env, item)
+    def describe(self) -> EnvInfo:
+        """The env's declared members by the protocol's rules (``describe_env``), as a server
+        serving it would publish them."""
+        if self._info is None:
+            self._info = describe_env(self.env)
+        return self._info
 
     # -- sync ----------------------------------------------------------------------------------
 
@@ -140,6 +153,11 @@ class InProcessEnvClient(EnvClient):
 
     def _calls(self) -> EnvCaller:
         return self._caller or default_threads_caller()
+
+
+def as_client(env: Any) -> EnvClient:
+    """``env`` when it is a client already, else an ``InProcessEnvClient`` around it."""
+    return env if isinstance(env, EnvClient) else InProcessEnvClient(env)
 
 
 _default_caller: EnvCaller | None = None

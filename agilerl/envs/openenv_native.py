@@ -20,6 +20,7 @@ from typing import Any
 
 from agilerl.envs.observations import ObservationProcessor, make_observation_reader
 from agilerl.errors import OpenEnvAdapterError
+from agilerl.protocol import declared_members, member_problem
 
 _ENVIRONMENT = ("openenv.core.env_server.interfaces", "Environment")
 _MCP_ENVIRONMENT = ("openenv.core.env_server.mcp_environment", "MCPEnvironment")
@@ -186,9 +187,9 @@ class OpenEnvTextEnv:
                     f"mcp_tool {mcp_tool!r}: {type(env).__name__} is not an MCPEnvironment, it has no tools."
                 )
             self.action_type, self.action_field = text_action(type(env), action_type, action_field)
-        max_turns = getattr(env, "max_turns", None)
-        if isinstance(max_turns, int) and not isinstance(max_turns, bool):
-            self.max_turns = max_turns
+        max_turns = declared_members(env)["max_turns"]
+        if max_turns is not None and member_problem("max_turns", max_turns) is None:
+            self.max_turns = max_turns  # the OpenEnv env's own budget, declared by its adapter
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> tuple[str, dict[str, Any]]:
         """Start an episode: the first observation's text, and its metadata as info.

@@ -164,17 +164,15 @@ class EnvRollout:
         return self._collector
 
     def _dataset_size(self) -> int | None:
+        """The env's ``dataset_size``: read off one env built for it (no collector exists yet)."""
+        from agilerl.envs.client import as_client
         from agilerl.factory import make_env_factory
-        from agilerl.protocol import close_env
 
-        env = make_env_factory(self.spec, base_dir=self.base_dir)()
+        client = as_client(make_env_factory(self.spec, base_dir=self.base_dir)())
         try:
-            size = getattr(env, "dataset_size", None)
-            if size is None and hasattr(type(env), "server_metadata"):
-                size = env.server_metadata().get("dataset_size")
-            return size if isinstance(size, int) else None
+            return client.describe().dataset_size
         finally:
-            close_env(env)
+            client.close()
 
     def _completion(self, traj: Trajectory) -> dict[str, Any]:
         """One episode as TRL's row: the opening prompt, the rest as the completion, env tokens

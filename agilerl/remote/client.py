@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from agilerl.concurrency import shared_loop
 from agilerl.envs.client import EnvClient
 from agilerl.errors import EnvUnavailable, InvalidArgument, RemoteEnvError, RemoteEnvTimeout
-from agilerl.protocol import StepResult, has_member_type
+from agilerl.protocol import EnvInfo, StepResult
 from agilerl.remote.frames import (
     STATE_FRAME,
     ErrorCode,
@@ -56,6 +56,7 @@ class RemoteEnvClient(EnvClient):
     """
 
     blocking = False  # its calls wait on the network: many share one event loop
+    reconnects = True  # a failed session is dropped; the next reset opens a fresh one
 
     def __init__(
         self,
@@ -88,7 +89,7 @@ class RemoteEnvClient(EnvClient):
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._loop = shared_loop()
         self._conn: Connection | None = None
-        self._metadata_cache: dict[str, Any] | None = None
+        self._info: EnvInfo | None = None
         self.url: str | None = None
         """The replica this client's session is on (None before the first reset)."""
 
@@ -113,41 +114,16 @@ class RemoteEnvClient(EnvClient):
 
     def server_metadata(self) -> dict[str, Any]:
         """``GET /metadata``; with replicas, ``max_concurrent_envs`` is their sum."""
-        self._metadata_cache = self._loop.run(self._metadata())
-        return self._metadata_cache
+        return self._loop.run(self._metadata())
 
-    # -- what the server says about its env, as a local env would say it -----------------------
-
-    @property
-    def max_turns(self) -> int | None:
-        return self._described("max_turns")
-
-    @property
-    def system_prompt(self) -> str | None:
-        return self._described("system_prompt")
-
-    @property
-    def tools(self) -> list[dict[str, Any]] | None:
-        return self._described("tools")
-
-    @property
-    def dataset_size(self) -> int | None:
-        return self._described("dataset_size")
-
-    @property
-    def eval_dataset_size(self) -> int | None:
-        return self._described("eval_dataset_size")
-
-    @property
-    def max_reward(self) -> float | None:
-        return self._described("max_reward")
-
-    def _described(self, name: str) -> Any:
-        """One field of ``/metadata`` (read once per client); None when the server does not say,
-        as OpenEnv servers do not, or has no ``/metadata`` at all."""
-        metadata = self._metadata_cache if self._metadata_cache is not None else self.server_metadata()
-        value = metadata.get(name)
-        return value if has_member_type(name, value) else None
+    def describe(self) -> EnvInfo:
+        """What the server publishes about its env at ``/metadata``, parsed once by the rules a
+        local env's members are read by (None where it does not say, as OpenEnv servers do not)."""
+        if self._info is None:
+            metadata = self.server_metadata()
+            name = metadata.get("name")
+            self._info = EnvInfo.parse(metadata, name=name if isinstance(name, str) else self._urls[0])
+        return self._info
 
     # -- the same, as coroutines (await them from any event loop) ------------------------------
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import inspect
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -349,16 +348,11 @@ class EnvServer:
             self._describing = None  # after a failed build, the next request tries again
 
     def _describe(self, env: Any) -> dict[str, Any]:
-        """What clients need to treat the env as a local one (``describe_env``), plus a summary:
-        the first line of the env class's docstring (an OpenEnv env's own, not its adapter's)."""
+        """What clients need to treat the env as a local one (its ``EnvInfo``, which
+        ``RemoteEnvClient.describe`` parses back), plus a summary: the first line of the env
+        class's docstring (an OpenEnv env's own, not its adapter's)."""
         doc = inspect.getdoc(served_class(env)) or ""
-        described = describe_env(env)
-        try:
-            json.dumps(described["tools"])
-        except (TypeError, ValueError):
-            log.warning("env.tools is not JSON; /metadata leaves it out")
-            described["tools"] = None
-        info = {"description": doc.splitlines()[0] if doc else "", **described}
+        info = {"description": doc.splitlines()[0] if doc else "", **describe_env(env).metadata()}
         if hosts_natively(env):
             info["native_schema"] = native_schema(env)
         self._env_info = info

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from agilerl.chat import ChatRenderer
 from agilerl.concurrency import WorkerThreads, run_in_threads, run_on_loop, shared_loop
 from agilerl.errors import EnvUnavailable, InvalidArgument
-from agilerl.protocol import require_max_turns
+from agilerl.protocol import EnvInfo
 from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.rollout.context import ContextBudget, answer_chars
 from agilerl.rollout.harness import RolloutHarness
@@ -106,25 +106,25 @@ class RolloutCollector:
         self._closed = False
         first = env_factory()
         try:
-            metadata = _server_metadata(first)
-            check_capacity(metadata, self.num_slots)
-            self.max_turns = max_turns or _env_max_turns(first)
-            self._slots[0] = self._harness(first)
+            self._slots[0] = self._harness(first, max_turns)  # None: the env's own
+            info = self._harness_of(0).info  # the first env's description stands for every slot's
+            self.max_turns = self._harness_of(0).max_turns
+            check_capacity(info, self.num_slots)
         except BaseException:
             _close_quietly(first)
             raise
         self._threads = WorkerThreads("agilerl-env", min_workers=self.num_slots)
         try:
-            dataset_size = getattr(first, "dataset_size", None) or metadata.get("dataset_size")
-            self.assigner = TaskAssigner(dataset_size, seed=seed, rank=rank, world_size=world_size)
+            self.assigner = TaskAssigner(info.dataset_size, seed=seed, rank=rank, world_size=world_size)
             self._create_many(range(1, self.num_slots))
         except BaseException:
             self.close()
             raise
-        self._threaded = self.threads_for_blocking_envs and self._harness_of(0).client.blocking
+        client = self._harness_of(0).client
+        self._threaded = self.threads_for_blocking_envs and client.blocking
         # a remote reset may spend this long reconnecting (an outage) before it even sends
-        self._reconnect_s = float(getattr(first, "retry_budget_s", 0) or 0)
-        self.max_reward = max_reward if max_reward is not None else getattr(first, "max_reward", None)
+        self._reconnect_s = client.retry_budget_s
+        self.max_reward = max_reward if max_reward is not None else info.max_reward
         base = sampling or SamplingParams()
         stops = [self._harness_of(0).renderer.end_of_turn_id, tokenizer.eos_token_id, *base.stop_token_ids]
         self.sampling = replace(base, stop_token_ids=tuple(dict.fromkeys(s for s in stops if s is not None)))
@@ -141,10 +141,10 @@ class RolloutCollector:
         **kwargs: Any,
     ) -> RolloutCollector:
         """A collector over the envs a manifest's ``environment:`` section describes."""
-        from agilerl.factory import make_env_factory, resolve_max_turns
+        from agilerl.factory import make_env_factory
 
         factory = make_env_factory(spec, base_dir=base_dir)
-        kwargs.setdefault("max_turns", resolve_max_turns(spec, factory))
+        kwargs.setdefault("max_turns", spec.max_turns)
         kwargs.setdefault("chat_template_kwargs", spec.chat_template_kwargs)
         kwargs.setdefault("max_reward", spec.max_reward)
         kwargs.setdefault("env_timeout_s", spec.request_timeout_s or None)
@@ -229,7 +229,7 @@ class RolloutCollector:
         for slot in slots:
             if self._slots[slot] is None:
                 try:
-                    self._slots[slot] = self._harness(self._env_factory())
+                    self._slots[slot] = self._fresh_harness()
                 except Exception as exc:  # reported, and retried like any failed attempt
                     run.fail(slot, "create", exc, None)
                     continue
@@ -359,17 +359,21 @@ class RolloutCollector:
 
     # -- env lifecycle ------------------------------------------------------------------------
 
-    def _harness(self, env: Any) -> RolloutHarness:
+    def _harness(self, env: Any, max_turns: int | None) -> RolloutHarness:
         harness = RolloutHarness(
             env,
             self.tokenizer,
-            max_turns=self.max_turns,
+            max_turns=max_turns,
             system_prompt=self._system_prompt,
             chat_template_kwargs=self._chat_template_kwargs,
             renderer=self._renderer,
         )
         self._renderer = harness.renderer  # every slot runs the same kind of env: one renderer
         return harness
+
+    def _fresh_harness(self) -> RolloutHarness:
+        """A harness over a newly built env, with the run's turn budget."""
+        return self._harness(self._env_factory(), self.max_turns)
 
     def _harness_of(self, slot: int) -> RolloutHarness:
         harness = self._slots[slot]
@@ -378,7 +382,7 @@ class RolloutCollector:
 
     def _create_many(self, slots: range) -> None:
         """Build the envs of ``slots`` at once; raise the first failure."""
-        built = run_in_threads(self._threads, [lambda: self._harness(self._env_factory())] * len(slots), None, "creation")
+        built = run_in_threads(self._threads, [self._fresh_harness] * len(slots), None, "creation")
         for slot, result in zip(slots, built):
             if not isinstance(result, BaseException):
                 self._slots[slot] = result
@@ -391,7 +395,7 @@ class RolloutCollector:
         A remote env's client stays: it has dropped its session, and its next ``reset`` opens a
         fresh one (a fresh env on the server), reconnecting through an outage."""
         old = self._slots[slot]
-        if old is not None and _is_remote(old.client):
+        if old is not None and old.client.reconnects:
             return
         self._slots[slot] = None
         if old is not None:
@@ -424,8 +428,8 @@ class RolloutCollector:
         """
         slot = self.num_slots
         if self._slots[slot] is None:
-            self._slots[slot] = self._harness(self._env_factory())
-        held_out = getattr(self._harness_of(slot).client, "eval_dataset_size", None)
+            self._slots[slot] = self._fresh_harness()
+        held_out = self._harness_of(slot).info.eval_dataset_size
         if num_episodes is None:
             if held_out is None:
                 raise InvalidArgument("this env has no held-out split (eval_dataset_size): pass num_episodes=")
@@ -458,25 +462,17 @@ class RolloutCollector:
         return EvalResult(mean, accuracy, len(rewards), failures, retries)
 
 
-def check_capacity(metadata: dict[str, Any], num_slots: int) -> None:
+def check_capacity(info: EnvInfo, num_slots: int) -> None:
     """Fail before the first batch when a server admits fewer sessions than the run holds:
     one per slot, plus one for evaluation."""
-    limit = metadata.get("max_concurrent_envs")
+    limit = info.max_concurrent_envs
     needed = num_slots + 1
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit < needed:
+    if limit is not None and limit < needed:
         raise CollectionError(
             f"the env server admits {limit} concurrent sessions but this run needs {needed} "
             f"(batch_size x group_size = {num_slots}, + 1 for evaluation); start the server with "
             f"max_concurrent_envs >= {needed} or lower batch_size/group_size"
         )
-
-
-def _server_metadata(env: Any) -> dict[str, Any]:
-    """A remote env's ``GET /metadata`` (session limit, dataset size); {} for in-process envs."""
-    if not _is_remote(env):
-        return {}
-    metadata = env.server_metadata()
-    return metadata if isinstance(metadata, dict) else {}
 
 
 async def _contained(call: Callable[[], Awaitable[Any]]) -> Any:
@@ -488,17 +484,6 @@ async def _contained(call: Callable[[], Awaitable[Any]]) -> Any:
         raise
     except BaseException as exc:  # an env's SystemExit is one failed episode
         return exc
-
-
-def _is_remote(env: Any) -> bool:
-    return hasattr(type(env), "server_metadata")
-
-
-def _env_max_turns(env: Any) -> int:
-    return require_max_turns(
-        getattr(env, "max_turns", None),
-        "max_turns is not given and the env has no usable max_turns attribute: pass max_turns= to RolloutCollector",
-    )
 
 
 def _close_quietly(env: Any) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from agilerl.chat import ChatRenderer, EpisodeChat
-from agilerl.envs.client import EnvClient, InProcessEnvClient
+from agilerl.envs.client import InProcessEnvClient, as_client
 from agilerl.errors import EpisodeError, InvalidArgument
-from agilerl.protocol import StepResult, require_max_turns
+from agilerl.protocol import EnvInfo, StepResult, close_env
 from agilerl.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class RolloutHarness:
         env: Any,
         tokenizer: Any,
         *,
-        max_turns: int,
+        max_turns: int | None = None,
         system_prompt: str | None = None,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
@@ -79,12 +79,13 @@ class RolloutHarness:
     ) -> None:
         """``env`` is a client (``InProcessEnvClient``/``RemoteEnvClient``), a text env, or a URL.
 
+        ``max_turns``, ``system_prompt`` and ``tools`` default to what the env declares (its
+        client's ``describe()``).
         ``renderer`` lets many harnesses over the same kind of env share one ``ChatRenderer`` (and
         its prompt cache); it must have been built for the same tokenizer, tools and template kwargs.
         ``client_options`` (with a URL) are ``RemoteEnvClient``'s: ``action_field``, ``mcp_tool``,
         ``observation_field``, ``observation_processor``, ``request_timeout_s``, ``token``, ...
         """
-        require_max_turns(max_turns)
         if client_options and not isinstance(env, str):
             named = ", ".join(f"{k}={v!r}" for k, v in client_options.items())
             raise InvalidArgument(
@@ -96,14 +97,14 @@ class RolloutHarness:
             from agilerl.remote.client import RemoteEnvClient
 
             env = RemoteEnvClient(env, **client_options)
-        elif not isinstance(env, EnvClient):
-            env = InProcessEnvClient(env)
-        self.client = env
+        self.client = as_client(env)
+        self.info: EnvInfo = self.client.describe()
+        """What the env declares about itself."""
+        self.max_turns = self.info.turn_budget(max_turns)
         self.tokenizer = tokenizer
-        self.max_turns = max_turns
         self.defaults = EpisodeChat(
-            system_prompt=system_prompt if system_prompt is not None else getattr(env, "system_prompt", None),
-            tools=tools if tools is not None else getattr(env, "tools", None),
+            system_prompt=system_prompt if system_prompt is not None else self.info.system_prompt,
+            tools=tools if tools is not None else self.info.tools,
             observation_role=observation_role,
         )
         """The framing of episodes whose reset info does not set their own (``EPISODE_CHAT_KEYS``)."""
@@ -127,10 +128,6 @@ class RolloutHarness:
 
         ``mcp_tool`` is refused here: an in-process env gets the model's text in ``step`` directly.
         """
-        if max_turns is None:
-            max_turns = getattr(env, "max_turns", None)
-            if max_turns is None:
-                raise InvalidArgument("max_turns is required: the env has no max_turns attribute")
         return cls(InProcessEnvClient(env), tokenizer, max_turns=max_turns, **kwargs)
 
     @classmethod
@@ -143,16 +140,22 @@ class RolloutHarness:
         mcp_tool: str | None = None,
         **kwargs: Any,
     ) -> RolloutHarness:
-        """Build the env a manifest's ``environment:`` section names, with its turn budget;
-        ``mcp_tool`` overrides the section's (with ``env_url`` or an OpenEnv MCP entrypoint)."""
-        from agilerl.factory import make_env_factory, resolve_max_turns
+        """Build the env a manifest's ``environment:`` section names, with its turn budget (else
+        the env's own); ``mcp_tool`` overrides the section's (with ``env_url`` or an OpenEnv MCP
+        entrypoint)."""
+        from agilerl.factory import make_env_factory
         from agilerl.manifest.spec import parse_env_spec
 
         if mcp_tool is not None:
             spec = parse_env_spec({**spec.model_dump(by_alias=False, exclude_none=True), "mcp_tool": mcp_tool})
         factory = make_env_factory(spec, base_dir=base_dir)
         kwargs.setdefault("chat_template_kwargs", spec.chat_template_kwargs)
-        return cls(factory(), tokenizer, max_turns=resolve_max_turns(spec, factory), **kwargs)
+        env = factory()
+        try:
+            return cls(env, tokenizer, max_turns=spec.max_turns, **kwargs)
+        except BaseException:
+            close_env(env)  # built here, so closed here when the harness cannot take it
+            raise
 
     @property
     def trajectory(self) -> Trajectory:
@@ -180,7 +183,7 @@ class RolloutHarness:
         itself, e.g. for many envs at once."""
         self._check_open()
         prompt, info = result
-        self.chat = self.defaults.for_episode(info, self._env_name)
+        self.chat = self.defaults.for_episode(info, self.info.name)
         self.renderer = self._renderers.with_tools(self.chat.tools)
         ids = self.renderer.prompt_ids(self.chat.opening(prompt, info))
         self._trajectory = Trajectory(
@@ -254,22 +257,22 @@ class RolloutHarness:
 
     def opening_messages(self, prompt: str, info: dict[str, Any]) -> list[dict[str, Any]]:
         """The conversation a reset of ``(prompt, info)`` opens (``EpisodeChat.opening``)."""
-        return self.defaults.for_episode(info, self._env_name).opening(prompt, info)
+        return self.defaults.for_episode(info, self.info.name).opening(prompt, info)
 
     def renderer_for(self, info: dict[str, Any]) -> ChatRenderer:
         """The renderer an episode reset with ``info`` uses (one per tool set)."""
-        return self._renderers.with_tools(self.defaults.for_episode(info, self._env_name).tools)
+        return self._renderers.with_tools(self.defaults.for_episode(info, self.info.name).tools)
 
     def observation_role_for(self, info: dict[str, Any]) -> str:
         """The role a step's observation is rendered in: its info's ``observation_role``, else the
         episode's; ``"user"`` (warned once) where the chat template refuses that role."""
-        role = self.chat.role_for(info, self._env_name)
+        role = self.chat.role_for(info, self.info.name)
         if role == "user" or self.renderer.renders_role(role):
             return role
         if role not in self._unrendered_roles:
             self._unrendered_roles.add(role)
             warnings.warn(
-                f"the chat template cannot render a {role!r} message after an answer: {self._env_name}'s "
+                f"the chat template cannot render a {role!r} message after an answer: {self.info.name}'s "
                 f"{role} observations are rendered as user messages",
                 stacklevel=2,
             )
@@ -284,11 +287,6 @@ class RolloutHarness:
     def observation_role(self) -> str:
         """The current episode's observation role (a step's info may override it for one turn)."""
         return self.chat.observation_role
-
-    @property
-    def _env_name(self) -> str:
-        name = getattr(self.client, "name", None)
-        return name if isinstance(name, str) else type(self.client).__name__
 
     def _append_turn(
         self, action_ids: list[int], logprobs: Sequence[float] | None, role: str, observation: str
