@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from agilerl.data.qa_dataset import EpisodeError, QADatasetEnv, qa_env_factory
+from agilerl.assembly.datasets import qa_env_factory
+from agilerl.data.qa_dataset import EpisodeError, QADatasetEnv
 from agilerl.data.rubric import RubricError
 from agilerl.data.tables import DatasetLoadError
 from agilerl.errors import ManifestError

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agilerl.factory import make_env_factory, resolve_max_turns
+from agilerl.assembly.env_factory import make_env_factory, resolve_max_turns
 from agilerl.rollout.harness import RolloutHarness
 from agilerl.manifest.spec import load_manifest, parse_env_spec
 from agilerl.registry import LoadError, ModuleNotImportable, load_object

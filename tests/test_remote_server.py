@@ -177,7 +177,7 @@ class ToolQuizEnv:
 
 
 def test_metadata_describes_the_env_so_a_remote_harness_renders_like_a_local_one(chatml_tokenizer: Any) -> None:
-    from agilerl.factory import make_env_factory, resolve_max_turns
+    from agilerl.assembly.env_factory import make_env_factory, resolve_max_turns
     from agilerl.rollout.harness import RolloutHarness
     from agilerl.manifest.spec import parse_env_spec
 
@@ -210,7 +210,7 @@ class BareEnv:
 
 
 def test_metadata_leaves_out_what_the_env_does_not_declare_usably() -> None:
-    from agilerl.factory import make_env_factory, resolve_max_turns
+    from agilerl.assembly.env_factory import make_env_factory, resolve_max_turns
     from agilerl.manifest.spec import parse_env_spec
 
     url, server = resolve_env(BareEnv)

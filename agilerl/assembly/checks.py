@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from agilerl.errors import AgileRLError, ConfigError, LoadError, MissingExtra
-from agilerl.manifest.spec import Manifest
+from agilerl.manifest.spec import DatasetSpec, EntrypointSpec, EnvUrlSpec, Manifest, ScoredDatasetSpec
 from agilerl.registry import Kind, get_registry, is_reference, load_object
 from agilerl.registry.loading import split_reference
 
@@ -19,16 +19,16 @@ def manifest_problems(manifest: Manifest, *, offline: bool = False) -> list[str]
     algorithm code (registered names and file paths are still checked)."""
     env, base = manifest.environment, manifest.base_dir
     problems: list[str] = []
-    if env.entrypoint and not env.env_packages:  # with env_packages, a missing one is installed
+    if isinstance(env, EntrypointSpec) and not env.env_packages:  # with them, a missing one is installed
         problems += _reference("env", "environment.entrypoint", env.entrypoint, base, offline)
-    if env.observation_processor:
+    if isinstance(env, (EntrypointSpec, EnvUrlSpec)) and env.observation_processor:
         problems += _reference("processor", "environment.observation_processor", env.observation_processor, base, offline)
-    if env.rubric_name:
+    if isinstance(env, ScoredDatasetSpec):
         if env.rubric_file_path:
             problems += _reference("rubric", "environment.rubric_file_path", f"{env.rubric_file_path}:{env.rubric_name}", base, offline)
         else:
             problems += _reference("rubric", "environment.rubric_name", env.rubric_name, base, offline)
-    if env.dataset and env.dataset.endswith(_DATA_SUFFIXES) and not (base / env.dataset).exists():
+    if isinstance(env, (ScoredDatasetSpec, DatasetSpec)) and env.dataset.endswith(_DATA_SUFFIXES) and not (base / env.dataset).exists():
         problems.append(f"environment.dataset: file not found: {base / env.dataset}")
     problems += _reference("algorithm", "algorithm.name", manifest.algorithm.name, base, offline=True)
     for tracker in manifest.training.report_to:

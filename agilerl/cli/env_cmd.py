@@ -80,7 +80,7 @@ def _spec_for(args: argparse.Namespace) -> tuple[Any, Path | None]:
 def _turn_budget(spec: Any, factory: Any, summary: dict[str, Any]) -> int:
     """The spec's or the env's max_turns; else a short one for the check (a manifest must set it)."""
     from agilerl.errors import AgileRLError
-    from agilerl.factory import resolve_max_turns
+    from agilerl.assembly.env_factory import resolve_max_turns
 
     try:
         return resolve_max_turns(spec, factory)
@@ -91,7 +91,7 @@ def _turn_budget(spec: Any, factory: Any, summary: dict[str, Any]) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from agilerl.envs.checker import check_env
-    from agilerl.factory import make_env_factory
+    from agilerl.assembly.env_factory import make_env_factory
 
     if args.episodes < 0:
         raise InvalidArgument(f"--episodes must be >= 0, got {args.episodes}")

@@ -164,7 +164,7 @@ class EnvRollout:
         return self._collector
 
     def _dataset_size(self) -> int | None:
-        from agilerl.factory import make_env_factory
+        from agilerl.assembly.env_factory import make_env_factory
         from agilerl.protocol import close_env
 
         env = make_env_factory(self.spec, base_dir=self.base_dir)()

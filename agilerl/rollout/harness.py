@@ -144,15 +144,11 @@ class RolloutHarness:
         **kwargs: Any,
     ) -> RolloutHarness:
         """Build the env a manifest's ``environment:`` section names, with its turn budget;
-        ``mcp_tool`` overrides the section's (with ``env_url`` or an OpenEnv MCP entrypoint)."""
-        from agilerl.factory import make_env_factory, resolve_max_turns
-        from agilerl.manifest.spec import parse_env_spec
+        ``mcp_tool`` overrides the section's (with ``env_url`` or an OpenEnv MCP entrypoint).
+        The mapping lives in ``agilerl.assembly.from_spec``."""
+        from agilerl.assembly.from_spec import harness_from_spec  # the door: see [tool.importlinter]
 
-        if mcp_tool is not None:
-            spec = parse_env_spec({**spec.model_dump(by_alias=False, exclude_none=True), "mcp_tool": mcp_tool})
-        factory = make_env_factory(spec, base_dir=base_dir)
-        kwargs.setdefault("chat_template_kwargs", spec.chat_template_kwargs)
-        return cls(factory(), tokenizer, max_turns=resolve_max_turns(spec, factory), **kwargs)
+        return harness_from_spec(cls, spec, tokenizer, base_dir=base_dir, mcp_tool=mcp_tool, **kwargs)
 
     @property
     def trajectory(self) -> Trajectory:
