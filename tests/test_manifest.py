@@ -283,3 +283,16 @@ def test_cli_schema_shows_every_variant_with_its_fields():
         assert set(schema["$defs"][variant.__name__]["properties"]) == set(variant.model_fields)
     assert schema["$defs"]["ScoredDatasetSpec"]["properties"]["train_test_split"]["default"] == 0.9
     assert "env_config" not in schema["$defs"]["EnvUrlSpec"]["properties"]
+
+
+def test_the_docs_table_marks_exactly_the_fields_of_each_variant():
+    import re
+    from pathlib import Path
+
+    from agilerl.manifest.spec import ENVIRONMENT_VARIANTS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "manifest.md").read_text()
+    rows = re.findall(r"^\| `(\w+)`[^|]*\|((?: *x? *\|){4})", text, flags=re.MULTILINE)
+    for column, variant in enumerate(ENVIRONMENT_VARIANTS):
+        marked = {key for key, marks in rows if marks.split("|")[column].strip() == "x"}
+        assert marked == set(variant.model_fields), variant.__name__

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agilerl.data.dataset_env import DatasetEnv, Overlong
+from agilerl.data.dataset_env import DatasetEnv
 from agilerl.data.qa_dataset import QADataset, QADatasetEnv
 from agilerl.data.rubric import load_rubric
 from agilerl.data.tables import DATASET_ENV_CONFIG_KEYS, load_table
@@ -83,14 +83,14 @@ def dataset_env_from_spec(
     tokenizer: Any,
     *,
     base_dir: str | Path | None = None,
-    max_context_length: int | None = None,
-    overlong: Overlong = "drop",
-    batch_size: int = 8,
-    seed: int = 0,
+    **options: Any,
 ) -> Env:
-    """``DatasetEnv.from_spec``: the spec's SFT or preference rows, tokenized and split."""
+    """``DatasetEnv.from_spec``: the spec's SFT or preference rows, tokenized and split;
+    ``options`` are the constructor's own (``max_context_length``, ``batch_size``, ...)."""
     if not isinstance(spec, DatasetSpec):
-        raise DatasetLoadError("DatasetEnv needs 'env_type: dataset' with 'objective: sft' or 'objective: preference'.")
+        raise DatasetLoadError(
+            "DatasetEnv needs 'env_type: dataset' with 'objective: sft' or 'objective: preference'."
+        )
     table, config = load_spec_table(spec, base_dir=base_dir)
     return env_class(
         table,
@@ -100,10 +100,7 @@ def dataset_env_from_spec(
         response_column=spec.response_column,
         system_prompt=config.get("system_prompt"),
         chat_template_kwargs=spec.chat_template_kwargs,
-        max_context_length=max_context_length,
-        overlong=overlong,
         train_test_split=spec.train_test_split,
         split_seed=int(config.get("split_seed", 0)),
-        batch_size=batch_size,
-        seed=seed,
+        **options,
     )
