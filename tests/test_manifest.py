@@ -9,15 +9,9 @@ import warnings
 import pytest
 
 from agilerl.errors import ConfigError, ManifestError
-from agilerl.manifest.spec import (
-    DatasetSpec,
-    EntrypointSpec,
-    EnvUrlSpec,
-    ManifestWarning,
-    ScoredDatasetSpec,
-    load_manifest,
-    parse_env_spec,
-)
+from agilerl.manifest.environment import ENVIRONMENT_VARIANTS, DatasetSpec, EntrypointSpec, EnvUrlSpec, ScoredDatasetSpec
+from agilerl.manifest.section import ManifestWarning
+from agilerl.manifest.spec import load_manifest, parse_env_spec
 
 ROLLOUT = {"env_type": "rollout", "entrypoint": "guess_env.py:GuessEnv"}
 REMOTE = {"env_type": "rollout", "env_url": "http://h:1"}
@@ -274,7 +268,6 @@ def test_cli_validate_missing_file_exits_2(tmp_path):
 def test_cli_schema_shows_every_variant_with_its_fields():
     import json
 
-    from agilerl.manifest.spec import ENVIRONMENT_VARIANTS
 
     schema = json.loads(_cli("manifest", "schema").stdout)
     variants = schema["properties"]["environment"]["oneOf"]
@@ -288,8 +281,6 @@ def test_cli_schema_shows_every_variant_with_its_fields():
 def test_the_docs_table_marks_exactly_the_fields_of_each_variant():
     import re
     from pathlib import Path
-
-    from agilerl.manifest.spec import ENVIRONMENT_VARIANTS
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "manifest.md").read_text()
     rows = re.findall(r"^\| `(\w+)`[^|]*\|((?: *x? *\|){4})", text, flags=re.MULTILINE)

@@ -7,7 +7,8 @@ import importlib.util
 from pathlib import Path
 
 from agilerl.errors import AgileRLError, ConfigError, LoadError, MissingExtra
-from agilerl.manifest.spec import DatasetSpec, EntrypointSpec, EnvUrlSpec, Manifest, ScoredDatasetSpec
+from agilerl.manifest.environment import DatasetSpec, EntrypointSpec, EnvUrlSpec, ScoredDatasetSpec
+from agilerl.manifest.spec import Manifest
 from agilerl.registry import Kind, get_registry, is_reference, load_object
 from agilerl.registry.loading import split_reference
 

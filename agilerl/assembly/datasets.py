@@ -12,7 +12,7 @@ from agilerl.data.qa_dataset import QADataset, QADatasetEnv
 from agilerl.data.rubric import load_rubric
 from agilerl.data.tables import DATASET_ENV_CONFIG_KEYS, load_table
 from agilerl.errors import DatasetLoadError
-from agilerl.manifest.spec import DatasetSpec, EnvironmentSpec, ScoredDatasetSpec
+from agilerl.manifest.environment import DatasetSpec, EnvironmentSpec, ScoredDatasetSpec
 
 if TYPE_CHECKING:
     from collections.abc import Callable

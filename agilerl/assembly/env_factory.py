@@ -8,7 +8,7 @@ from typing import Any
 
 from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
 from agilerl.errors import InvalidArgument
-from agilerl.manifest.spec import EntrypointSpec, EnvironmentSpec, EnvUrlSpec, RolloutSource, ScoredDatasetSpec
+from agilerl.manifest.environment import EntrypointSpec, EnvironmentSpec, EnvUrlSpec, RolloutSource, ScoredDatasetSpec
 from agilerl.protocol import close_env, max_turns_problem
 
 _PROBED_MAX_TURNS: dict[tuple[str, str], int] = {}

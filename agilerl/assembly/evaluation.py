@@ -24,7 +24,7 @@ from typing import Any
 from agilerl.envs.client import EnvClient, InProcessEnvClient
 from agilerl.errors import InvalidArgument
 from agilerl.assembly.env_factory import make_env_factory, resolve_max_turns
-from agilerl.manifest.spec import EnvironmentSpec, RolloutSpec
+from agilerl.manifest.environment import EnvironmentSpec, RolloutSpec
 from agilerl.protocol import StepResult
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.collector import RolloutCollector

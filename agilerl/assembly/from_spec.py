@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agilerl.assembly.env_factory import make_env_factory, resolve_max_turns, rollout_spec
-from agilerl.manifest.spec import EnvironmentSpec, parse_env_spec
+from agilerl.manifest.environment import EnvironmentSpec
+from agilerl.manifest.spec import parse_env_spec
 
 if TYPE_CHECKING:
     from agilerl.rollout.collector import RolloutCollector

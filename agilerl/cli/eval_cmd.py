@@ -68,7 +68,7 @@ def add_parser(subparsers: Any) -> None:
 
 def _eval(args: argparse.Namespace) -> int:
     from agilerl.assembly.evaluation import EvalPlan, evaluate_spec
-    from agilerl.manifest.spec import EnvUrlSpec
+    from agilerl.manifest.environment import EnvUrlSpec
     from agilerl.rollout.policy import SamplingParams
 
     spec, manifest, env_label = _env_spec(args)

@@ -24,7 +24,7 @@ _LAZY = {
     # manifests
     "load_manifest": "agilerl.manifest.spec",
     "Manifest": "agilerl.manifest.spec",
-    "EnvironmentSpec": "agilerl.manifest.spec",
+    "EnvironmentSpec": "agilerl.manifest.environment",
     "ModelSettings": "agilerl.manifest.settings",
     "TrainingSettings": "agilerl.manifest.settings",
     # plugins and names
@@ -148,7 +148,8 @@ if TYPE_CHECKING:
         RubricError,
     )
     from agilerl.manifest.settings import ModelSettings, TrainingSettings
-    from agilerl.manifest.spec import EnvironmentSpec, Manifest, load_manifest
+    from agilerl.manifest.environment import EnvironmentSpec
+    from agilerl.manifest.spec import Manifest, load_manifest
     from agilerl.protocol import TextEnv
     from agilerl.registry.resolver import get_plugin_manager, get_registry, reset_registry, resolve
     from agilerl.remote.client import RemoteEnvClient
