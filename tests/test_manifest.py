@@ -9,7 +9,15 @@ import warnings
 import pytest
 
 from agilerl.errors import ConfigError, ManifestError
-from agilerl.manifest.environment import ENVIRONMENT_VARIANTS, DatasetSpec, EntrypointSpec, EnvUrlSpec, ScoredDatasetSpec
+from agilerl.manifest.environment import (
+    ENVIRONMENT_VARIANTS,
+    DatasetSpec,
+    EntrypointSpec,
+    EnvironmentSpec,
+    EnvUrlSpec,
+    RolloutSpec,
+    ScoredDatasetSpec,
+)
 from agilerl.manifest.section import ManifestWarning
 from agilerl.manifest.spec import load_manifest, parse_env_spec
 
@@ -34,6 +42,12 @@ def test_defaults_and_aliases():
     assert spec.train_test_split == 0.9 and spec.request_timeout_s == 300
     assert spec.chat_template_kwargs == {} and spec.env_config == {} and spec.max_turns is None
     assert parse_env_spec(SFT).response_column == "response"
+
+
+@pytest.mark.parametrize("base", [EnvironmentSpec, RolloutSpec])
+def test_a_base_without_a_source_cannot_be_built(base):
+    with pytest.raises(TypeError, match="validate a mapping with parse_env_spec"):
+        base(env_type="rollout")
 
 
 def test_each_source_carries_its_own_action_field_default():

@@ -102,6 +102,11 @@ class EnvironmentSpec(Section):
     @classmethod
     def _required_with_hint(cls, data: Any) -> Any:
         """A missing required field gets what to write, not pydantic's bare 'Field required'."""
+        if cls not in ENVIRONMENT_VARIANTS:  # a shared base names no source: it is no environment
+            raise TypeError(
+                f"{cls.__name__} is a base of the environment variants; validate a mapping with "
+                "parse_env_spec, or build one of: " + ", ".join(v.__name__ for v in ENVIRONMENT_VARIANTS)
+            )
         if isinstance(data, dict):
             for key, hint in cls._required_hints.items():
                 field = cls.model_fields[key]
