@@ -77,3 +77,13 @@ def test_a_string_into_the_built_ins_from_the_facade_would_be_caught():
     assert _problems("agilerl.data.tables", "agilerl.rollout.harness")
     assert _problems("agilerl.llm_envs", "agilerl.cli.main")  # independent siblings
     assert not _problems("agilerl.builtins.registrations", "agilerl.data.rubric")
+
+
+def test_the_facade_hands_out_the_registered_built_in_rubrics():
+    import agilerl.llm_envs as facade
+    from agilerl.registry.resolver import get_registry
+
+    for name in ("exact_match", "numeric_match", "boxed_match", "think_answer_format", "countdown"):
+        assert name in facade.__all__ and name in dir(facade)
+        assert getattr(facade, name) is get_registry().load("rubric", name)
+    assert facade.exact_match("<answer>Paris</answer>", "paris") == 1.0
