@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 
-from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
 from agilerl.train.algorithm import build_algorithm
 from agilerl.train.batch import collate_trajectories
 from agilerl.train.logprobs import masked_mean, policy_logprobs

@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agilerl.builtins.tiny_model import build_tiny_tokenizer
+from agilerl.train.tiny_model import build_tiny_tokenizer
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.concurrency import run_in_threads
 from agilerl.rollout.policy import SamplingParams, ScriptedPolicy

@@ -57,7 +57,7 @@ def measure_memory(folder: str, n_envs: int) -> dict[str, int]:
     import datasets  # noqa: F401 - imports are not the table's cost: load them first
     import pyarrow as pa
 
-    from agilerl.data.qa_dataset import qa_env_factory
+    from agilerl.assembly.datasets import qa_env_factory
     from agilerl.data.rubric import load_rubric
 
     spec = make_spec()
@@ -109,7 +109,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["HF_DATASETS_CACHE"] = str(Path(tmp) / "hf-cache")  # nothing left behind
-        from agilerl.data.qa_dataset import qa_env_factory
+        from agilerl.assembly.datasets import qa_env_factory
 
         write_parquet(Path(tmp) / "rows.parquet", args.rows)
         factory = qa_env_factory(make_spec(), base_dir=tmp)  # also fills the datasets cache

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from agilerl.builtins.tiny_model import build_tiny_tokenizer
+from agilerl.train.tiny_model import build_tiny_tokenizer
 from agilerl.rollout.harness import RolloutHarness
 
 OBSERVATION = "Too high! Your guess was above the target, try a lower number."

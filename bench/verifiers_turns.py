@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from agilerl.builtins.tiny_model import build_tiny_tokenizer
+from agilerl.train.tiny_model import build_tiny_tokenizer
 from agilerl.rollout.harness import RolloutHarness
 
 TESTS = Path(__file__).resolve().parent.parent / "plugins" / "agilerl-env-verifiers" / "tests"

@@ -32,7 +32,7 @@ from train_step import PROMPTS, _load, _prompt_ids, bandit_trajectories  # noqa:
 
 def load(name: str) -> tuple[Any, Any]:
     if name == "tiny":
-        from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+        from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer("chatml")
         return build_tiny_model(tokenizer, num_heads=2), tokenizer

@@ -18,21 +18,21 @@ from agilerl.registry.testing import overlay_venv, site_dirs
 
 @pytest.fixture(scope="session")
 def chatml_tokenizer():
-    from agilerl.builtins.tiny_model import build_tiny_tokenizer
+    from agilerl.train.tiny_model import build_tiny_tokenizer
 
     return build_tiny_tokenizer("chatml")
 
 
 @pytest.fixture(scope="session")
 def llama3_tokenizer():
-    from agilerl.builtins.tiny_model import build_tiny_tokenizer
+    from agilerl.train.tiny_model import build_tiny_tokenizer
 
     return build_tiny_tokenizer("llama3")
 
 
 @pytest.fixture(scope="session")
 def tiny_model(chatml_tokenizer):
-    from agilerl.builtins.tiny_model import build_tiny_model
+    from agilerl.train.tiny_model import build_tiny_model
 
     return build_tiny_model(chatml_tokenizer)
 

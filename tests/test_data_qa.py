@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from agilerl.data.qa_dataset import QADatasetEnv, qa_env_factory
+from agilerl.assembly.datasets import qa_env_factory
+from agilerl.data.qa_dataset import QADatasetEnv
 from agilerl.errors import (
     DatasetLoadError,
     EpisodeError,

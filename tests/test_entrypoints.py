@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from agilerl.assembly.env_factory import make_env_factory
 from agilerl.envs.client import InProcessEnvClient
 from agilerl.errors import LoadError, ModuleNotImportable
-from agilerl.factory import make_env_factory
 from agilerl.rollout.harness import RolloutHarness
 from agilerl.manifest.spec import load_manifest, parse_env_spec
 from agilerl.registry import load_object

@@ -99,7 +99,7 @@ def test_a_manifest_with_pip_env_packages_installs_with_uv_on_first_use(local_in
         f"""
         import json
         import importlib_metadata
-        from agilerl.builtins.tiny_model import build_tiny_tokenizer
+        from agilerl.train.tiny_model import build_tiny_tokenizer
         from agilerl.llm_envs import RolloutHarness
         from agilerl.manifest.spec import parse_env_spec
 

@@ -95,7 +95,7 @@ def model_dir(chatml_tokenizer, tmp_path_factory) -> tuple[Path, object]:
     supports. Returns the folder and the model."""
     import torch
 
-    from agilerl.builtins.tiny_model import build_tiny_model
+    from agilerl.train.tiny_model import build_tiny_model
 
     model = build_tiny_model(chatml_tokenizer, num_heads=1)
     draws = torch.Generator().manual_seed(0)

@@ -33,7 +33,7 @@ def test_countdown_data_script_is_deterministic(tmp_path):
 
 
 def test_countdown_rolls_out_with_scripted_completions(chatml_tokenizer):
-    from agilerl.factory import make_env_factory
+    from agilerl.assembly.env_factory import make_env_factory
     from agilerl.rollout.harness import RolloutHarness
 
     manifest = load_manifest(EXAMPLES / "countdown" / "manifest.yaml")

@@ -380,7 +380,7 @@ def test_a_remote_frame_over_the_clients_bound_is_refused(served):
 
 
 def test_the_manifests_reconnect_bound_reaches_the_remote_clients():
-    from agilerl.factory import make_env_factory
+    from agilerl.assembly.env_factory import make_env_factory
     from agilerl.manifest.spec import parse_env_spec
 
     spec = parse_env_spec({"env_type": "rollout", "env_url": "127.0.0.1:1", "reconnect_timeout_s": 7})

@@ -30,7 +30,7 @@ def _trainer(rollout, model, tokenizer, tmp_path, **config):
 def test_two_grpo_steps_train_on_the_served_envs_rewards_with_env_tokens_masked(tmp_path, chatml_tokenizer):
     import torch
 
-    from agilerl.builtins.tiny_model import build_tiny_model
+    from agilerl.train.tiny_model import build_tiny_model
 
     model = build_tiny_model(chatml_tokenizer)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

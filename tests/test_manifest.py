@@ -9,9 +9,22 @@ import warnings
 import pytest
 
 from agilerl.errors import ConfigError, ManifestError
-from agilerl.manifest.spec import ManifestWarning, load_manifest, parse_env_spec
+from agilerl.manifest.environment import (
+    ENVIRONMENT_VARIANTS,
+    DatasetSpec,
+    EntrypointSpec,
+    EnvironmentSpec,
+    EnvUrlSpec,
+    RolloutSpec,
+    ScoredDatasetSpec,
+)
+from agilerl.manifest.section import ManifestWarning
+from agilerl.manifest.spec import load_manifest, parse_env_spec
 
 ROLLOUT = {"env_type": "rollout", "entrypoint": "guess_env.py:GuessEnv"}
+REMOTE = {"env_type": "rollout", "env_url": "http://h:1"}
+SCORED = {"env_type": "rollout", "dataset": "d.parquet", "rubric_name": "exact_match"}
+SFT = {"env_type": "dataset", "dataset": "x.jsonl", "objective": "sft"}
 
 
 def _error(data) -> str:
@@ -24,11 +37,66 @@ def test_defaults_and_aliases():
     spec = parse_env_spec(
         {"env_type": "rollout", "name": "data.parquet", "reward_file_path": "r.py", "reward_fn_name": "score"}
     )
-    assert spec.dataset == "data.parquet"
+    assert isinstance(spec, ScoredDatasetSpec) and spec.dataset == "data.parquet"
     assert spec.rubric_file_path == "r.py" and spec.rubric_name == "score"
     assert spec.train_test_split == 0.9 and spec.request_timeout_s == 300
-    assert spec.action_field == "message" and spec.response_column == "response"
     assert spec.chat_template_kwargs == {} and spec.env_config == {} and spec.max_turns is None
+    assert parse_env_spec(SFT).response_column == "response"
+
+
+@pytest.mark.parametrize("base", [EnvironmentSpec, RolloutSpec])
+def test_a_base_without_a_source_cannot_be_built(base):
+    with pytest.raises(TypeError, match="validate a mapping with parse_env_spec"):
+        base(env_type="rollout")
+
+
+def test_each_source_carries_its_own_action_field_default():
+    """A remote client writes "message" unless told; an OpenEnv adapter finds the field itself."""
+    assert parse_env_spec(REMOTE).action_field == "message"
+    assert parse_env_spec(ROLLOUT).action_field is None
+
+
+YAML_VARIANTS = {
+    "entrypoint": ("entrypoint: guess\nenv_config: {low: 1}\nmax_turns: 3\n", EntrypointSpec),
+    "env_url": ("env_url: [ws://a:1, ws://b:1]\nmcp_tool: play\n", EnvUrlSpec),
+    "scored dataset": ("dataset: d.csv\nreward_fn_name: exact_match\nmax_reward: 2\n", ScoredDatasetSpec),
+    "dataset": ("name: d.jsonl\nobjective: preference\ntrain_test_split: 0.8\n", DatasetSpec),
+}
+
+
+@pytest.mark.parametrize(("body", "variant"), YAML_VARIANTS.values(), ids=YAML_VARIANTS)
+def test_each_variant_reads_from_flat_yaml_and_round_trips(tmp_path, body, variant):
+    env_type = "dataset" if variant is DatasetSpec else "rollout"
+    path = tmp_path / "m.yaml"
+    path.write_text("environment:\n" + "".join(f"  {line}\n" for line in f"env_type: {env_type}\n{body}".splitlines()))
+    spec = load_manifest(path).environment
+    assert type(spec) is variant
+    again = parse_env_spec(spec.model_dump(by_alias=True, exclude_unset=True))
+    assert again == spec and type(again) is variant
+
+
+REFUSED = {
+    "objective on a rollout": ({**ROLLOUT, "objective": "sft"}, "'objective' applies to env_type 'dataset' only"),
+    "env_config on env_url": ({**REMOTE, "env_config": {"system_prompt": "x"}}, "'env_config' does not reach a remote env"),
+    "env_packages on env_url": ({**REMOTE, "env_packages": {"uv": ["a"]}}, "'env_packages' applies only with 'entrypoint'"),
+    "env_packages on a dataset": ({**SCORED, "env_packages": {"uv": ["a"]}}, "'env_packages' applies only with 'entrypoint'"),
+    "action_type on env_url": ({**REMOTE, "action_type": "m:A"}, "'action_type' applies only with an OpenEnv 'entrypoint'"),
+    "action_type on a dataset": ({**SFT, "action_type": "m:A"}, "'action_type' applies only with an OpenEnv 'entrypoint'"),
+    "mcp_tool on a dataset rollout": ({**SCORED, "mcp_tool": "play"}, "'mcp_tool' applies only with 'env_url' or an OpenEnv MCP 'entrypoint'"),
+    "rubric on an entrypoint": ({**ROLLOUT, "rubric_name": "r"}, "'rubric_name' applies to a dataset rollout ('dataset' with a rubric); remove it for an 'entrypoint' env"),
+    "a rubric's alias on env_url": ({**REMOTE, "reward_fn_name": "r"}, "'reward_fn_name' applies to a dataset rollout"),
+    "train_test_split on env_url": ({**REMOTE, "train_test_split": 0.5}, "'train_test_split' applies to a dataset rollout ('dataset' with a rubric) or env_type 'dataset'; remove it for a remote env"),
+    "max_turns on SFT data": ({**SFT, "max_turns": 2}, "'max_turns' applies to an 'entrypoint' env or a remote env ('env_url') or a dataset rollout"),
+    "reconnect_timeout_s in process": ({**ROLLOUT, "reconnect_timeout_s": 5}, "'reconnect_timeout_s' applies to a remote env ('env_url'); remove it for an 'entrypoint' env"),
+    "response_column on a rollout": ({**SCORED, "response_column": "y"}, "'response_column' applies to env_type 'dataset'; remove it for a dataset rollout"),
+    "no dataset for SFT": ({"env_type": "dataset", "objective": "sft"}, "env_type 'dataset' requires 'dataset'"),
+    "an empty dataset name": ({**SCORED, "dataset": ""}, "environment.dataset: String should have at least 1 character"),
+}
+
+
+@pytest.mark.parametrize(("data", "message"), REFUSED.values(), ids=REFUSED)
+def test_what_no_variant_takes_is_refused_naming_the_field(data, message):
+    assert message in _error(data)
 
 
 def test_env_type_is_required_and_the_error_names_the_line_to_add():
@@ -46,7 +114,7 @@ def test_env_type_is_required_and_the_error_names_the_line_to_add():
     ],
 )
 def test_retired_env_types_name_their_replacement(old, replacement):
-    assert f"environment.env_type: env_type '{old}' is retired: {replacement}." in _error(
+    assert f"environment: env_type '{old}' is retired: {replacement}." in _error(
         {**ROLLOUT, "env_type": old}
     )
 
@@ -103,7 +171,7 @@ def test_mcp_tool_only_with_env_url_or_an_openenv_entrypoint():
         {**dataset, "mcp_tool": "play"}
     )
     from agilerl.errors import InvalidArgument
-    from agilerl.factory import make_env_factory
+    from agilerl.assembly.env_factory import make_env_factory
 
     spec = parse_env_spec({"env_type": "rollout", "entrypoint": "json:JSONDecoder", "mcp_tool": "play"})
     with pytest.raises(InvalidArgument, match="mcp_tool set for 'json:JSONDecoder', which is not an OpenEnv"):
@@ -124,7 +192,7 @@ def test_max_turns_at_least_one():
 
 @pytest.mark.parametrize("split", [0, 1, 1.5, -0.1])
 def test_train_test_split_in_open_interval(split):
-    assert "environment.train_test_split: Input should be" in _error({**ROLLOUT, "train_test_split": split})
+    assert "environment.train_test_split: Input should be" in _error({**SCORED, "train_test_split": split})
 
 
 def test_request_timeout_non_negative_and_zero_disables():
@@ -162,7 +230,7 @@ def test_unknown_keys_are_ignored_with_one_warning():
 
 def test_errors_are_all_reported_with_field_paths(tmp_path):
     path = tmp_path / "m.yaml"
-    path.write_text("environment:\n  env_type: rollout\n  entrypoint: a:b\n  max_turns: 0\n  train_test_split: 2\n")
+    path.write_text("environment:\n  env_type: rollout\n  dataset: d.csv\n  rubric_name: r\n  max_turns: 0\n  train_test_split: 2\n")
     with pytest.raises(ManifestError) as info:
         load_manifest(path)
     assert len(info.value.errors) == 2
@@ -187,18 +255,20 @@ def test_cli_validate_stale_manifest_prints_replacement_and_exits_2(tmp_path):
     path.write_text("environment:\n  env_type: reasoning\n  entrypoint: a:b\n")
     result = _cli("manifest", "validate", str(path))
     assert result.returncode == 2
-    assert "environment.env_type: env_type 'reasoning' is retired: use 'env_type: rollout' with 'max_turns: 1'." in result.stderr
+    assert "environment: env_type 'reasoning' is retired: use 'env_type: rollout' with 'max_turns: 1'." in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_cli_validate_prints_the_normalised_spec(tmp_path):
     path = tmp_path / "ok.yaml"
-    path.write_text("environment:\n  env_type: rollout\n  entrypoint: a:b\n  reward_fn_name: r\n")
+    path.write_text("environment:\n  env_type: rollout\n  entrypoint: a:b\n")
     result = _cli("manifest", "validate", str(path))
-    assert result.returncode == 2  # module 'a' and rubric 'r' exist nowhere: train would fail
+    assert result.returncode == 2  # module 'a' exists nowhere: train would fail
     assert "environment.entrypoint: cannot import module 'a'" in result.stderr
-    assert "environment.rubric_name: no rubric named 'r' is registered" in result.stderr
-    path.write_text("environment:\n  env_type: rollout\n  entrypoint: json:JSONDecoder\n  reward_fn_name: exact_match\n")
+    path.write_text("environment:\n  env_type: rollout\n  dataset: org/qa\n  reward_fn_name: r\n")
+    result = _cli("manifest", "validate", str(path))
+    assert result.returncode == 2 and "environment.rubric_name: no rubric named 'r' is registered" in result.stderr
+    path.write_text("environment:\n  env_type: rollout\n  dataset: org/qa\n  reward_fn_name: exact_match\n")
     result = _cli("manifest", "validate", str(path))
     assert result.returncode == 0, result.stderr
     assert "rubric_name: exact_match" in result.stdout and "train_test_split: 0.9" in result.stdout
@@ -209,13 +279,25 @@ def test_cli_validate_missing_file_exits_2(tmp_path):
     assert result.returncode == 2 and "cannot read" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_cli_schema_matches_the_model():
+def test_cli_schema_shows_every_variant_with_its_fields():
     import json
 
-    from agilerl.manifest.spec import EnvironmentSpec
 
-    result = _cli("manifest", "schema")
-    schema = json.loads(result.stdout)
-    env_props = schema["$defs"]["EnvironmentSpec"]["properties"]
-    assert set(env_props) == set(EnvironmentSpec.model_fields)
-    assert env_props["train_test_split"]["default"] == 0.9
+    schema = json.loads(_cli("manifest", "schema").stdout)
+    variants = schema["properties"]["environment"]["oneOf"]
+    assert [v["$ref"].rsplit("/", 1)[1] for v in variants] == [v.__name__ for v in ENVIRONMENT_VARIANTS]
+    for variant in ENVIRONMENT_VARIANTS:
+        assert set(schema["$defs"][variant.__name__]["properties"]) == set(variant.model_fields)
+    assert schema["$defs"]["ScoredDatasetSpec"]["properties"]["train_test_split"]["default"] == 0.9
+    assert "env_config" not in schema["$defs"]["EnvUrlSpec"]["properties"]
+
+
+def test_the_docs_table_marks_exactly_the_fields_of_each_variant():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "manifest.md").read_text()
+    rows = re.findall(r"^\| `(\w+)`[^|]*\|((?: *x? *\|){4})", text, flags=re.MULTILINE)
+    for column, variant in enumerate(ENVIRONMENT_VARIANTS):
+        marked = {key for key, marks in rows if marks.split("|")[column].strip() == "x"}
+        assert marked == set(variant.model_fields), variant.__name__

@@ -11,7 +11,8 @@ import yaml
 from agilerl.cli.main import main
 from agilerl.errors import ManifestError
 from agilerl.manifest.settings import MAX_SEED
-from agilerl.manifest.spec import MAX_TURNS, parse_manifest
+from agilerl.manifest.environment import MAX_TURNS
+from agilerl.manifest.spec import parse_manifest
 
 ENV = {"env_type": "rollout", "entrypoint": "guess"}
 

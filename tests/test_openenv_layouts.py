@@ -142,7 +142,7 @@ def test_openenv_package_layouts_and_reset_signatures(side_python: Path, games: 
         from pathlib import Path
         from agilerl.envs.checker import check_env
         from agilerl.envs.entrypoints import entrypoint_factory
-        from agilerl.factory import make_env_factory
+        from agilerl.assembly.env_factory import make_env_factory
         from agilerl.manifest.spec import parse_env_spec
 
         out = {"cwd_importable": "" in sys.path or "." in sys.path}

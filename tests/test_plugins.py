@@ -153,7 +153,7 @@ def test_a_pip_installed_plugin_is_listed_runs_from_a_manifest_and_goes_away_whe
     steps = throwaway_venv.script(
         f"""
         import json
-        from agilerl.builtins.tiny_model import build_tiny_tokenizer
+        from agilerl.train.tiny_model import build_tiny_tokenizer
         from agilerl.llm_envs import RolloutHarness
         from agilerl.manifest.spec import parse_env_spec
 

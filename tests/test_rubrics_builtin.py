@@ -10,10 +10,10 @@ from agilerl.builtins.rubrics import (
     evaluate_countdown,
     exact_match,
     extract_boxed,
-    make_format_rubric,
     numeric_match,
     think_answer_format,
 )
+from agilerl.data.rubric import make_format_rubric
 from agilerl.registry import resolve
 
 

@@ -233,7 +233,7 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
 def test_model_from_a_local_folder_and_a_missing_hub_id(tmp_path):
     import os
 
-    from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+    from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     build_tiny_model(tokenizer, seed=3).save_pretrained(tmp_path / "saved")
@@ -257,7 +257,7 @@ def test_model_from_a_local_folder_and_a_missing_hub_id(tmp_path):
 def test_model_from_a_gguf_file_loads_exactly_and_trains(tmp_path, capsys):
     import torch
 
-    from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+    from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
     from tests.tiny_gguf import write_tiny_gguf
 
     tokenizer = build_tiny_tokenizer()

@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 
 def _tiny(seed: int) -> tuple[Any, Any]:
-    from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+    from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer("chatml")
     return build_tiny_model(tokenizer, num_heads=2, seed=seed), tokenizer  # head_dim 32: vLLM's CPU kernels

@@ -18,7 +18,7 @@ MAX_MODEL_LEN = 256
 
 
 def tiny(seed: int = 0):
-    from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+    from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer("chatml")
     return build_tiny_model(tokenizer, num_heads=2, seed=seed), tokenizer

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import AgileRLError, ConfigError, LoadError, MissingExtra
-from agilerl.manifest.spec import EnvironmentSpec, Manifest
+from agilerl.manifest.environment import DatasetSpec, EntrypointSpec, EnvironmentSpec, EnvUrlSpec, ScoredDatasetSpec
+from agilerl.manifest.spec import Manifest
 from agilerl.registry import Kind, get_registry, is_reference, load_object
 from agilerl.registry.loading import split_reference
 
@@ -27,16 +28,16 @@ def manifest_problems(manifest: Manifest, *, offline: bool = False) -> list[str]
     algorithm code (registered names and file paths are still checked)."""
     env, base = manifest.environment, manifest.base_dir
     problems: list[str] = []
-    if env.entrypoint and not env.env_packages:  # with env_packages, a missing one is installed
+    if isinstance(env, EntrypointSpec) and not env.env_packages:  # with them, a missing one is installed
         problems += _reference("env", "environment.entrypoint", env.entrypoint, base, offline)
-    if env.observation_processor:
+    if isinstance(env, (EntrypointSpec, EnvUrlSpec)) and env.observation_processor:
         problems += _reference("processor", "environment.observation_processor", env.observation_processor, base, offline)
-    if env.rubric_name:
+    if isinstance(env, ScoredDatasetSpec):
         if env.rubric_file_path:
             problems += _reference("rubric", "environment.rubric_file_path", f"{env.rubric_file_path}:{env.rubric_name}", base, offline)
         else:
             problems += _reference("rubric", "environment.rubric_name", env.rubric_name, base, offline)
-    if env.dataset and env.dataset.endswith(_DATA_SUFFIXES) and not (base / env.dataset).exists():
+    if isinstance(env, (ScoredDatasetSpec, DatasetSpec)) and env.dataset.endswith(_DATA_SUFFIXES) and not (base / env.dataset).exists():
         problems.append(f"environment.dataset: file not found: {base / env.dataset}")
     problems += _reference("algorithm", "algorithm.name", manifest.algorithm.name, base, offline=True)
     for tracker in manifest.training.report_to:
@@ -77,7 +78,7 @@ def env_source(spec: EnvironmentSpec) -> EnvSource:
     batches it yields and its objective (only an SFT/DPO dataset has one)."""
     from agilerl.train.compatibility import EnvSource
 
-    return EnvSource(spec.env_type, getattr(spec, "objective", None))
+    return EnvSource(spec.env_type, spec.objective if isinstance(spec, DatasetSpec) else None)
 
 
 def compatible_algorithm(

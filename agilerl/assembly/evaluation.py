@@ -23,8 +23,8 @@ from typing import Any
 
 from agilerl.envs.client import EnvClient, as_client
 from agilerl.errors import InvalidArgument
-from agilerl.factory import make_env_factory
-from agilerl.manifest.spec import EnvironmentSpec
+from agilerl.assembly.env_factory import make_env_factory
+from agilerl.manifest.environment import EnvironmentSpec, RolloutSpec
 from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.collector import RolloutCollector
@@ -103,7 +103,7 @@ def evaluate_spec(
     show_progress: bool = False,
 ) -> EvalSummary:
     """Play ``plan`` on the env ``spec`` names with ``policy`` and write the results file."""
-    if spec.env_type != "rollout":
+    if not isinstance(spec, RolloutSpec):
         raise InvalidArgument(
             "environment.env_type 'dataset' is training data (SFT/preference), not an env to "
             "evaluate on: use env_type 'rollout' (a dataset with a rubric, an entrypoint or env_url)"

@@ -62,7 +62,7 @@ ALGORITHMS: list[tuple[str, str, str]] = [
 MODELS: list[tuple[str, str, str]] = [
     (
         "tiny",
-        "agilerl.builtins.tiny_model:tiny_model_and_tokenizer",
+        "agilerl.train.tiny_model:tiny_model_and_tokenizer",
         "A randomly initialised 2-layer Qwen2 with a ChatML BPE tokenizer, built offline.",
     ),
 ]

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
+from agilerl.data.rubric import make_format_rubric
+
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
 _THINK_ANSWER = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"
@@ -105,17 +107,6 @@ def boxed_match(completion: str, answer: Any) -> float:
     if expected is not None:
         return float(_same_number(parse_number(boxed), expected))
     return float(normalize(boxed) == normalize(answer))
-
-
-def make_format_rubric(pattern: str, reward: float = 1.0) -> Callable[[str], float]:
-    """A rubric paying ``reward`` when the whole completion matches ``pattern`` (DOTALL)."""
-    compiled = re.compile(pattern, re.DOTALL)
-
-    def format_rubric(completion: str) -> float:
-        return reward if compiled.fullmatch(completion) else 0.0
-
-    format_rubric.__qualname__ = f"format_rubric({pattern!r})"
-    return format_rubric
 
 
 think_answer_format = make_format_rubric(_THINK_ANSWER)

@@ -92,8 +92,8 @@ def _turn_budget(spec: Any, info: EnvInfo, summary: dict[str, Any]) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from agilerl.envs.checker import check_env
+    from agilerl.assembly.env_factory import make_env_factory
     from agilerl.envs.client import as_client
-    from agilerl.factory import make_env_factory
 
     if args.episodes < 0:
         raise InvalidArgument(f"--episodes must be >= 0, got {args.episodes}")

@@ -68,6 +68,7 @@ def add_parser(subparsers: Any) -> None:
 
 def _eval(args: argparse.Namespace) -> int:
     from agilerl.assembly.evaluation import EvalPlan, evaluate_spec
+    from agilerl.manifest.environment import EnvUrlSpec
     from agilerl.rollout.policy import SamplingParams
 
     spec, manifest, env_label = _env_spec(args)
@@ -85,7 +86,8 @@ def _eval(args: argparse.Namespace) -> int:
         temperature=temperature, top_p=args.top_p, top_k=args.top_k,
         max_new_tokens=args.max_new_tokens or (training.max_new_tokens if training else DEFAULT_MAX_NEW_TOKENS),
     )
-    label = {"model": model_name, "backend": backend, "env": env_label, "env_config": spec.env_config}
+    env_config = {} if isinstance(spec, EnvUrlSpec) else spec.env_config  # a remote env has none here
+    label = {"model": model_name, "backend": backend, "env": env_label, "env_config": env_config}
     output = Path(args.output or Path("evals") / f"{_slug(env_label)}--{_slug(model_name)}.jsonl")
     plan = EvalPlan(
         output=output, num_tasks=args.num_tasks,
@@ -131,7 +133,9 @@ def _env_spec(args: argparse.Namespace) -> tuple[Any, Any, str]:
         if args.max_turns is not None:
             spec = spec.model_copy(update={"max_turns": args.max_turns})
         return spec, manifest, args.source
-    fields: dict[str, Any] = {"env_type": "rollout", "env_config": args.env_config}
+    fields: dict[str, Any] = {"env_type": "rollout"}
+    if args.env_config:
+        fields["env_config"] = args.env_config
     if args.env_url:
         fields["env_url"] = args.env_url if len(args.env_url) > 1 else args.env_url[0]
     else:

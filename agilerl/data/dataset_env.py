@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agilerl.errors import DatasetLoadError, InvalidArgument
 from agilerl.chat import render_chat
-from agilerl.data.tables import load_spec_table, split_table
+from agilerl.data.tables import split_table
 from agilerl.data.templates import PromptTemplate, with_system_prompt
 
 if TYPE_CHECKING:
@@ -135,22 +135,17 @@ class DatasetEnv:
         batch_size: int = 8,
         seed: int = 0,
     ) -> DatasetEnv:
-        """Build from a manifest's ``environment:`` section (``env_type: dataset``)."""
-        if spec.objective is None:
-            raise DatasetLoadError("DatasetEnv needs 'objective: sft' or 'objective: preference'.")
-        table, config = load_spec_table(spec, base_dir=base_dir)
-        return cls(
-            table,
+        """Build from a manifest's ``environment:`` section (``env_type: dataset``; the mapping
+        lives in assembly)."""
+        from agilerl.assembly.datasets import dataset_env_from_spec  # the door: see [tool.importlinter]
+
+        return dataset_env_from_spec(
+            cls,
+            spec,
             tokenizer,
-            spec.objective,
-            prompt_template=spec.prompt_template,
-            response_column=spec.response_column,
-            system_prompt=config.get("system_prompt"),
-            chat_template_kwargs=spec.chat_template_kwargs,
+            base_dir=base_dir,
             max_context_length=max_context_length,
             overlong=overlong,
-            train_test_split=spec.train_test_split,
-            split_seed=int(config.get("split_seed", 0)),
             batch_size=batch_size,
             seed=seed,
         )

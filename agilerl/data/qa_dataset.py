@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import DatasetLoadError, EpisodeError, InvalidArgument
-from agilerl.data.rubric import Rubric, load_rubric
-from agilerl.data.tables import Splits, load_spec_table, split_table
+from agilerl.data.rubric import Rubric
+from agilerl.data.tables import Splits, split_table
 from agilerl.data.templates import PromptTemplate, user_text, with_system_prompt
 
 if TYPE_CHECKING:
@@ -99,7 +99,9 @@ class QADatasetEnv:
     def from_spec(
         cls, spec: EnvironmentSpec, *, base_dir: str | Path | None = None
     ) -> QADatasetEnv:
-        """One env from a manifest's ``environment:`` section."""
+        """One env from a manifest's ``environment:`` section (the mapping lives in assembly)."""
+        from agilerl.assembly.datasets import qa_env_factory  # the door: see [tool.importlinter]
+
         return qa_env_factory(spec, base_dir=base_dir)()
 
     @property
@@ -160,37 +162,3 @@ class QADatasetEnv:
         if self.max_reward:
             info["accuracy"] = reward / self.max_reward
         return "", reward, True, False, info
-
-
-def load_qa_dataset(
-    spec: EnvironmentSpec, *, base_dir: str | Path | None = None
-) -> tuple[QADataset, str | None]:
-    """Load, rename, check and split a manifest's dataset once; also return its system prompt."""
-    if spec.env_type != "rollout" or not spec.rubric_name:
-        raise DatasetLoadError(
-            "QADatasetEnv needs 'env_type: rollout' with 'dataset' and 'rubric_name' (for SFT/DPO "
-            "data, 'env_type: dataset', use DatasetEnv)."
-        )
-    table, config = load_spec_table(spec, base_dir=base_dir)
-    rubric = load_rubric(spec.rubric_name, spec.rubric_file_path, base_dir=base_dir)
-    data = QADataset.build(
-        table,
-        rubric,
-        prompt_template=spec.prompt_template,
-        train_test_split=spec.train_test_split,
-        split_seed=int(config.get("split_seed", 0)),
-        max_reward=spec.max_reward,
-    )
-    return data, config.get("system_prompt")
-
-
-def qa_env_factory(
-    spec: EnvironmentSpec, *, base_dir: str | Path | None = None
-) -> Callable[[], QADatasetEnv]:
-    """Load the dataset once; the returned factory makes envs that all share it."""
-    data, system_prompt = load_qa_dataset(spec, base_dir=base_dir)
-
-    def make_env() -> QADatasetEnv:
-        return QADatasetEnv(data, system_prompt=system_prompt)
-
-    return make_env

@@ -3,12 +3,14 @@
 A rubric is any callable taking some of ``completion``, ``answer``, ``question``, ``row`` and
 ``info`` by name, so argument order can never be wrong. It returns a number, or a dict of named
 numbers (components) that are summed; components are reported for logging.
+``make_format_rubric`` builds the simplest rubric: a regex over the whole completion.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from numbers import Real
@@ -127,3 +129,14 @@ def load_rubric(
 
     ref = f"{rubric_file_path}:{rubric_name}" if rubric_file_path else rubric_name
     return Rubric.bind(resolve("rubric", ref, base_dir=base_dir), name=ref)
+
+
+def make_format_rubric(pattern: str, reward: float = 1.0) -> Callable[[str], float]:
+    """A rubric paying ``reward`` when the whole completion matches ``pattern`` (DOTALL)."""
+    compiled = re.compile(pattern, re.DOTALL)
+
+    def format_rubric(completion: str) -> float:
+        return reward if compiled.fullmatch(completion) else 0.0
+
+    format_rubric.__qualname__ = f"format_rubric({pattern!r})"
+    return format_rubric

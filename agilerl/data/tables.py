@@ -15,8 +15,6 @@ from agilerl.errors import DatasetLoadError
 if TYPE_CHECKING:
     from datasets import Dataset
 
-    from agilerl.manifest.spec import EnvironmentSpec
-
 _FILE_LOADERS = {
     ".parquet": "parquet",
     ".jsonl": "json",
@@ -56,29 +54,6 @@ def load_table(
     """
     table = _load(source, Path(base_dir or Path.cwd()), subset, split)
     return rename_columns(table, columns or {}, source)
-
-
-def load_spec_table(
-    spec: EnvironmentSpec, *, base_dir: str | Path | None = None
-) -> tuple[Dataset, dict[str, Any]]:
-    """Load a manifest's ``dataset`` with its ``columns``; also return its checked env_config."""
-    if not spec.dataset:
-        raise DatasetLoadError("the environment section names no 'dataset'.")
-    config = dict(spec.env_config)
-    unknown = sorted(set(config) - set(DATASET_ENV_CONFIG_KEYS))
-    if unknown:
-        raise DatasetLoadError(
-            f"env_config: {', '.join(unknown)} not understood by a dataset-backed env; it "
-            f"takes {', '.join(DATASET_ENV_CONFIG_KEYS)}."
-        )
-    table = load_table(
-        spec.dataset,
-        base_dir=base_dir,
-        columns=spec.columns,
-        subset=config.get("subset"),
-        split=config.get("split", "train"),
-    )
-    return table, config
 
 
 def _load(source: str, base_dir: Path, subset: str | None, split: str) -> Dataset:

@@ -1,6 +1,6 @@
 """From an env name (registered, ``module:attr`` or ``file.py:attr``) to a zero-argument factory.
 
-The server builds one env per session with it; ``agilerl.factory`` adds the manifest's other
+The server builds one env per session with it; ``agilerl.assembly.env_factory`` adds the manifest's other
 sources (URLs, datasets) on top. An OpenEnv ``Environment`` class (or an installed OpenEnv
 package) is wrapped in :class:`~agilerl.envs.openenv_native.OpenEnvTextEnv` on the way.
 """

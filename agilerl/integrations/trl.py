@@ -165,8 +165,8 @@ class EnvRollout:
 
     def _dataset_size(self) -> int | None:
         """The env's ``dataset_size``: read off one env built for it (no collector exists yet)."""
+        from agilerl.assembly.env_factory import make_env_factory
         from agilerl.envs.client import as_client
-        from agilerl.factory import make_env_factory
 
         client = as_client(make_env_factory(self.spec, base_dir=self.base_dir)())
         try:

@@ -24,7 +24,7 @@ _LAZY = {
     # manifests
     "load_manifest": "agilerl.manifest.spec",
     "Manifest": "agilerl.manifest.spec",
-    "EnvironmentSpec": "agilerl.manifest.spec",
+    "EnvironmentSpec": "agilerl.manifest.environment",
     "ModelSettings": "agilerl.manifest.settings",
     "TrainingSettings": "agilerl.manifest.settings",
     # plugins and names
@@ -34,15 +34,10 @@ _LAZY = {
     "get_registry": "agilerl.registry.resolver",
     "get_plugin_manager": "agilerl.registry.resolver",
     "reset_registry": "agilerl.registry.resolver",
-    # dataset envs and the built-in rubrics
+    # dataset envs (the built-in rubrics are in _REGISTERED)
     "QADatasetEnv": "agilerl.data.qa_dataset",
     "DatasetEnv": "agilerl.data.dataset_env",
-    "exact_match": "agilerl.builtins.rubrics",
-    "numeric_match": "agilerl.builtins.rubrics",
-    "boxed_match": "agilerl.builtins.rubrics",
-    "think_answer_format": "agilerl.builtins.rubrics",
-    "countdown": "agilerl.builtins.rubrics",
-    "make_format_rubric": "agilerl.builtins.rubrics",
+    "make_format_rubric": "agilerl.data.rubric",
     # rollouts
     "RolloutHarness": "agilerl.rollout.harness",
     "Trajectory": "agilerl.rollout.trajectory",
@@ -83,8 +78,8 @@ _LAZY = {
     "TrainResult": "agilerl.train.loops",
     "load_model_and_tokenizer": "agilerl.assembly.models",
     "train_from_manifest": "agilerl.assembly.from_manifest",
-    "build_tiny_tokenizer": "agilerl.builtins.tiny_model",
-    "build_tiny_model": "agilerl.builtins.tiny_model",
+    "build_tiny_tokenizer": "agilerl.train.tiny_model",
+    "build_tiny_model": "agilerl.train.tiny_model",
     # TRL's GRPOTrainer over our envs (agilerl.integrations.trl)
     "EnvRollout": "agilerl.integrations.trl",
     "env_reward": "agilerl.integrations.trl",
@@ -104,25 +99,33 @@ _LAZY = {
     "EndpointError": "agilerl.errors",
 }
 
-__all__ = list(_LAZY)
+_REGISTERED: dict[str, tuple[Kind, str]] = {
+    name: ("rubric", name)
+    for name in ("exact_match", "numeric_match", "boxed_match", "think_answer_format", "countdown")
+}
+"""The built-in rubrics, served by the registry: the core never imports the built-ins' modules."""
 
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__all__ = [*_LAZY, *_REGISTERED]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, _REGISTERED)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agilerl import hookimpl
     from agilerl.registry.hookspecs import Register
+    from agilerl.registry.registry import Kind
     from agilerl.assembly.evaluation import EvalPlan, EvalSummary, evaluate_spec, pass_at_k
     from agilerl.assembly.from_manifest import train_from_manifest
     from agilerl.assembly.models import load_model_and_tokenizer
-    from agilerl.builtins.rubrics import (
-        boxed_match,
-        countdown,
-        exact_match,
-        make_format_rubric,
-        numeric_match,
-        think_answer_format,
-    )
-    from agilerl.builtins.tiny_model import build_tiny_model, build_tiny_tokenizer
+    from agilerl.data.rubric import make_format_rubric
+    from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+    exact_match: Callable[..., float]
+    numeric_match: Callable[..., float]
+    boxed_match: Callable[..., float]
+    think_answer_format: Callable[..., float]
+    countdown: Callable[..., float]
     from agilerl.data.dataset_env import DatasetEnv
     from agilerl.data.qa_dataset import QADatasetEnv
     from agilerl.envs.checker import CheckReport, check_env
@@ -145,7 +148,8 @@ if TYPE_CHECKING:
         RubricError,
     )
     from agilerl.manifest.settings import ModelSettings, TrainingSettings
-    from agilerl.manifest.spec import EnvironmentSpec, Manifest, load_manifest
+    from agilerl.manifest.environment import EnvironmentSpec
+    from agilerl.manifest.spec import Manifest, load_manifest
     from agilerl.protocol import TextEnv
     from agilerl.registry.resolver import get_plugin_manager, get_registry, reset_registry, resolve
     from agilerl.remote.client import RemoteEnvClient

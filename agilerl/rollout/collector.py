@@ -140,15 +140,13 @@ class RolloutCollector:
         base_dir: str | Path | None = None,
         **kwargs: Any,
     ) -> RolloutCollector:
-        """A collector over the envs a manifest's ``environment:`` section describes."""
-        from agilerl.factory import make_env_factory
+        """A collector over the envs a manifest's ``environment:`` section describes (the mapping
+        lives in ``agilerl.assembly.from_spec``)."""
+        from agilerl.assembly.from_spec import collector_from_spec  # the door: see [tool.importlinter]
 
-        factory = make_env_factory(spec, base_dir=base_dir)
-        kwargs.setdefault("max_turns", spec.max_turns)
-        kwargs.setdefault("chat_template_kwargs", spec.chat_template_kwargs)
-        kwargs.setdefault("max_reward", spec.max_reward)
-        kwargs.setdefault("env_timeout_s", spec.request_timeout_s or None)
-        return cls(factory, tokenizer, batch_size=batch_size, group_size=group_size, **kwargs)
+        return collector_from_spec(
+            cls, spec, tokenizer, batch_size=batch_size, group_size=group_size, base_dir=base_dir, **kwargs
+        )
 
     # -- collection ---------------------------------------------------------------------------
 

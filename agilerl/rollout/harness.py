@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, overload
 from agilerl.chat import ChatRenderer, EpisodeChat
 from agilerl.envs.client import InProcessEnvClient, as_client
 from agilerl.errors import EpisodeError, InvalidArgument
-from agilerl.protocol import EnvInfo, StepResult, close_env
+from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -141,21 +141,12 @@ class RolloutHarness:
         **kwargs: Any,
     ) -> RolloutHarness:
         """Build the env a manifest's ``environment:`` section names, with its turn budget (else
-        the env's own); ``mcp_tool`` overrides the section's (with ``env_url`` or an OpenEnv MCP
-        entrypoint)."""
-        from agilerl.factory import make_env_factory
-        from agilerl.manifest.spec import parse_env_spec
+        the env's own);
+        ``mcp_tool`` overrides the section's (with ``env_url`` or an OpenEnv MCP entrypoint).
+        The mapping lives in ``agilerl.assembly.from_spec``."""
+        from agilerl.assembly.from_spec import harness_from_spec  # the door: see [tool.importlinter]
 
-        if mcp_tool is not None:
-            spec = parse_env_spec({**spec.model_dump(by_alias=False, exclude_none=True), "mcp_tool": mcp_tool})
-        factory = make_env_factory(spec, base_dir=base_dir)
-        kwargs.setdefault("chat_template_kwargs", spec.chat_template_kwargs)
-        env = factory()
-        try:
-            return cls(env, tokenizer, max_turns=spec.max_turns, **kwargs)
-        except BaseException:
-            close_env(env)  # built here, so closed here when the harness cannot take it
-            raise
+        return harness_from_spec(cls, spec, tokenizer, base_dir=base_dir, mcp_tool=mcp_tool, **kwargs)
 
     @property
     def trajectory(self) -> Trajectory:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agilerl.builtins.tiny_model import build_tiny_tokenizer
+from agilerl.train.tiny_model import build_tiny_tokenizer
 from agilerl.manifest.spec import parse_env_spec
 from agilerl.llm_envs import RolloutHarness
 from agilerl.registry import get_registry, reset_registry

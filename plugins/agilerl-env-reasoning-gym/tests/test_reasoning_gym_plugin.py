@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from agilerl.builtins.tiny_model import build_tiny_tokenizer
-from agilerl.factory import make_env_factory
+from agilerl.train.tiny_model import build_tiny_tokenizer
+from agilerl.assembly.env_factory import make_env_factory
 from agilerl.manifest.spec import parse_env_spec
 from agilerl.llm_envs import RolloutHarness
 from agilerl.registry import get_registry, reset_registry, resolve

@@ -49,7 +49,7 @@ def run(vf_python: Path, code: str, *args: str) -> object:
 
 PLAY = """
 import contextlib, io, json, sys
-from agilerl.builtins.tiny_model import build_tiny_tokenizer
+from agilerl.train.tiny_model import build_tiny_tokenizer
 from agilerl.cli.main import main
 from agilerl.llm_envs import RolloutHarness
 from agilerl.manifest.spec import parse_env_spec

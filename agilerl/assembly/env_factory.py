@@ -6,19 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
-from agilerl.envs.openenv_native import ADAPTER_OPTIONS
 from agilerl.errors import InvalidArgument
-from agilerl.manifest.spec import EnvironmentSpec
+from agilerl.manifest.environment import EntrypointSpec, EnvironmentSpec, EnvUrlSpec, RolloutSource, ScoredDatasetSpec
 
 
 def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = None) -> EnvFactory:
     """Resolve the spec's source once; each call of the result builds one fresh env (or client)."""
-    if spec.env_type != "rollout":
-        raise InvalidArgument(
-            f"env_type {spec.env_type!r} has no env factory: it is data for "
-            "train_llm_dataset (DatasetEnv), not an env to roll out"
-        )
-    if spec.env_url:
+    spec = rollout_spec(spec)
+    if isinstance(spec, EnvUrlSpec):
         from agilerl.remote.client import RemoteEnvClient
 
         urls = spec.env_urls
@@ -36,22 +31,29 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
             )
 
         return remote
-    if spec.dataset:
-        from agilerl.data.qa_dataset import qa_env_factory
+    if isinstance(spec, ScoredDatasetSpec):
+        from agilerl.assembly.datasets import qa_env_factory
 
         return qa_env_factory(spec, base_dir=base_dir)
-    assert spec.entrypoint is not None  # the spec's own rules guarantee one source
-    # how an OpenEnv-native env reads the model's text and writes the prompt (set fields only:
-    # unset, the adapter finds the action field itself)
-    adapter = {
-        name: getattr(spec, name)
-        for name in ADAPTER_OPTIONS
-        if name in spec.model_fields_set and getattr(spec, name) is not None
-    }
     return entrypoint_factory(
         spec.entrypoint,
         spec.env_config,
         base_dir=base_dir,
         install=spec.env_packages.packages if spec.env_packages else None,
-        **adapter,
+        action_field=spec.action_field,  # None: an OpenEnv adapter finds the field itself
+        observation_field=spec.observation_field,
+        observation_processor=spec.observation_processor,
+        mcp_tool=spec.mcp_tool,
+        action_type=spec.action_type,
     )
+
+
+def rollout_spec(spec: EnvironmentSpec) -> RolloutSource:
+    """``spec``, refused when it is SFT/preference data rather than an env to roll out."""
+    if not isinstance(spec, (EntrypointSpec, EnvUrlSpec, ScoredDatasetSpec)):
+        raise InvalidArgument(
+            f"env_type {spec.env_type!r} has no env factory: it is data for "
+            "train_llm_dataset (DatasetEnv), not an env to roll out"
+        )
+    return spec
+

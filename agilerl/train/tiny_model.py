@@ -1,4 +1,5 @@
-"""The built-in ``tiny`` model and tokenizer, built offline in seconds.
+"""The ``tiny`` model and tokenizer (the built-ins register them as model ``tiny``), built offline
+in seconds; public here so that ``agilerl.llm_envs`` re-exports the builders inside the contract.
 
 Tests, examples and the README's main job use them: a byte-level BPE wrapped in
 ``PreTrainedTokenizerFast`` with a ChatML (or Llama-3-style) chat template, and a few-layer

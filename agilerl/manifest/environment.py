@@ -1,0 +1,342 @@
+"""The ``environment:`` section: flat YAML read as one of four variants, picked by its source.
+
+An entrypoint (an env in this process), an env_url (a remote env), a dataset with a rubric (a
+scored rollout) or SFT/preference data. Each variant holds only the keys that apply to it, so a
+combination no run could use cannot be built, and the error says where a misplaced key belongs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from agilerl.manifest.requirements import check_requirement
+from agilerl.manifest.section import Section
+
+__all__ = [
+    "ENVIRONMENT_VARIANTS",
+    "MAX_TURNS",
+    "VARIANT_TAGS",
+    "DatasetSpec",
+    "EntrypointSpec",
+    "EnvPackages",
+    "EnvUrlSpec",
+    "EnvironmentSection",
+    "EnvironmentSpec",
+    "RolloutSource",
+    "RolloutSpec",
+    "ScoredDatasetSpec",
+]
+
+Requirement = Annotated[str, AfterValidator(check_requirement)]
+"""A requirement name with optional extras, specifiers and markers (``check_requirement``)."""
+
+MAX_TURNS = 10_000
+"""A turn budget past this is a typo (each turn is a generation and an env call)."""
+
+_RETIRED_ENV_TYPES = {
+    "multiturn": "env_type 'multiturn' is retired: use 'env_type: rollout'.",
+    "reasoning": "env_type 'reasoning' is retired: use 'env_type: rollout' with 'max_turns: 1'.",
+    "sft": "env_type 'sft' is retired: use 'env_type: dataset' with 'objective: sft'.",
+    "preference": (
+        "env_type 'preference' is retired: use 'env_type: dataset' with 'objective: preference'."
+    ),
+}
+
+
+class EnvPackages(BaseModel):
+    """Packages installed (with uv) when the entrypoint cannot be imported."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uv: list[Requirement] | None = None
+    pip: list[Requirement] | None = None
+
+    @model_validator(mode="after")
+    def _one_installer(self) -> EnvPackages:
+        if (self.uv is None) == (self.pip is None):
+            raise ValueError("env_packages takes exactly one of 'uv: [...]' or 'pip: [...]'.")
+        return self
+
+    @property
+    def packages(self) -> list[str]:
+        return list(self.uv if self.uv is not None else self.pip or [])
+
+
+class EnvironmentSpec(Section):
+    """The ``environment:`` section: one of four variants, picked by its source (``EnvironmentSection``).
+
+    A variant holds only the fields that apply to its source, so a combination no run could use
+    cannot be built; code branches on the variant's type, never on which field is set.
+    """
+
+    _moved_keys: ClassVar[dict[str, str]] = {"system_prompt": "env_config: {system_prompt: ...}"}
+    _kind: ClassVar[str]
+    """How errors name this variant: "'key' applies to <another's _kind>; remove it for <_kind>"."""
+    _required_hints: ClassVar[dict[str, str]] = {}
+    """Required field -> the line to write when it is missing."""
+
+    env_type: Literal["rollout", "dataset"] = Field(
+        description="'rollout' (the model acts, the env answers) or 'dataset' (SFT/DPO data)."
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the tokenizer's chat template."
+    )
+
+    @classmethod
+    def _section_name(cls) -> str:
+        return "environment"
+
+    @classmethod
+    def _misplaced(cls, key: str) -> str | None:
+        """Why ``key``, a field of another variant, is refused here (None: not such a field)."""
+        homes = [v for v in ENVIRONMENT_VARIANTS if key in v.model_fields or key in _aliases(v)]
+        if not homes:
+            return None
+        return _MISPLACED.get(key) or (
+            f"'{key}' applies to {' or '.join(v._kind for v in homes)}; remove it for {cls._kind}."
+        )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _required_with_hint(cls, data: Any) -> Any:
+        """A missing required field gets what to write, not pydantic's bare 'Field required'."""
+        if cls not in ENVIRONMENT_VARIANTS:  # a shared base names no source: it is no environment
+            raise TypeError(
+                f"{cls.__name__} is a base of the environment variants; validate a mapping with "
+                "parse_env_spec, or build one of: " + ", ".join(v.__name__ for v in ENVIRONMENT_VARIANTS)
+            )
+        if isinstance(data, dict):
+            for key, hint in cls._required_hints.items():
+                field = cls.model_fields[key]
+                if data.get(key) is None and (field.alias is None or data.get(field.alias) is None):
+                    raise ValueError(hint)
+        return data
+
+
+class RolloutSpec(EnvironmentSpec):
+    """What every rollout takes, whichever its source: the model acts and an env answers."""
+
+    env_type: Literal["rollout"] = Field(description="'rollout': the model acts, the env answers.")
+    max_turns: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TURNS,
+        description="Turn budget; when left out, the env's max_turns (a remote env's, from the "
+        "server's /metadata).",
+    )
+    max_reward: float | None = Field(None, gt=0, description="Accuracy is reward / max_reward.")
+    request_timeout_s: float = Field(
+        300, ge=0, description="Bound on each env call (each remote message), seconds (0 disables)."
+    )
+
+
+class _TableFields(BaseModel):
+    """A table of rows to roll out or train on, and how each row becomes a prompt."""
+
+    dataset: str = Field(
+        alias="name", min_length=1, description="HuggingFace id, Parquet/JSONL/CSV path or saved folder."
+    )
+    columns: dict[str, str] | None = Field(None, description="Rename source columns: {src: dst}.")
+    prompt_template: dict[str, str] | None = Field(
+        None, description="Chat pieces such as system_0, user_1 with {column} placeholders."
+    )
+    train_test_split: float = Field(0.9, gt=0, lt=1, description="Train fraction, in (0, 1).")
+    env_config: dict[str, Any] = Field(
+        default_factory=dict, description="system_prompt, split_seed, subset, split."
+    )
+
+
+class _TextAdapterFields(BaseModel):
+    """How the model's text becomes an OpenEnv action and an observation becomes text."""
+
+    mcp_tool: str | None = Field(None, description="Step through this MCP tool.")
+    observation_field: str | None = Field(None, description="Dotted path of the text in an observation.")
+    observation_processor: str | None = Field(
+        None, description="Processor turning an observation into text."
+    )
+
+    @model_validator(mode="after")
+    def _one_observation_reader(self) -> _TextAdapterFields:
+        if self.observation_field and self.observation_processor:
+            raise ValueError(
+                "'observation_field' and 'observation_processor' exclude each other; keep one."
+            )
+        return self
+
+
+class EntrypointSpec(_TextAdapterFields, RolloutSpec):
+    """An env built in this process from a registered name, ``module:attr`` or ``file.py:attr``."""
+
+    _kind: ClassVar[str] = "an 'entrypoint' env"
+
+    entrypoint: str = Field(
+        min_length=1, description="Registered env name, 'module:attr' or 'path/to/file.py:attr'."
+    )
+    env_config: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the env factory."
+    )
+    env_packages: EnvPackages | None = Field(
+        None, description="{uv: [...]} or {pip: [...]}: installed if the entrypoint is missing."
+    )
+    action_field: str | None = Field(
+        None,
+        description="OpenEnv entrypoint: the Action field (or MCP tool argument) the model's text "
+        "goes in; when left out, the adapter finds it.",
+    )
+    action_type: str | None = Field(
+        None, description="OpenEnv entrypoint: 'module:attr' of its Action class, when nothing names it."
+    )
+
+
+class EnvUrlSpec(_TextAdapterFields, RolloutSpec):
+    """A remote env: one or several replicas of a server speaking OpenEnv's WebSocket protocol."""
+
+    _kind: ClassVar[str] = "a remote env ('env_url')"
+
+    env_url: str | list[str] = Field(
+        min_length=1, description="URL (or list of replica URLs) of a remote OpenEnv-protocol server."
+    )
+    action_field: str = Field(
+        "message", description="Action field (or MCP tool argument) the model's text goes in."
+    )
+    reconnect_timeout_s: float = Field(
+        120,
+        ge=0,
+        description="How long a remote env may stay down (reconnecting with backoff) before the "
+        "run stops, seconds.",
+    )
+
+    @property
+    def env_urls(self) -> list[str]:
+        """``env_url`` as a list (one entry per replica)."""
+        return [self.env_url] if isinstance(self.env_url, str) else list(self.env_url)
+
+
+class ScoredDatasetSpec(_TableFields, RolloutSpec):
+    """A dataset rollout: the model answers one row, a rubric scores the answer."""
+
+    _kind: ClassVar[str] = "a dataset rollout ('dataset' with a rubric)"
+    _required_hints: ClassVar[dict[str, str]] = {
+        "rubric_name": "a dataset rollout needs 'rubric_name' (a function in 'rubric_file_path', "
+        "or a registered rubric)."
+    }
+
+    rubric_name: str = Field(
+        alias="reward_fn_name", description="Rubric: function in the file, or registered."
+    )
+    rubric_file_path: str | None = Field(
+        None, alias="reward_file_path", description="Python file holding the rubric."
+    )
+
+
+class DatasetSpec(_TableFields, EnvironmentSpec):
+    """SFT or preference (DPO) data: nothing is generated, the rows are the batches."""
+
+    _kind: ClassVar[str] = "env_type 'dataset'"
+    _required_hints: ClassVar[dict[str, str]] = {
+        "objective": "env_type 'dataset' requires 'objective: sft' or 'objective: preference'.",
+        "dataset": "env_type 'dataset' requires 'dataset' (a HuggingFace id or a file).",
+    }
+
+    env_type: Literal["dataset"] = Field(description="'dataset': SFT or preference data.")
+    objective: Literal["sft", "preference"] = Field(description="'sft' or 'preference'.")
+    response_column: str = Field("response", description="SFT target column.")
+
+
+ENVIRONMENT_VARIANTS: tuple[type[EnvironmentSpec], ...] = (
+    EntrypointSpec,
+    EnvUrlSpec,
+    ScoredDatasetSpec,
+    DatasetSpec,
+)
+"""The four ``environment:`` variants, one per source."""
+
+RolloutSource = Union[EntrypointSpec, EnvUrlSpec, ScoredDatasetSpec]  # noqa: UP007 - pydantic classes
+"""A rollout's spec, whichever its source (what an env factory is made from)."""
+
+_ROLLOUT_SOURCES: dict[str, type[RolloutSpec]] = {
+    "dataset": ScoredDatasetSpec,
+    "entrypoint": EntrypointSpec,
+    "env_url": EnvUrlSpec,
+}
+"""The key that names a rollout's source -> its variant."""
+
+_MISPLACED = {
+    "objective": "'objective' applies to env_type 'dataset' only; remove it for 'rollout'.",
+    "env_config": "'env_config' does not reach a remote env ('env_url'): configure the env where it "
+    "is served, e.g. agilerl serve ENTRYPOINT --env-config '{...}'.",
+    "env_packages": "'env_packages' applies only with 'entrypoint': they are installed when the "
+    "entrypoint cannot be found.",
+    "action_type": "'action_type' applies only with an OpenEnv 'entrypoint'.",
+    "mcp_tool": "'mcp_tool' applies only with 'env_url' or an OpenEnv MCP 'entrypoint'.",
+}
+"""The fix for a key of another variant, where a bare "applies to ..." would not say it."""
+
+
+def _aliases(model: type[BaseModel]) -> set[str]:
+    return {f.alias for f in model.model_fields.values() if f.alias}
+
+
+def _rollout_sources(data: dict[str, Any]) -> list[str]:
+    """The source keys a rollout mapping sets (``name`` is ``dataset``'s alias)."""
+    given = {("dataset" if key == "name" else key) for key, value in data.items() if value is not None}
+    return sorted(given & set(_ROLLOUT_SOURCES))
+
+
+def _check_env_type_and_source(data: Any) -> Any:
+    """Refuse, with the line to write, what no variant can take: a missing or retired env_type,
+    a rollout with no source or two."""
+    if not isinstance(data, dict):
+        return data
+    env_type = data.get("env_type")
+    if env_type is None:
+        guess = "dataset" if data.get("objective") else "rollout"
+        raise ValueError(
+            f"'env_type' is required: add 'env_type: {guess}' ('rollout': the model acts and "
+            "an env answers; 'dataset': SFT or preference data, with 'objective')."
+        )
+    if env_type in _RETIRED_ENV_TYPES:
+        raise ValueError(_RETIRED_ENV_TYPES[env_type])
+    if env_type not in ("rollout", "dataset"):
+        raise ValueError(f"env_type must be 'rollout' or 'dataset' (got {env_type!r}).")
+    sources = _rollout_sources(data)
+    if env_type == "rollout" and len(sources) != 1:
+        raise ValueError(
+            "a rollout names exactly one source: 'dataset' (with a rubric), "
+            f"'entrypoint' or 'env_url' (got: {', '.join(sources) or 'none'})."
+        )
+    return data
+
+
+def _variant_tag(data: Any) -> str | None:
+    """The variant a mapping (checked by ``_check_env_type_and_source``) or a spec is."""
+    if isinstance(data, EnvironmentSpec):
+        return type(data).__name__
+    if not isinstance(data, dict):
+        return None
+    if data.get("env_type") == "dataset":
+        return DatasetSpec.__name__
+    (source,) = _rollout_sources(data)
+    return _ROLLOUT_SOURCES[source].__name__
+
+
+EnvironmentSection = Annotated[
+    Union[  # noqa: UP007 - one member per line; a Tag names each for the discriminator
+        Annotated[EntrypointSpec, Tag("EntrypointSpec")],
+        Annotated[EnvUrlSpec, Tag("EnvUrlSpec")],
+        Annotated[ScoredDatasetSpec, Tag("ScoredDatasetSpec")],
+        Annotated[DatasetSpec, Tag("DatasetSpec")],
+    ],
+    Discriminator(
+        _variant_tag,
+        custom_error_type="environment_section",
+        custom_error_message="expected a mapping with 'env_type' and the env's source",
+    ),
+    BeforeValidator(_check_env_type_and_source),
+]
+"""The ``environment:`` section as written: flat YAML, validated as the variant its source picks."""
+
+VARIANT_TAGS = frozenset(variant.__name__ for variant in ENVIRONMENT_VARIANTS)
+"""The discriminator's tags, which pydantic puts in an error's path and a user never wrote."""
