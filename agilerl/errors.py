@@ -27,7 +27,7 @@ that catches the built-in kinds keeps working.
                         TrackerUnavailable (ImportError)
         CollectionError → EndpointError            a model endpoint refused or failed
 
-Warnings are warnings, never errors: ``AgileRLWarning`` (UserWarning) → PlotUnavailable.
+Warnings are warnings, never errors: ``AgileRLWarning`` (UserWarning) → ManifestWarning, PlotUnavailable.
 """
 
 from __future__ import annotations
@@ -263,6 +263,10 @@ class ModelLoadError(TrainingError):
 
 class AgileRLWarning(UserWarning):
     """Something the user should know about; the run goes on (``-W error::...`` makes it stop)."""
+
+
+class ManifestWarning(AgileRLWarning):
+    """Something in a manifest is ignored (an unknown key in a section)."""
 
 
 class PlotUnavailable(AgileRLWarning):

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from agilerl.errors import ConfigError, ManifestError
+from agilerl.errors import ConfigError, ManifestError, ManifestWarning
 from agilerl.manifest.environment import (
     ENVIRONMENT_VARIANTS,
     DatasetSpec,
@@ -18,7 +18,6 @@ from agilerl.manifest.environment import (
     RolloutSpec,
     ScoredDatasetSpec,
 )
-from agilerl.manifest.section import ManifestWarning
 from agilerl.manifest.spec import load_manifest, parse_env_spec
 
 ROLLOUT = {"env_type": "rollout", "entrypoint": "guess_env.py:GuessEnv"}

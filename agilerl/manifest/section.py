@@ -10,13 +10,10 @@ from typing import Any, ClassVar
 
 from pydantic import ConfigDict, model_validator
 
+from agilerl.errors import ManifestWarning
 from agilerl.manifest.settings import ManifestModel
 
-__all__ = ["ManifestWarning", "Section"]
-
-
-class ManifestWarning(UserWarning):
-    """Something in a manifest is ignored."""
+__all__ = ["Section"]
 
 
 class Section(ManifestModel):

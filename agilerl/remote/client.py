@@ -33,7 +33,7 @@ from agilerl.remote.frames import (
     reset_frame,
     step_frame,
 )
-from agilerl.remote.connection import DEFAULT_MAX_REPLY_BYTES, Connection, _ConnectionLost, client_session
+from agilerl.remote.connection import DEFAULT_MAX_REPLY_BYTES, Connection, ConnectionLost, client_session
 from agilerl.remote.limits import TOKEN_ENV_VAR
 from agilerl.remote.observations import ObservationProcessor, make_observation_reader
 
@@ -166,7 +166,7 @@ class RemoteEnvClient(EnvClient):
                     await self._connect(self._urls[(self._first + attempt) % len(self._urls)])
                 reply = await self._request(frame, "reset")
                 break
-            except (_ConnectionLost, RemoteEnvError) as exc:
+            except (ConnectionLost, RemoteEnvError) as exc:
                 if isinstance(exc, RemoteEnvError) and exc.code not in _RETRIED_AT_RESET:
                     raise
                 await self._drop()
@@ -189,7 +189,7 @@ class RemoteEnvClient(EnvClient):
             raise RemoteEnvError("step() before reset(), or after the session ended: call reset() first.")
         try:
             reply = await self._request(step_frame(action, self.action_field, self.mcp_tool), "step")
-        except _ConnectionLost as exc:
+        except ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(
                 f"the session on {self.url} ended mid-episode ({exc}); this episode is over, "
@@ -202,7 +202,7 @@ class RemoteEnvClient(EnvClient):
             raise RemoteEnvError("state() before reset(): there is no session yet.")
         try:
             reply = await self._request(STATE_FRAME, "state")
-        except _ConnectionLost as exc:
+        except ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(f"the session on {self.url} ended: {exc}") from exc
         return reply if isinstance(reply, dict) else {}

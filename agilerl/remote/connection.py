@@ -22,7 +22,7 @@ DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 """The largest frame a client reads: a bound on the memory one env answer can take."""
 
 
-class _ConnectionLost(Exception):
+class ConnectionLost(Exception):
     """The socket failed or closed; the client retries it at reset and replays an episode it broke."""
 
 
@@ -34,8 +34,8 @@ class Connection:
     def __init__(self, ws: Any, close_timeout_s: float) -> None:
         self._ws = ws
         self._close_timeout_s = close_timeout_s
-        self._inbox: collections.deque[str | bytes | _ConnectionLost] = collections.deque()
-        self._waiter: asyncio.Future[str | bytes | _ConnectionLost] | None = None
+        self._inbox: collections.deque[str | bytes | ConnectionLost] = collections.deque()
+        self._waiter: asyncio.Future[str | bytes | ConnectionLost] | None = None
         self._reader = asyncio.ensure_future(self._read())
 
     @classmethod
@@ -61,9 +61,9 @@ class Connection:
                 raise RemoteEnvError(
                     f"{url} refused the connection: set the right token ({TOKEN_ENV_VAR})."
                 ) from exc
-            raise _ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
+            raise ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise _ConnectionLost(f"cannot connect to {url}: {exc}") from exc
+            raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
         return cls(ws, timeout_s)
 
     @property
@@ -85,12 +85,12 @@ class Connection:
                     reason = f"the connection failed: {msg.data}"
                     if getattr(msg.data, "code", None) == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
                         reason += " (raise the client's max_message_bytes if the env means it)"
-                self._deliver(_ConnectionLost(reason))
+                self._deliver(ConnectionLost(reason))
                 return
         except Exception as exc:  # the socket broke under the reader
-            self._deliver(_ConnectionLost(str(exc) or type(exc).__name__))
+            self._deliver(ConnectionLost(str(exc) or type(exc).__name__))
 
-    def _deliver(self, item: str | bytes | _ConnectionLost) -> None:
+    def _deliver(self, item: str | bytes | ConnectionLost) -> None:
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(item)
@@ -118,7 +118,7 @@ class Connection:
             finally:
                 if expiry is not None:
                     expiry.cancel()
-        if isinstance(item, _ConnectionLost):
+        if isinstance(item, ConnectionLost):
             self._inbox.appendleft(item)  # every later request gets the same answer
             raise item
         return item
