@@ -32,6 +32,8 @@ from typing import Any
 
 from agilerl.errors import ChatTemplateError, EnvProtocolError
 
+__all__ = ["EPISODE_CHAT_KEYS", "EpisodeChat", "render_chat", "ChatRenderer"]
+
 # Conversations to learn the template against, ending in a user turn; the first that works is
 # used (Gemma 2 and early Mistral templates refuse a system message; Mistral v0.3 moves it to the
 # newest user turn).

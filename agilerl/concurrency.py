@@ -32,6 +32,17 @@ from typing import Any, TypeVar
 
 from agilerl.errors import EnvTimeoutError, InvalidArgument
 
+__all__ = [
+    "WorkerThreads",
+    "LoopCalls",
+    "default_threads",
+    "EnvCaller",
+    "LoopThread",
+    "shared_loop",
+    "run_in_threads",
+    "run_on_loop",
+]
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,50 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+__all__ = [
+    "AgileRLError",
+    "InvalidArgument",
+    "ChatTemplateError",
+    "TrajectoryShapeError",
+    "ConfigError",
+    "MissingExtra",
+    "ManifestError",
+    "PluginError",
+    "RegistrationError",
+    "ScaffoldError",
+    "EnvPackagesError",
+    "StrictPluginsError",
+    "LoadError",
+    "ModuleNotImportable",
+    "NameNotRegistered",
+    "NameConflict",
+    "OpenEnvPackageError",
+    "EnvError",
+    "EnvProtocolError",
+    "EnvCheckError",
+    "EnvTimeoutError",
+    "RemoteEnvError",
+    "RemoteEnvTimeout",
+    "EnvUnavailable",
+    "ObservationError",
+    "OpenEnvAdapterError",
+    "EpisodeError",
+    "DataError",
+    "DatasetLoadError",
+    "RubricError",
+    "TemplateError",
+    "TrainingError",
+    "CollectionError",
+    "EndpointError",
+    "CheckpointError",
+    "OutputDirError",
+    "ModelLoadError",
+    "AgileRLWarning",
+    "ManifestWarning",
+    "PlotUnavailable",
+    "TrackerUnavailable",
+]
+
 
 class AgileRLError(Exception):
     """An error whose message names what went wrong and how to fix it."""

@@ -21,6 +21,24 @@ from typing import Any, Protocol, runtime_checkable
 
 from agilerl.errors import EnvProtocolError, InvalidArgument
 
+__all__ = [
+    "StepResult",
+    "TextEnv",
+    "DESCRIBED_MEMBERS",
+    "member_problem",
+    "declared_members",
+    "EnvInfo",
+    "describe_env",
+    "reset_kwargs",
+    "reset_problems",
+    "step_problems",
+    "check_reset_result",
+    "check_step_result",
+    "read_state",
+    "state_dict",
+    "close_env",
+]
+
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 """``(observation, reward, terminated, truncated, info)``, as ``env.step`` returns it."""
 

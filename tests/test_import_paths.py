@@ -62,3 +62,39 @@ def test_harness_from_the_documented_path_is_the_core_one():
     from agilerl.llm_envs import RolloutHarness as Documented
 
     assert Documented is RolloutHarness
+
+
+def _public_modules() -> list[str]:
+    """Every module of the package a user may import: no ``_private`` part, no scaffold template."""
+    import pkgutil
+
+    import agilerl
+
+    return [
+        info.name
+        for info in pkgutil.walk_packages(agilerl.__path__, "agilerl.")
+        if not any(part.startswith("_") for part in info.name.split(".")[1:]) and ".template" not in info.name
+    ]
+
+
+@pytest.mark.parametrize("module", _public_modules())
+def test_every_public_module_says_what_it_exports(module):
+    """``__all__`` names each module's public surface (a package that only groups modules and
+    defines nothing has none), and every name in it exists."""
+    from typing import TypeVar
+
+    imported = importlib.import_module(module)
+    defined = [
+        name
+        for name, value in vars(imported).items()
+        if not name.startswith("_")
+        and getattr(value, "__module__", None) == module
+        and not isinstance(value, TypeVar)  # a type parameter is no export
+    ]
+    exported = getattr(imported, "__all__", None)
+    if exported is None:
+        assert defined == [], f"{module} defines {defined} but has no __all__"
+        return
+    assert len(set(exported)) == len(exported), f"{module}.__all__ repeats a name"
+    assert [name for name in exported if not hasattr(imported, name)] == []
+    assert [name for name in defined if name not in exported] == [], f"{module}: public but not in __all__"

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from agilerl.train.algorithm import Algorithm
     from agilerl.train.compatibility import EnvSource
 
+__all__ = ["manifest_problems", "env_source", "compatible_algorithm"]
+
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".arrow")
 
 

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
     from datasets import Dataset
 
+__all__ = ["load_spec_table", "load_qa_dataset", "qa_env_factory", "dataset_env_from_spec"]
+
 Env = TypeVar("Env", bound=DatasetEnv)
 
 

@@ -9,6 +9,8 @@ from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
 from agilerl.errors import InvalidArgument
 from agilerl.manifest.environment import EntrypointSpec, EnvironmentSpec, EnvUrlSpec, RolloutSource, ScoredDatasetSpec
 
+__all__ = ["make_env_factory", "rollout_spec"]
+
 
 def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = None) -> EnvFactory:
     """Resolve the spec's source once; each call of the result builds one fresh env (or client)."""

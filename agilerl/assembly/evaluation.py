@@ -31,6 +31,8 @@ from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import Policy, SamplingParams
 from agilerl.rollout.trajectory import Trajectory
 
+__all__ = ["EvalPlan", "EvalSummary", "pass_at_k", "evaluate_spec", "ResultsFile"]
+
 _EPISODE_KEY = "agilerl_eval_episode"
 """Put in each reset's info (a copy), so a trajectory leads back to the transcript its env recorded."""
 

@@ -11,6 +11,8 @@ from agilerl.manifest.spec import Manifest, format_validation_error
 from agilerl.manifest.settings import TrainingSettings
 from agilerl.train.loops import TrainResult
 
+__all__ = ["train_from_manifest"]
+
 
 def train_from_manifest(
     manifest: Manifest,

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     Harness = TypeVar("Harness", bound=RolloutHarness)
     Collector = TypeVar("Collector", bound=RolloutCollector)
 
+__all__ = ["harness_from_spec", "collector_from_spec"]
+
 
 def harness_from_spec(
     harness: type[Harness],

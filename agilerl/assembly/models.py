@@ -20,6 +20,8 @@ from agilerl.manifest.settings import LoraSettings, ModelSettings
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+__all__ = ["load_model_and_tokenizer", "load_tokenizer"]
+
 def load_model_and_tokenizer(
     settings: ModelSettings,
     *,

@@ -14,6 +14,8 @@ from agilerl.train.checkpoint import CHECKPOINTS
 from agilerl.train.metrics import METRICS_FILE
 from agilerl.train.run_dir import RUN_MARKER, run_entries
 
+__all__ = ["prepare_output_dir", "deletable_run_contents"]
+
 _CHECKPOINT_NAME = re.compile(r"step-\d+(\.partial)?\Z")
 
 

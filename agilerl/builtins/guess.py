@@ -15,6 +15,8 @@ reward is its best reply's score, always in [0, 1].
 import random
 import re
 
+__all__ = ["GuessEnv"]
+
 
 class GuessEnv:
     max_turns = 5

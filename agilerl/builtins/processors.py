@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+__all__ = ["json_text", "code_output"]
+
 
 def json_text(observation: dict[str, Any]) -> str:
     """The whole observation (minus metadata) as compact JSON: for structured observations."""

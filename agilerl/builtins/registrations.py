@@ -7,6 +7,23 @@ from __future__ import annotations
 
 from agilerl import Register, hookimpl
 
+__all__ = [
+    "ENVS",
+    "OBSERVATION_PROCESSORS",
+    "RUBRICS",
+    "ALGORITHMS",
+    "MODELS",
+    "TRACKERS",
+    "GENERATION_BACKENDS",
+    "register_envs",
+    "register_observation_processors",
+    "register_rubrics",
+    "register_algorithms",
+    "register_models",
+    "register_trackers",
+    "register_generation_backends",
+]
+
 # (name, target, description); one list per kind.
 ENVS: list[tuple[str, str, str]] = [
     ("guess", "agilerl.builtins.guess:GuessEnv", "Guess a number from too high / too low hints (the docs' example)."),

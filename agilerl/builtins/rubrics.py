@@ -17,6 +17,20 @@ from typing import Any
 
 from agilerl.data.rubric import make_format_rubric
 
+__all__ = [
+    "extract_answer",
+    "extract_boxed",
+    "normalize",
+    "parse_number",
+    "last_number",
+    "exact_match",
+    "numeric_match",
+    "boxed_match",
+    "think_answer_format",
+    "countdown",
+    "evaluate_countdown",
+]
+
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
 _THINK_ANSWER = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"

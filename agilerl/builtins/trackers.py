@@ -21,6 +21,18 @@ from agilerl.train.tracking import TrackerRun, require_package
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
 
+__all__ = [
+    "tensorboard",
+    "wandb",
+    "trackio",
+    "mlflow",
+    "aim",
+    "comet_ml",
+    "clearml",
+    "dvclive",
+    "swanlab",
+]
+
 
 def tensorboard(run: TrackerRun) -> GeneralTracker:
     require_package("tensorboard", "tensorboard", "tensorboardX")

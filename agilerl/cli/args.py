@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["json_object", "positive_float", "positive_int"]
+
 
 def json_object(text: str) -> dict[str, Any]:
     """``--env-config`` and friends: a JSON object, or a usage error that says what is wrong."""

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from agilerl.envs.client import EnvClient
     from agilerl.protocol import EnvInfo
 
+__all__ = ["add_parser", "CHECK_TURNS"]
+
 _RANDOM_WORDS = ("yes", "no", "hello", "higher", "lower", "done", "?")
 
 

@@ -14,6 +14,8 @@ from typing import Any
 from agilerl.cli.args import json_object, positive_float, positive_int
 from agilerl.errors import InvalidArgument
 
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "DEFAULT_BACKEND", "add_parser"]
+
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_BACKEND = "transformers"
 

@@ -15,6 +15,8 @@ from importlib import import_module
 import agilerl
 from agilerl.errors import AgileRLError, MissingExtra
 
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
 COMMAND_MODULES = (
     "agilerl.cli.manifest_cmd",
     "agilerl.cli.env_cmd",

@@ -8,6 +8,8 @@ import sys
 import warnings
 from typing import Any
 
+__all__ = ["add_parser", "load_manifest_reporting_warnings"]
+
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("manifest", help="Validate a manifest or print its JSON Schema.")

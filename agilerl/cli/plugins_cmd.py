@@ -8,6 +8,8 @@ import shlex
 import sys
 from typing import Any
 
+__all__ = ["add_parser"]
+
 # command -> the registry kind it lists
 _LISTED_KINDS = {
     "envs": "env",

@@ -11,6 +11,8 @@ from agilerl.cli.args import json_object, positive_float, positive_int
 from agilerl.errors import EnvError, InvalidArgument
 from agilerl.remote import limits
 
+__all__ = ["add_parser"]
+
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(

@@ -7,6 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+__all__ = ["add_parser"]
+
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
     from agilerl.manifest.spec import EnvironmentSpec
 
+__all__ = ["Objective", "Overlong", "TokenizedExample", "DatasetEnv"]
+
 Objective = Literal["sft", "preference"]
 Overlong = Literal["drop", "truncate"]
 

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
     from agilerl.manifest.spec import EnvironmentSpec
 
+__all__ = ["QADataset", "QADatasetEnv"]
+
 
 @dataclass(frozen=True)
 class QADataset:

@@ -19,6 +19,8 @@ from typing import Any
 
 from agilerl.errors import RubricError
 
+__all__ = ["RUBRIC_KEYWORDS", "Rubric", "load_rubric", "make_format_rubric"]
+
 RUBRIC_KEYWORDS = ("completion", "answer", "question", "row", "info")
 # Keywords read from a dataset column of the same name.
 _COLUMN_KEYWORDS = ("answer", "question")

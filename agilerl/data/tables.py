@@ -15,6 +15,8 @@ from agilerl.errors import DatasetLoadError
 if TYPE_CHECKING:
     from datasets import Dataset
 
+__all__ = ["DATASET_ENV_CONFIG_KEYS", "Splits", "load_table", "rename_columns", "split_table"]
+
 _FILE_LOADERS = {
     ".parquet": "parquet",
     ".jsonl": "json",

@@ -14,6 +14,8 @@ from typing import Any
 
 from agilerl.errors import TemplateError
 
+__all__ = ["Message", "PromptTemplate", "user_text", "with_system_prompt"]
+
 _PIECE = re.compile(r"^(system|user|assistant)_(\d+)$")
 
 Message = dict[str, str]

@@ -11,6 +11,8 @@ from agilerl.envs.openenv_native import OpenEnvTextEnv
 from agilerl.errors import EnvCheckError
 from agilerl.protocol import close_env, declared_members, member_problem, reset_problems, step_problems
 
+__all__ = ["CheckReport", "check_env"]
+
 
 @dataclass
 class CheckReport:

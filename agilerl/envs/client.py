@@ -23,6 +23,8 @@ from agilerl.protocol import (
     state_dict,
 )
 
+__all__ = ["EnvClient", "InProcessEnvClient", "as_client", "default_threads_caller"]
+
 
 class EnvClient:
     """Base of the env clients: the text-env interface plus ``state``, sync and async.

@@ -22,6 +22,8 @@ from agilerl.errors import InvalidArgument, LoadError, MissingExtra
 from agilerl.registry import resolve
 from agilerl.registry.openenv_packages import OpenEnvPackage
 
+__all__ = ["EnvFactory", "entrypoint_factory"]
+
 EnvFactory = Callable[[], Any]
 
 

@@ -12,6 +12,19 @@ from typing import Any
 
 from agilerl.errors import ObservationError
 
+__all__ = [
+    "ObservationProcessor",
+    "TEXT_FIELDS",
+    "text_from_field",
+    "tool_result_text",
+    "execution_text",
+    "messages_text",
+    "fields_text",
+    "default_text",
+    "make_observation_reader",
+    "process_observation",
+]
+
 ObservationProcessor = Callable[[dict[str, Any]], str]
 
 TEXT_FIELDS = ("text", "prompt", "message", "observation", "output", "content", "response")

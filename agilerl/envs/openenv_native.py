@@ -22,6 +22,21 @@ from agilerl.envs.observations import ObservationProcessor, make_observation_rea
 from agilerl.errors import OpenEnvAdapterError
 from agilerl.protocol import declared_members, member_problem
 
+__all__ = [
+    "ADAPTER_OPTIONS",
+    "DEFAULT_ACTION_FIELD",
+    "is_openenv_environment",
+    "is_mcp_environment",
+    "find_action_type",
+    "choose_action_field",
+    "text_action",
+    "check_options",
+    "observation_payload",
+    "OpenEnvTextEnv",
+    "AcceptedKeywords",
+    "adapt_openenv",
+]
+
 _ENVIRONMENT = ("openenv.core.env_server.interfaces", "Environment")
 _MCP_ENVIRONMENT = ("openenv.core.env_server.mcp_environment", "MCPEnvironment")
 _ACTION = ("openenv.core.env_server.types", "Action")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+__all__ = ["check_requirement"]
+
 _ARCHIVE_SUFFIXES = (".whl", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip", ".egg")
 
 

@@ -12,6 +12,16 @@ import typing
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+__all__ = [
+    "MAX_SEED",
+    "ManifestModel",
+    "LoraSettings",
+    "ModelSettings",
+    "AlgorithmSettings",
+    "GenerationSettings",
+    "TrainingSettings",
+]
+
 MAX_SEED = 2**32 - 1
 """Seeds reach torch, numpy and envs' own generators; numpy's legacy seeding (``np.random.seed``,
 used by many envs) is the narrowest range of them."""

@@ -7,6 +7,18 @@ from typing import Any, Protocol
 
 import pluggy
 
+__all__ = [
+    "hookspec",
+    "Register",
+    "register_envs",
+    "register_observation_processors",
+    "register_rubrics",
+    "register_algorithms",
+    "register_models",
+    "register_trackers",
+    "register_generation_backends",
+]
+
 hookspec = pluggy.HookspecMarker("agilerl")
 
 

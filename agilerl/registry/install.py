@@ -20,6 +20,8 @@ import importlib_metadata
 from agilerl.errors import EnvPackagesError
 from agilerl.manifest.requirements import check_requirement
 
+__all__ = ["install_packages", "installed_constraints", "uv_binary", "pip_index_options"]
+
 # pip option -> (uv flag, uv env vars that already set it). uv ignores pip's configuration, so
 # the indexes and wheel folders pip is configured with are passed on, unless UV_* overrides them.
 _PIP_INDEX_OPTIONS = {

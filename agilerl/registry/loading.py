@@ -13,6 +13,8 @@ from typing import Any
 
 from agilerl.errors import LoadError, MissingExtra, ModuleNotImportable
 
+__all__ = ["is_reference", "split_reference", "load_object", "file_without_attr_message"]
+
 _FILE_MODULE_PREFIX = "_agilerl_file_"
 
 

@@ -26,6 +26,14 @@ from agilerl.errors import MissingExtra, ModuleNotImportable, OpenEnvPackageErro
 from agilerl.registry.plugins import PluginInfo
 from agilerl.registry.registry import NAME_PATTERN, Entry, Registry
 
+__all__ = [
+    "MANIFEST",
+    "DEFAULT_APP",
+    "OpenEnvPackage",
+    "discover_openenv_packages",
+    "add_openenv_packages",
+]
+
 MANIFEST = "openenv.yaml"
 DEFAULT_APP = "server.app:app"
 _ENVIRONMENT = ("openenv.core.env_server.interfaces", "Environment")

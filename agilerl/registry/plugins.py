@@ -19,6 +19,25 @@ from packaging.utils import canonicalize_name
 
 from agilerl.registry import hookspecs
 
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "BUILTIN_PLUGIN_NAME",
+    "BUILTIN_DISTRIBUTION",
+    "SELECT_ENV_VAR",
+    "STRICT_ENV_VAR",
+    "TIMEOUT_ENV_VAR",
+    "DEFAULT_PLUGIN_TIMEOUT_S",
+    "PluginInfo",
+    "new_plugin_manager",
+    "selected_plugin_names",
+    "strict_plugins",
+    "plugin_timeout",
+    "Outcome",
+    "call_plugin_code",
+    "warn_skipped",
+    "one_line",
+]
+
 ENTRY_POINT_GROUP = "agilerl.plugins"
 BUILTIN_PLUGIN_NAME = "agilerl"
 BUILTIN_DISTRIBUTION = "agilerl-envlayer"

@@ -24,6 +24,17 @@ from agilerl.registry.plugins import (
     warn_skipped,
 )
 
+__all__ = [
+    "Kind",
+    "HOOK_OF_KIND",
+    "KIND_OF_HOOK",
+    "NAME_PATTERN",
+    "Entry",
+    "Registry",
+    "build_registry",
+    "check_strict",
+]
+
 Kind = Literal["env", "processor", "rubric", "algorithm", "model", "tracker", "backend"]
 
 HOOK_OF_KIND: dict[Kind, str] = {

@@ -22,6 +22,8 @@ from agilerl.registry.registry import (
     check_strict,
 )
 
+__all__ = ["get_plugin_manager", "get_registry", "reset_registry", "resolve"]
+
 _lock = threading.RLock()
 _manager: tuple[pluggy.PluginManager, list[PluginInfo]] | None = None
 _registry: tuple[tuple[int, ...], Registry] | None = None

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from agilerl.registry.plugins import ENTRY_POINT_GROUP
 
+__all__ = ["write_distribution", "build_wheel", "site_dirs", "overlay_venv"]
+
 
 def write_distribution(
     site_dir: str | Path,

@@ -37,6 +37,8 @@ from agilerl.remote.connection import DEFAULT_MAX_REPLY_BYTES, Connection, Conne
 from agilerl.remote.limits import TOKEN_ENV_VAR
 from agilerl.remote.observations import ObservationProcessor, make_observation_reader
 
+__all__ = ["RemoteEnvClient"]
+
 T = TypeVar("T")
 
 _RETRIED_AT_RESET = frozenset({ErrorCode.CAPACITY_REACHED.value, ErrorCode.SESSION_ERROR.value})

@@ -17,6 +17,8 @@ from agilerl.errors import RemoteEnvError
 from agilerl.remote.frames import CLOSE_FRAME
 from agilerl.remote.limits import TOKEN_ENV_VAR
 
+__all__ = ["DEFAULT_MAX_REPLY_BYTES", "ConnectionLost", "Connection", "client_session"]
+
 
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 """The largest frame a client reads: a bound on the memory one env answer can take."""

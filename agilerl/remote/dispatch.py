@@ -33,6 +33,8 @@ from agilerl.remote.frames import (
 )
 from agilerl.remote.openenv_host import NativeSession, hosts_natively
 
+__all__ = ["Session", "session_for", "TextSession"]
+
 
 class Session(Protocol):
     """What a WebSocket (or one HTTP call) needs from its env."""

@@ -23,6 +23,43 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 from agilerl.protocol import reset_kwargs
 
+__all__ = [
+    "ErrorCode",
+    "ResetData",
+    "StepData",
+    "ResetFrame",
+    "StepFrame",
+    "StateFrame",
+    "CloseFrame",
+    "McpFrame",
+    "ClientFrame",
+    "CLIENT_FRAME",
+    "TextObservation",
+    "FrameError",
+    "parse_client_frame",
+    "encode",
+    "decode",
+    "INFO_QUERY",
+    "observation_frame",
+    "state_frame",
+    "error_frame",
+    "RpcCode",
+    "RpcRequest",
+    "rpc_result",
+    "rpc_error",
+    "parse_rpc",
+    "mcp_frame",
+    "schema",
+    "STATE_FRAME",
+    "CLOSE_FRAME",
+    "reset_frame",
+    "step_frame",
+    "Reply",
+    "parse_reply",
+    "ObservationReply",
+    "read_observation",
+]
+
 
 class ErrorCode(str, Enum):
     """The ``code`` of an error frame (OpenEnv's ``WSErrorCode``)."""

@@ -21,6 +21,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+__all__ = [
+    "ConnectionGuard",
+    "quiet_bad_requests",
+    "credential_matches",
+    "is_loopback",
+    "url_host",
+]
+
 _TIMED_OUT = (
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 )

@@ -12,6 +12,8 @@ from agilerl.concurrency import LoopThread
 from agilerl.remote.limits import DEFAULT_MAX_CONCURRENT_ENVS, TOKEN_ENV_VAR
 from agilerl.remote.server import EnvServer
 
+__all__ = ["RunningServer", "resolve_env", "build_server"]
+
 
 class RunningServer:
     """An ``EnvServer`` on its own event-loop thread, for plain synchronous code."""

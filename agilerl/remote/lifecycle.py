@@ -19,6 +19,8 @@ from agilerl.concurrency import EnvCaller
 from agilerl.envs.openenv_native import OpenEnvTextEnv
 from agilerl.protocol import close_env
 
+__all__ = ["served_class", "concurrency_limit", "EnvLifecycle"]
+
 log = logging.getLogger(__name__)
 
 

@@ -1,6 +1,18 @@
 """The env server's default limits and the constants its clients share, in a module of their own
 so ``agilerl serve --help`` can show them without importing the server (and aiohttp)."""
 
+__all__ = [
+    "TOKEN_ENV_VAR",
+    "DEFAULT_MAX_CONCURRENT_ENVS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_HEADER_TIMEOUT_S",
+    "DEFAULT_KEEPALIVE_TIMEOUT_S",
+    "DEFAULT_SEND_TIMEOUT_S",
+    "DEFAULT_CLOSE_TIMEOUT_S",
+    "DEFAULT_HEARTBEAT_S",
+    "DEFAULT_BACKLOG",
+]
+
 TOKEN_ENV_VAR = "AGILERL_ENV_TOKEN"  # the bearer token, read by `agilerl serve` and every client
 
 DEFAULT_MAX_CONCURRENT_ENVS = 64

@@ -38,6 +38,8 @@ from agilerl.remote.frames import (
     state_frame,
 )
 
+__all__ = ["hosts_natively", "observation_reply", "native_schema", "NativeSession"]
+
 _NOT_CONTENT = {"reward", "done", "metadata"}
 _ENVIRONMENT = ("openenv.core.env_server.interfaces", "Environment")
 

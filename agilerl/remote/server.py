@@ -60,6 +60,8 @@ from agilerl.remote.limits import (
 from agilerl.remote.openenv_host import hosts_natively, native_schema
 from agilerl.remote.watchdog import Link, Watchdog, send_quietly
 
+__all__ = ["EnvServer"]
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")

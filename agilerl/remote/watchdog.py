@@ -17,6 +17,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from agilerl.remote.frames import ErrorCode, encode, error_frame
 
+__all__ = ["Link", "Watchdog", "send_quietly"]
+
 
 class Link:
     """One session's socket and what the watchdog reads of it."""

@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 from agilerl.errors import InvalidArgument
 
+__all__ = ["Task", "TaskAssigner"]
+
 
 class Task(NamedTuple):
     """What one slot's ``reset`` gets: the env seed and, for dataset envs, the row."""

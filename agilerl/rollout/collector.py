@@ -59,6 +59,8 @@ from agilerl.rollout.results import (
 if TYPE_CHECKING:
     from agilerl.manifest.spec import EnvironmentSpec
 
+__all__ = ["RolloutCollector", "check_capacity"]
+
 log = logging.getLogger(__name__)
 
 

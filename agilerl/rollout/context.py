@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["ContextBudget", "text_chars", "answer_chars"]
+
 
 @dataclass(frozen=True)
 class ContextBudget:

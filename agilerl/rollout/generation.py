@@ -22,6 +22,8 @@ from agilerl.rollout.policy import Policy, TransformersPolicy
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["WeightSyncedPolicy", "transformers_backend", "build_generation"]
+
 
 @runtime_checkable
 class WeightSyncedPolicy(Policy, Protocol):

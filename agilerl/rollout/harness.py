@@ -22,6 +22,8 @@ from agilerl.rollout.trajectory import Trajectory
 if TYPE_CHECKING:
     from agilerl.manifest.spec import EnvironmentSpec
 
+__all__ = ["TokenView", "RolloutHarness"]
+
 
 class TokenView(Sequence[int]):
     """A read-only view of the first ``n`` conversation tokens: handing out a prompt copies nothing."""

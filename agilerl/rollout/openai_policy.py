@@ -27,6 +27,8 @@ from agilerl.rollout.policy import FinishReason, Generation, SamplingParams
 if TYPE_CHECKING:
     import aiohttp
 
+__all__ = ["MessageTokenizer", "OpenAIChatPolicy"]
+
 _MESSAGE = "\ufdd0"  # opens a message: role, then _CONTENT
 _CONTENT = "\ufdd1"  # separates a message's header from its content
 _END = "\ufdd2"  # closes a message (the end-of-turn token)

@@ -21,6 +21,15 @@ from agilerl.rollout.shared_prefix import shared_prefix_cache
 if TYPE_CHECKING:
     import torch
 
+__all__ = [
+    "FinishReason",
+    "SamplingParams",
+    "Generation",
+    "Policy",
+    "ScriptedPolicy",
+    "TransformersPolicy",
+]
+
 FinishReason = Literal["stop", "length", "context"]
 """``stop``: a stop token ended it (and is its last token); ``length``: ``max_new_tokens`` ran
 out; ``context``: the model's context (``max_model_len``) is full, the conversation cannot go on."""

@@ -11,6 +11,16 @@ from agilerl.errors import CollectionError, EnvProtocolError, ObservationError, 
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.trajectory import Trajectory
 
+__all__ = [
+    "SlotFailure",
+    "CollectStats",
+    "RolloutBatch",
+    "EvalResult",
+    "ENV_CHECK_HINT",
+    "Run",
+    "end_of_last_action",
+]
+
 
 @dataclass
 class SlotFailure:

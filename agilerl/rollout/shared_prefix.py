@@ -12,6 +12,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+__all__ = ["shared_prefix_cache"]
+
 
 _CACHE_ARGUMENTS = ("cache", "past_key_values")  # the second is transformers 4's name
 

@@ -30,6 +30,8 @@ from agilerl.rollout.weights import hf_weights
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["VLLMOptions", "build_vllm_policy", "VLLMPolicy", "engine_requests", "to_generation"]
+
 
 class VLLMOptions(BaseModel):
     """The ``generation:`` options of the ``vllm`` backend (beside ``backend: vllm``)."""

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import aiohttp
     import torch
 
+__all__ = ["VLLMServerPolicy"]
+
 
 class VLLMServerPolicy:
     """Generation on ``base_urls`` (vllm serve replicas); ``load_weights`` pushes through ``weights_dir``."""

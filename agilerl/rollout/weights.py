@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["hf_weights"]
+
 
 def hf_weights(model: Any) -> list[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every weight of ``model`` (a Hugging Face model or a peft model

@@ -49,6 +49,8 @@ from agilerl.manifest.spec import format_validation_error
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["AlgorithmConfig", "Algorithm", "build_algorithm"]
+
 
 class AlgorithmConfig(ManifestModel):
     """Base of every algorithm config: the manifest's ``algorithm:`` mapping without ``name``.

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
     from agilerl.rollout.trajectory import Trajectory
 
+__all__ = ["RolloutTensors", "collate_trajectories"]
+
 
 @dataclass
 class RolloutTensors:

@@ -24,6 +24,20 @@ if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
 
+__all__ = [
+    "CHECKPOINTS",
+    "STATE_FILE",
+    "ACCELERATE_STATE",
+    "EXTRA_PARAMS_FILE",
+    "checkpoint_dir",
+    "saved_checkpoints",
+    "rotate_checkpoints",
+    "save_checkpoint",
+    "find_checkpoint",
+    "read_state",
+    "restore_training_state",
+]
+
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 ACCELERATE_STATE = "accelerate"

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from agilerl.rollout.policy import SamplingParams
     from agilerl.train.algorithm import Algorithm
 
+__all__ = ["BatchKind", "EnvSource", "check_compatible"]
+
 BatchKind = Literal["rollout", "dataset"]
 
 _SOURCE_FOR: dict[str, str] = {

@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 
     from agilerl.manifest.settings import TrainingSettings
 
+__all__ = [
+    "World",
+    "current_world",
+    "build_accelerator",
+    "describe_engine",
+    "mean_over_ranks",
+    "prepare_reference",
+    "gathered_weights",
+]
+
 
 @dataclass(frozen=True)
 class World:

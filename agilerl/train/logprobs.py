@@ -9,6 +9,8 @@ from agilerl.rollout.shared_prefix import shared_prefix_cache
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["token_logprobs", "logits_to_keep", "policy_logprobs", "forward", "masked_mean"]
+
 
 def token_logprobs(
     logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0

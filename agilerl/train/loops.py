@@ -50,6 +50,15 @@ if TYPE_CHECKING:
     from agilerl.rollout.policy import Policy
     from agilerl.data.dataset_env import DatasetEnv
 
+__all__ = [
+    "AlgorithmRef",
+    "TrainResult",
+    "train_llm_rollout",
+    "train_llm_dataset",
+    "split_rows",
+    "build_optimizer",
+]
+
 AlgorithmRef = Algorithm[Any] | str | Mapping[str, Any]
 
 

@@ -16,6 +16,16 @@ from typing import Any
 
 from agilerl.errors import CheckpointError, PlotUnavailable
 
+__all__ = [
+    "METRICS_FILE",
+    "MetricsLog",
+    "read_metrics",
+    "replace_file",
+    "plot_curves",
+    "draw_curves",
+    "ProgressBar",
+]
+
 METRICS_FILE = "metrics.jsonl"
 
 

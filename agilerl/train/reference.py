@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["frozen_reference", "AdaptersOff"]
+
 
 def frozen_reference(model: Any) -> torch.nn.Module:
     """Never updated. With LoRA it is the same weights with the adapters switched off: no second

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+__all__ = ["RUN_MARKER", "KNOWN_RUN_ENTRIES", "mark_run", "read_marker", "run_entries"]
+
 RUN_MARKER = ".agilerl-run"
 KNOWN_RUN_ENTRIES = frozenset(
     {RUN_MARKER, "metrics.jsonl", "metrics.jsonl.tmp", "reward_curve.png", "loss_curve.png",

@@ -15,6 +15,15 @@ from agilerl.errors import InvalidArgument
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+__all__ = [
+    "CHATML_TEMPLATE",
+    "LLAMA3_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "build_tiny_tokenizer",
+    "build_tiny_model",
+    "tiny_model_and_tokenizer",
+]
+
 CHATML_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\n' }}"

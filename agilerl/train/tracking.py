@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
     from agilerl.manifest.settings import TrainingSettings
 
+__all__ = ["RUN_FILE", "TrackerRun", "require_package", "Tracking", "flat_config", "run_config"]
+
 RUN_FILE = "tracker_run.json"
 
 

@@ -15,6 +15,19 @@ from agilerl.train.logprobs import masked_mean
 if TYPE_CHECKING:
     from agilerl.train.batch import RolloutTensors
 
+__all__ = [
+    "group_normalize",
+    "has_per_turn_rewards",
+    "is_multi_turn",
+    "per_turn_to_tokens",
+    "turn_action_bounds",
+    "rewards_at_turn_ends",
+    "gae",
+    "discounted_returns",
+    "leave_one_out_mean",
+    "whiten",
+]
+
 
 def group_normalize(
     values: torch.Tensor,

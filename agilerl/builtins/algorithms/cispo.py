@@ -13,6 +13,8 @@ from torch import Tensor
 from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
 from agilerl.train.logprobs import masked_mean
 
+__all__ = ["CISPOConfig", "CISPO"]
+
 
 class CISPOConfig(GroupRelativeConfig):
     """GRPO's options; by default only the upper side of the weight is bounded, as in the paper."""

@@ -11,6 +11,8 @@ from agilerl.errors import InvalidArgument
 from agilerl.train.algorithm import Algorithm, AlgorithmConfig
 from agilerl.train.logprobs import policy_logprobs
 
+__all__ = ["DPOConfig", "DPO", "dpo_loss", "stack_pairs"]
+
 
 class DPOConfig(AlgorithmConfig):
     """DPO's options."""

@@ -29,6 +29,8 @@ from agilerl.builtins.algorithms.policy_gradient import (
 from agilerl.train.batch import RolloutTensors
 from agilerl.train.logprobs import masked_mean
 
+__all__ = ["GroupRelativeConfig", "GroupRelative", "GRPO"]
+
 
 class GroupRelativeConfig(ClippedConfig):
     """Options of GRPO, CISPO and GSPO."""

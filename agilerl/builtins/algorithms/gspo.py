@@ -15,6 +15,8 @@ from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
 from agilerl.builtins.algorithms.policy_gradient import clipped_surrogate
 from agilerl.train.logprobs import masked_mean
 
+__all__ = ["GSPOConfig", "GSPO"]
+
 
 class GSPOConfig(GroupRelativeConfig):
     """GRPO's options with the paper's (much narrower) sequence-level clip ranges."""

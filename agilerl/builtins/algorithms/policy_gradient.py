@@ -17,6 +17,16 @@ from agilerl.train.algorithm import Algorithm, AlgorithmConfig
 from agilerl.train.batch import RolloutTensors
 from agilerl.train.logprobs import forward, masked_mean, policy_logprobs, token_logprobs
 
+__all__ = [
+    "GRANULARITY_KEYS",
+    "PolicyGradientConfig",
+    "ClippedConfig",
+    "PolicyGradient",
+    "old_logprobs",
+    "clipped_surrogate",
+    "TurnOrTokenConfig",
+]
+
 GRANULARITY_KEYS = AliasChoices("advantage_granularity", "action_granularity")
 """``action_granularity`` is accepted as an alias of ``advantage_granularity``."""
 

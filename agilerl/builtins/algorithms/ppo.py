@@ -28,6 +28,8 @@ from agilerl.train.logprobs import masked_mean
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+__all__ = ["ValueHeadOutput", "ValueHeadModel", "LLMPPOConfig", "LLMPPO"]
+
 
 @dataclass
 class ValueHeadOutput:

@@ -18,6 +18,8 @@ from agilerl.builtins.algorithms.policy_gradient import PolicyGradient, TurnOrTo
 from agilerl.train.batch import RolloutTensors
 from agilerl.train.logprobs import masked_mean
 
+__all__ = ["LLMREINFORCEConfig", "LLMREINFORCE"]
+
 
 class LLMREINFORCEConfig(TurnOrTokenConfig):
     """REINFORCE's options."""

@@ -8,6 +8,8 @@ from torch.nn import Module
 from agilerl.train.algorithm import Algorithm, AlgorithmConfig
 from agilerl.train.logprobs import masked_mean, policy_logprobs
 
+__all__ = ["SFTConfig", "SFT"]
+
 
 class SFTConfig(AlgorithmConfig):
     """SFT takes no options: the data decides what is learned."""

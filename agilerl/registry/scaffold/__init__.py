@@ -14,6 +14,8 @@ import agilerl
 from agilerl.errors import ScaffoldError
 from agilerl.registry.plugins import BUILTIN_DISTRIBUTION
 
+__all__ = ["scaffold_plugin", "core_requirement"]
+
 _TEMPLATE_DIR = Path(__file__).parent / "template"
 _PLUGIN_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*\Z")
 _PREFIX = "agilerl-env-"
