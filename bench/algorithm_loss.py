@@ -2,7 +2,7 @@
 
 The baseline is what any trainer pays anyway: one forward pass, token log-probs, a masked mean
 and backward. The ratio is what advantages, ratios, GAE and value heads add on top. Also times
-``collate_trajectories`` against the baseline step. Run: ``python bench/algorithm_loss.py [--rounds 9]``.
+``collate_trajectories`` against the baseline step. Run: ``python bench/algorithm_loss.py [--rounds 9] [--batch 16]``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from agilerl.rollout.trajectory import Trajectory
 BATCH, GROUP, TURNS, PROMPT, COMPLETION, OBSERVATION = 16, 8, 6, 64, 40, 12
 
 
-def rollouts(vocab: int) -> list[Trajectory]:
+def rollouts(vocab: int, batch: int = BATCH) -> list[Trajectory]:
     rng = random.Random(0)
     out = []
-    for index in range(BATCH):
+    for index in range(batch):
         turns = rng.randint(1, TURNS)
         traj = Trajectory(group=index // GROUP, rewards=[rng.random() for _ in range(turns)])
         traj.token_ids = [rng.randrange(vocab) for _ in range(PROMPT)]
@@ -62,12 +62,14 @@ def paired(step, baseline, rounds: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds per algorithm")
-    rounds = parser.parse_args().rounds
+    parser.add_argument("--batch", type=int, default=BATCH, help=f"trajectories in the batch, in groups of {GROUP}")
+    args = parser.parse_args()
+    rounds = args.rounds
     torch.manual_seed(0)
     torch.set_num_threads(2)
     tokenizer = build_tiny_tokenizer("chatml")
     model = build_tiny_model(tokenizer)
-    trajs = rollouts(len(tokenizer))
+    trajs = rollouts(len(tokenizer), args.batch)
     batch = collate_trajectories(trajs, pad_id=tokenizer.pad_token_id)
     reference = build_tiny_model(tokenizer, seed=1).eval()
 

@@ -1,26 +1,35 @@
-"""vLLM against TransformersPolicy in the same run: the generation step (fp32 and bf16) and the
-whole GRPO step (generation, update, and for vLLM the weight push), per backend.
+"""vLLM against TransformersPolicy, interleaved in one process: the whole GRPO step (generation,
+fp32 update, and for vLLM the weight push) and its generation, per backend, on the same model.
 
-    .venv-vllm/bin/python bench/vllm_step.py                     # tiny and SmolLM2-135M
-    .venv-vllm/bin/python bench/vllm_step.py --models tiny --steps 3
+    .venv-vllm/bin/python bench/vllm_step.py                       # tiny and SmolLM2-135M
+    .venv-vllm/bin/python bench/vllm_step.py --models tiny --steps 3   # quick: about a minute
 
-Run it in ``.venv-vllm`` (vLLM needs transformers<5.20; see docs/generation.md). Both backends
-generate ``batch x group`` completions of exactly ``--completion-tokens`` tokens (stopping off)
-for the same chat-templated prompts, as bench/train_step.py does; the GRPO step is
-``collate_trajectories`` + ``GRPO.loss`` + backward + AdamW, and with vLLM the push of the
-updated weights (``load_weights(hf_weights(model))``). Each backend runs in its own process.
-The first step of each is warm-up; the median of the others is reported. ``tiny`` here has 2 heads (head_dim 32: vLLM's CPU attention
-has no head_dim 16 kernel); SmolLM2 is loaded as bench/train_step.py loads it.
+Run it in ``.venv-vllm`` (vLLM needs transformers<5.20; see docs/generation.md). Every backend
+generates ``batch x group`` completions of exactly ``--completion-tokens`` tokens (stopping off)
+for the same chat-templated prompts, as bench/train_step.py does. The GRPO step is
+``collate_trajectories`` + ``GRPO.loss`` + backward + AdamW on the fp32 model, and for vLLM the
+push of the updated weights (``load_weights(hf_weights(model))``). Backends:
+
+- ``transformers``: ``TransformersPolicy`` on the fp32 model;
+- ``vllm``: a colocated fp32 engine (``dtype: auto``, the default);
+- ``vllm-bf16``: a colocated bf16 engine fed by the fp32 trainer (``generation: {dtype: bfloat16}``,
+  the user's choice: its log-probs are bf16's, so the on-policy ratio is 1 only within bf16 error);
+- ``transformers-bf16`` (generation only): ``TransformersPolicy`` on a bf16 copy.
+
+All share one model and optimiser (the work of a step does not depend on which backend's step
+came before). Each round runs every backend once, in a rotated order, so load on a shared host
+falls on all of them alike; the first round is warm-up and the median of the others is reported.
+In process, the engines bind no thread: :class:`VLLMPolicy` gives torch back the trainer's threads
+(``--threads``, default torch's own) once they are up. ``tiny`` here has 2 heads (head_dim 32:
+vLLM's CPU attention has no head_dim 16 kernel); SmolLM2 is loaded as bench/train_step.py loads it.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +37,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step import PROMPTS, _load, _prompt_ids, bandit_trajectories  # noqa: E402
+
+STEPPED = ("transformers", "vllm", "vllm-bf16")
+GENERATION_ONLY = ("transformers-bf16",)
 
 
 def load(name: str) -> tuple[Any, Any]:
@@ -48,71 +60,82 @@ def fixed_length(policy: Any) -> Any:
     return policy
 
 
-def generation_s(policy: Any, prompts: list[list[int]], params: Any, steps: int) -> tuple[float, int]:
-    times, tokens = [], 0
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        out = policy.generate(prompts, params)
-        times.append(time.perf_counter() - t0)
-        tokens = sum(len(g.token_ids) for g in out)
-    return statistics.median(times[1:] or times), tokens
+def build_policies(model: Any, tokenizer: Any) -> dict[str, Any]:
+    """Each backend's policy over the one fp32 model (a bf16 copy for ``transformers-bf16``)."""
+    import torch
+
+    from agilerl.rollout.policy import TransformersPolicy
+    from agilerl.rollout.vllm_policy import VLLMPolicy
+
+    return {
+        "transformers": fixed_length(TransformersPolicy(model, tokenizer, max_model_len=1024)),
+        "vllm": fixed_length(VLLMPolicy(model, tokenizer, max_model_len=1024)),
+        "vllm-bf16": fixed_length(VLLMPolicy(model, tokenizer, max_model_len=1024, dtype="bfloat16")),
+        "transformers-bf16": fixed_length(
+            TransformersPolicy(copy.deepcopy(model).to(torch.bfloat16), tokenizer, max_model_len=1024)
+        ),
+    }
 
 
-def grpo_step_s(policy: Any, model: Any, tokenizer: Any, prompts: list[list[int]], params: Any, args: Any) -> dict[str, float]:
-    """Median (generation, update, push, whole) seconds of one GRPO step."""
+def bench_model(name: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Median seconds per backend: generation, update, push and the whole step."""
     from agilerl.builtins.algorithms.grpo import GRPO
+    from agilerl.rollout.policy import SamplingParams
     from agilerl.rollout.weights import hf_weights
     from agilerl.train.batch import collate_trajectories
     from agilerl.train.loops import build_optimizer
 
-    algorithm, optimizer = GRPO(), build_optimizer(list(model.parameters()), lr=1e-6)
-    rows = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        generations = policy.generate(prompts, params)
-        t1 = time.perf_counter()
-        trajectories = bandit_trajectories(prompts, generations, args.group)
-        batch = collate_trajectories(trajectories, tokenizer.pad_token_id)
-        model.train()
-        loss, _ = algorithm.loss(model, batch)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        t2 = time.perf_counter()
-        if hasattr(policy, "load_weights"):
-            policy.load_weights(hf_weights(model))
-        t3 = time.perf_counter()
-        rows.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0))
-    counted = rows[1:] or rows
-    return {k: statistics.median(r[i] for r in counted) for i, k in enumerate(("generation_s", "update_s", "push_s", "step_s"))}
-
-
-def bench_side(name: str, backend: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One backend on one model, fp32 then bf16 generation and the fp32 GRPO step (in this process)."""
-    import torch
-
-    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
-
     model, tokenizer = load(name)
     prompts = [_prompt_ids(tokenizer, p) for p in PROMPTS[: args.batch] for _ in range(args.group)]
     params = SamplingParams(max_new_tokens=args.completion_tokens)
-    out: dict[str, Any] = {}
-    for dtype in ("float32", "bfloat16"):
-        typed = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
-        t0 = time.perf_counter()
-        if backend == "vllm":
-            from agilerl.rollout.vllm_policy import VLLMPolicy
-
-            policy = fixed_length(VLLMPolicy(typed, tokenizer, max_model_len=1024, dtype=dtype))
-        else:
-            policy = fixed_length(TransformersPolicy(typed, tokenizer, max_model_len=1024))
-        out[f"start_s_{dtype}"] = time.perf_counter() - t0
-        seconds, tokens = generation_s(policy, prompts, params, args.steps)
-        out[f"gen_{dtype}"] = {"s": seconds, "tok_per_s": tokens / seconds}
-        if dtype == "float32":  # the whole step trains in fp32, as agilerl train does by default
-            out["grpo"] = grpo_step_s(policy, model, tokenizer, prompts, params, args)
-        del typed, policy
+    policies = build_policies(model, tokenizer)
+    algorithm, optimizer = GRPO(), build_optimizer(list(model.parameters()), lr=1e-6)
+    backends = [*STEPPED, *GENERATION_ONLY]
+    rows: dict[str, list[tuple[float, float, float]]] = {b: [] for b in backends}
+    for step in range(args.steps):
+        for backend in backends[step % len(backends):] + backends[: step % len(backends)]:
+            policy = policies[backend]
+            t0 = time.perf_counter()
+            generations = policy.generate(prompts, params)
+            t1 = time.perf_counter()
+            if backend in GENERATION_ONLY:
+                rows[backend].append((t1 - t0, 0.0, 0.0))
+                continue
+            batch = collate_trajectories(bandit_trajectories(prompts, generations, args.group), tokenizer.pad_token_id)
+            model.train()
+            loss, _ = algorithm.loss(model, batch)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            t2 = time.perf_counter()
+            if hasattr(policy, "load_weights"):
+                policy.load_weights(hf_weights(model))
+            rows[backend].append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    out = {}
+    for backend, timed in rows.items():
+        counted = timed[1:] or timed
+        gen, update, push = (statistics.median(r[i] for r in counted) for i in range(3))
+        out[backend] = {"generation_s": gen, "update_s": update, "push_s": push, "step_s": gen + update + push}
     return out
+
+
+def report(name: str, r: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    import torch
+
+    tokens = args.batch * args.group * args.completion_tokens
+    print(f"\n{name}: batch {args.batch} x group {args.group} x {args.completion_tokens} tokens, "
+          f"{torch.get_num_threads()} torch threads, {args.steps - 1} timed rounds, load average "
+          f"{os.getloadavg()[0]:.1f} at the end")
+    base = r["transformers"]
+    print(f"  {'backend':<18} {'generation':>10} {'tok/s':>6} {'update':>7} {'push':>6} {'step':>7}  "
+          f"{'gen x':>6} {'step x':>6}")
+    for backend, t in r.items():
+        stepped = backend in STEPPED
+        cells = [f"{t[k]:.2f}s" if stepped else "-" for k in ("update_s", "push_s", "step_s")]
+        step_ratio = f"{base['step_s'] / t['step_s']:.2f}x" if stepped else "-"
+        gen = t["generation_s"]
+        print(f"  {backend:<18} {gen:>9.2f}s {tokens / gen:>6.0f} {cells[0]:>7} {cells[1]:>6} {cells[2]:>7}  "
+              f"{base['generation_s'] / gen:>5.2f}x {step_ratio:>6}", flush=True)
 
 
 def main() -> None:
@@ -121,35 +144,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--completion-tokens", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--side", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=4, help="rounds, the first one warm-up")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads for every backend (default: torch's)")
     args = parser.parse_args()
-    if args.side:  # a child: one side, its JSON on the last line
-        print(json.dumps(bench_side(*args.side, args)), flush=True)
-        return
-    shared = ["--batch", str(args.batch), "--group", str(args.group),
-              "--completion-tokens", str(args.completion_tokens), "--steps", str(args.steps)]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     for name in args.models:
-        # each side in a fresh process: vLLM's CPU worker binds the OpenMP threads of its process,
-        # which slows any torch work after it there (transformers' generation ran 2-4x slower)
-        r = {}
-        for backend in ("transformers", "vllm"):
-            done = subprocess.run([sys.executable, __file__, *shared, "--side", name, backend],
-                                  capture_output=True, text=True, check=True)
-            r[backend] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"\n{name}: batch {args.batch} x group {args.group} x {args.completion_tokens} tokens")
-        for dtype in ("float32", "bfloat16"):
-            hf, vl = r["transformers"][f"gen_{dtype}"], r["vllm"][f"gen_{dtype}"]
-            print(f"  generation {dtype}: transformers {hf['s']:.2f} s ({hf['tok_per_s']:.0f} tok/s), "
-                  f"vllm {vl['s']:.2f} s ({vl['tok_per_s']:.0f} tok/s): {hf['s'] / vl['s']:.2f}x")
-        a, b = r["transformers"]["grpo"], r["vllm"]["grpo"]
-        print(f"  GRPO step fp32: transformers {a['step_s']:.2f} s (gen {a['generation_s']:.2f} + update "
-              f"{a['update_s']:.2f}), vllm {b['step_s']:.2f} s (gen {b['generation_s']:.2f} + update "
-              f"{b['update_s']:.2f} + push {b['push_s']:.2f}): {a['step_s'] / b['step_s']:.2f}x")
-        print(f"  vllm engine start: {r['vllm']['start_s_float32']:.1f} s (fp32)", flush=True)
+        report(name, bench_model(name, args), args)
 
 
 if __name__ == "__main__":  # vLLM may spawn processes: engines start only here
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     main()

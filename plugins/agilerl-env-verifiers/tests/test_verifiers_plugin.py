@@ -1,6 +1,6 @@
 """verifiers v1 tasksets through agilerl, in the plugin's own venv (verifiers pins openai < 3, the
-dev env has 3): ``<repo>/.venv-verifiers``, created on first use (system site packages plus
-verifiers and this plugin), reused after. Each test runs one script there and reads its JSON."""
+dev env has 3): ``<repo>/.venv-verifiers``, built by tests/extra_venvs.py on first use (system site
+packages plus verifiers and this plugin; in the background while other tests run), reused after. Each test runs one script there and reads its JSON."""
 
 from __future__ import annotations
 
@@ -8,33 +8,22 @@ import json
 import os
 import re
 import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.extra_venvs import VENVS
 
 pytestmark = pytest.mark.slow  # builds .venv-verifiers on first use, then runs verifiers in it
 
 PLUGIN = Path(__file__).resolve().parent.parent
 ROOT = PLUGIN.parent.parent
-VENV = ROOT / ".venv-verifiers"
-REQUIREMENT = "verifiers==0.4.0"
 
 
 @pytest.fixture(scope="session")
 def vf_python() -> Path:
-    python = VENV / "bin" / "python"
-    probe = [str(python), "-c", "import verifiers.v1, agilerl_env_verifiers"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(VENV)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", REQUIREMENT], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(PLUGIN)], check=True)
-    print(f"\ncreated {VENV} with {REQUIREMENT} in {time.monotonic() - start:.0f} s", file=sys.__stderr__)
-    return python
+    return VENVS["verifiers"].ensure()
 
 
 def run(vf_python: Path, code: str, *args: str) -> object:

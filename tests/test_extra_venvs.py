@@ -1,0 +1,47 @@
+"""tests/extra_venvs.py: the extra venvs build once, under a lock, whoever asks first."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests import extra_venvs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_openenv_venv_is_built_as_its_fixture_would_build_it():
+    """tests/test_remote_openenv.py's ``openenv_python`` builds the venv too when it finds it
+    incomplete: both install the same release, and count the same imports as complete."""
+    from tests import test_remote_openenv
+
+    assert extra_venvs.OPENENV_REQUIREMENT == test_remote_openenv.OPENENV_REQUIREMENT
+    assert extra_venvs.VENVS["openenv"].path == test_remote_openenv.VENV
+    assert extra_venvs.VENVS["openenv"].probe == "import openenv.core, fastmcp, uvicorn"
+
+
+def test_two_processes_ensuring_one_venv_build_it_once(tmp_path: Path):
+    """Both start while the venv is missing; the second waits for the first's build, then finds it done."""
+    builds = tmp_path / "builds.txt"
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.extra_venvs import ExtraVenv
+
+        step = ("import time; open({str(builds)!r}, 'a').write('build\\\\n'); time.sleep(1); "
+                "open({str(tmp_path / 'built')!r}, 'w').close()")
+        venv = ExtraVenv(
+            "lock-test-{os.getpid()}", "import os, sys; sys.exit(not os.path.exists({str(tmp_path / 'built')!r}))",
+            lambda python: [[python, "-c", step]], root=Path({str(tmp_path)!r}), with_pip=False,
+        )
+        print(venv.ensure())
+    """)
+    processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [process.communicate(timeout=120) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    assert builds.read_text() == "build\n"  # one build: the other process waited, then found it complete
+    assert {out.strip() for out, _ in outputs} == {str(tmp_path / f".venv-lock-test-{os.getpid()}" / "bin" / "python")}
