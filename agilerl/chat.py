@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agilerl.errors import ChatTemplateError, EnvProtocolError
+from agilerl.errors import AgileRLWarning, ChatTemplateError, EnvProtocolError
 
 __all__ = ["EPISODE_CHAT_KEYS", "EpisodeChat", "render_chat", "ChatRenderer"]
 
@@ -176,6 +176,7 @@ class ChatRenderer:
                 "turn (Qwen3's drops old thinking; Mistral's puts a space before answers that its "
                 "generation prompt lacks): trajectories are the tokens the model saw and generated, "
                 "appended turn by turn, not a full render of the conversation.",
+                AgileRLWarning,
                 stacklevel=2,
             )
         self._close_ids = self.encode(self.assistant_close)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agilerl.errors import EnvProtocolError, InvalidArgument
+from agilerl.errors import AgileRLWarning, EnvProtocolError, InvalidArgument
 
 __all__ = [
     "StepResult",
@@ -159,7 +159,11 @@ class EnvInfo:
             if problem is None:
                 kept[key] = float(value) if key == "max_reward" else value
             else:
-                warnings.warn(f"{name}: {problem}; it is ignored (agilerl env check lists such problems)", stacklevel=3)
+                warnings.warn(
+                    f"{name}: {problem}; it is ignored (agilerl env check lists such problems)",
+                    AgileRLWarning,
+                    stacklevel=3,
+                )
         return cls(name=name, **kept)
 
     def metadata(self) -> dict[str, Any]:

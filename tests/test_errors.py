@@ -95,6 +95,24 @@ def test_no_error_is_raised_as_the_bare_root():
     assert bare == []
 
 
+def test_every_warning_the_package_gives_is_one_of_its_own():
+    """A user filters all of ours with ``-W error::agilerl.errors.AgileRLWarning``: each
+    ``warnings.warn`` names a category of the tree (or warns with an instance of one)."""
+    ours = {name for name, value in vars(errors).items() if inspect.isclass(value) and issubclass(value, errors.AgileRLWarning)}
+    untyped = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and ast.unparse(node.func) == "warnings.warn"):
+                continue
+            category = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "category"), None)
+            named = category if category is not None else node.args[0]
+            if isinstance(named, ast.Call):
+                named = named.func
+            if not (isinstance(named, ast.Name) and named.id in ours):
+                untyped.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert untyped == []
+
+
 def test_tests_import_every_error_from_agilerl_errors():
     """Modules that raise an error import it; only ``agilerl.errors`` (and the documented
     ``agilerl.llm_envs`` facade) is where callers get it from."""

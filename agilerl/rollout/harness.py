@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from agilerl.chat import ChatRenderer, EpisodeChat
 from agilerl.envs.client import InProcessEnvClient, as_client
-from agilerl.errors import EpisodeError, InvalidArgument
+from agilerl.errors import AgileRLWarning, EpisodeError, InvalidArgument
 from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.trajectory import Trajectory
 
@@ -267,6 +267,7 @@ class RolloutHarness:
             warnings.warn(
                 f"the chat template cannot render a {role!r} message after an answer: {self.info.name}'s "
                 f"{role} observations are rendered as user messages",
+                AgileRLWarning,
                 stacklevel=2,
             )
         return "user"

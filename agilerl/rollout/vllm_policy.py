@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agilerl.errors import InvalidArgument
+from agilerl.errors import AgileRLWarning, InvalidArgument
 from agilerl.rollout.policy import FinishReason, Generation, SamplingParams
 from agilerl.rollout.weights import hf_weights
 
@@ -261,5 +261,6 @@ def _warn_truncated_logprobs() -> None:
         warnings.warn(
             "vLLM's log-probs with top_k/top_p are those of the truncated, renormalised distribution "
             "(TransformersPolicy's leave the truncation out): on-policy ratios are off by the kept mass.",
+            AgileRLWarning,
             stacklevel=3,
         )
