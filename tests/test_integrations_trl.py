@@ -74,3 +74,38 @@ def test_a_prompt_names_its_task(chatml_tokenizer):
         rollout([task_prompt(17), own, [{"role": "user", "content": own}]], trainer)
         assert [t.seed for t in rollout.last_batch] == [17, zlib.crc32(own.encode()), zlib.crc32(own.encode())]
         assert rollout.dataset(3)["prompt"] == ["agilerl task 0", "agilerl task 1", "agilerl task 2"]
+
+
+ROWS_ENV = '''
+class Rows:
+    dataset_size = 3
+    max_turns = 1
+
+    def __init__(self, log):
+        with open(log, "a") as f:
+            f.write("built\\n")
+
+    def reset(self, seed=None, *, row_index=None, evaluation=None):
+        return f"row {row_index}", {}
+
+    def step(self, action):
+        return "done", 1.0, True, False, {}
+'''
+
+
+def test_the_env_dataset_reads_its_size_off_is_the_first_slots(tmp_path, chatml_tokenizer):
+    from types import SimpleNamespace
+
+    from agilerl.rollout.policy import ScriptedPolicy
+
+    (tmp_path / "rows.py").write_text(ROWS_ENV)
+    log = tmp_path / "built.log"
+    args = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4, seed=0)
+    trainer = SimpleNamespace(args=args, processing_class=chatml_tokenizer)
+    with EnvRollout("rows.py:Rows", env_config={"log": str(log)}, base_dir=tmp_path,
+                    policy=ScriptedPolicy(chatml_tokenizer)) as rollout:
+        assert len(rollout.dataset()) == 3  # every row, read off one env
+        assert log.read_text().count("built") == 1
+        rollout([task_prompt(0), task_prompt(1)], trainer)
+        assert [t.rewards for t in rollout.last_batch] == [[1.0], [1.0]]
+        assert log.read_text().count("built") == 2  # two slots: the dataset's env and one more

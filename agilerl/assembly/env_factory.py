@@ -9,7 +9,7 @@ from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
 from agilerl.errors import InvalidArgument
 from agilerl.manifest.environment import EntrypointSpec, EnvironmentSpec, EnvUrlSpec, RolloutSource, ScoredDatasetSpec
 
-__all__ = ["make_env_factory", "rollout_spec"]
+__all__ = ["first_then", "make_env_factory", "rollout_spec"]
 
 
 def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = None) -> EnvFactory:
@@ -59,3 +59,13 @@ def rollout_spec(spec: EnvironmentSpec) -> RolloutSource:
         )
     return spec
 
+
+def first_then(first: Any, factory: EnvFactory) -> EnvFactory:
+    """``factory`` whose first call returns ``first``, an env already built (to read its
+    ``describe()`` before a collector existed), so no env is built only to be looked at."""
+    spare = [first]
+
+    def build() -> Any:
+        return spare.pop() if spare else factory()
+
+    return build

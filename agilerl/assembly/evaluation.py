@@ -23,7 +23,7 @@ from typing import Any
 
 from agilerl.envs.client import EnvClient, as_client
 from agilerl.errors import InvalidArgument
-from agilerl.assembly.env_factory import make_env_factory
+from agilerl.assembly.env_factory import first_then, make_env_factory
 from agilerl.manifest.environment import EnvironmentSpec, RolloutSpec
 from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.assigner import Task
@@ -131,13 +131,9 @@ def evaluate_spec(
     todo = [e for e in episodes if e not in results.rows]
     resumed = len(episodes) - len(todo)
     if todo:
-        spare = [first]  # the collector's first env is the one already built
-
-        def recorded_env() -> _Recorded:
-            return spare.pop() if spare else _Recorded(inner())
-
+        recorded_envs = first_then(first, lambda: _Recorded(inner()))  # the one already built first
         with RolloutCollector(
-            recorded_env, tokenizer, batch_size=min(slots, len(todo)), group_size=1,
+            recorded_envs, tokenizer, batch_size=min(slots, len(todo)), group_size=1,
             max_turns=max_turns, sampling=plan.sampling, seed=plan.seed, max_reward=max_reward,
             chat_template_kwargs=spec.chat_template_kwargs, env_timeout_s=spec.request_timeout_s or None,
         ) as collector, _progress(show_progress, len(episodes), resumed) as advance:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agilerl.assembly.env_factory import make_env_factory, rollout_spec
+from agilerl.assembly.env_factory import first_then, make_env_factory, rollout_spec
 from agilerl.manifest.environment import EnvironmentSpec
 from agilerl.manifest.spec import parse_env_spec
 from agilerl.protocol import close_env
@@ -53,12 +53,15 @@ def collector_from_spec(
     batch_size: int,
     group_size: int,
     base_dir: str | Path | None = None,
+    first_env: Any = None,
     **kwargs: Any,
 ) -> Collector:
     """A ``collector`` over envs of the spec's source, with its turn budget (else the env's own),
-    reward scale and timeout."""
+    reward scale and timeout; ``first_env``, one of the spec's envs already built, is its first."""
     rollout = rollout_spec(spec)
     factory = make_env_factory(rollout, base_dir=base_dir)
+    if first_env is not None:
+        factory = first_then(first_env, factory)
     kwargs.setdefault("max_turns", rollout.max_turns)
     kwargs.setdefault("chat_template_kwargs", rollout.chat_template_kwargs)
     kwargs.setdefault("max_reward", rollout.max_reward)

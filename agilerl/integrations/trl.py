@@ -41,6 +41,7 @@ from agilerl.errors import InvalidArgument
 if TYPE_CHECKING:
     from datasets import Dataset
 
+    from agilerl.envs.client import EnvClient
     from agilerl.manifest.spec import EnvironmentSpec
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.policy import Policy
@@ -85,6 +86,8 @@ class EnvRollout:
         self.max_new_tokens = max_new_tokens
         self.policy = policy
         self._collector: RolloutCollector | None = None
+        self._first_env: EnvClient | None = None
+        """The env ``dataset()`` read ``dataset_size`` off, kept for the collector's first slot."""
         self._tokenizer: Any = None
         self.last_batch: list[Trajectory] = []
         """The episodes of the latest call, in prompt order (for logging and tests)."""
@@ -134,6 +137,9 @@ class EnvRollout:
         if self._collector is not None:
             self._collector.close()
             self._collector = None
+        if self._first_env is not None:
+            self._first_env.close()
+            self._first_env = None
 
     def __enter__(self) -> EnvRollout:
         return self
@@ -148,7 +154,8 @@ class EnvRollout:
 
         if self._collector is not None and self._collector.num_slots >= num_prompts:
             return self._collector
-        self.close()
+        if self._collector is not None:
+            self._collector.close()
         args = trainer.args
         self._tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         sampling = SamplingParams(
@@ -157,22 +164,22 @@ class EnvRollout:
             top_k=args.top_k or 0,
             max_new_tokens=self.max_new_tokens or args.max_completion_length,
         )
+        first_env, self._first_env = self._first_env, None
         self._collector = RolloutCollector.from_spec(
             self.spec, self._tokenizer, batch_size=num_prompts, group_size=1, base_dir=self.base_dir,
-            sampling=sampling, seed=args.seed,
+            sampling=sampling, seed=args.seed, first_env=first_env,
         )
         return self._collector
 
     def _dataset_size(self) -> int | None:
-        """The env's ``dataset_size``: read off one env built for it (no collector exists yet)."""
+        """The env's ``dataset_size``, read off the env the collector's first slot will play (no
+        collector exists yet, and none is built only to be looked at)."""
         from agilerl.assembly.env_factory import make_env_factory
         from agilerl.envs.client import as_client
 
-        client = as_client(make_env_factory(self.spec, base_dir=self.base_dir)())
-        try:
-            return client.describe().dataset_size
-        finally:
-            client.close()
+        if self._first_env is None:
+            self._first_env = as_client(make_env_factory(self.spec, base_dir=self.base_dir)())
+        return self._first_env.describe().dataset_size
 
     def _completion(self, traj: Trajectory) -> dict[str, Any]:
         """One episode as TRL's row: the opening prompt, the rest as the completion, env tokens

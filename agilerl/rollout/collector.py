@@ -143,7 +143,8 @@ class RolloutCollector:
         **kwargs: Any,
     ) -> RolloutCollector:
         """A collector over the envs a manifest's ``environment:`` section describes (the mapping
-        lives in ``agilerl.assembly.from_spec``)."""
+        lives in ``agilerl.assembly.from_spec``); ``first_env=``, an env of that spec already
+        built, becomes the first slot's."""
         from agilerl.assembly.from_spec import collector_from_spec  # the door: see [tool.importlinter]
 
         return collector_from_spec(
