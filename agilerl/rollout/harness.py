@@ -143,9 +143,8 @@ class RolloutHarness:
         **kwargs: Any,
     ) -> RolloutHarness:
         """Build the env a manifest's ``environment:`` section names, with its turn budget (else
-        the env's own);
-        ``mcp_tool`` overrides the section's (with ``env_url`` or an OpenEnv MCP entrypoint).
-        The mapping lives in ``agilerl.assembly.from_spec``."""
+        the env's own); ``mcp_tool`` overrides the section's (with ``env_url`` or an OpenEnv MCP
+        entrypoint). The mapping lives in ``agilerl.assembly.from_spec``."""
         from agilerl.assembly.from_spec import harness_from_spec  # the door: see [tool.importlinter]
 
         return harness_from_spec(cls, spec, tokenizer, base_dir=base_dir, mcp_tool=mcp_tool, **kwargs)
