@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
-from agilerl.concurrency import LoopCalls, WorkerThreads
+from agilerl.concurrency import LoopCalls, SessionThread, WorkerThreads
 
 
 def _run_all(threads: WorkerThreads, count: int, fn) -> list[object]:
@@ -164,7 +165,8 @@ def test_a_cancelled_wait_drops_the_late_result() -> None:
 
 
 
-def test_an_idle_worker_keeps_nothing_of_its_last_task() -> None:
+@pytest.mark.parametrize("kind", ["pool", "session"])
+def test_an_idle_worker_keeps_nothing_of_its_last_task(kind: str) -> None:
     """A worker waiting for work must not hold its last task (and through it an env the server
     already closed): issue 20.4."""
     import gc
@@ -173,7 +175,7 @@ def test_an_idle_worker_keeps_nothing_of_its_last_task() -> None:
     class Env:
         pass
 
-    threads = WorkerThreads("idle", min_workers=1)
+    threads = WorkerThreads("idle", min_workers=1) if kind == "pool" else SessionThread("idle")
     env = Env()
     alive = weakref.ref(env)
     ran = threading.Event()
@@ -197,7 +199,40 @@ def test_an_own_thread_caller_runs_every_call_on_one_thread() -> None:
         session.release()
         return set(names)
 
-    assert asyncio.run(main()) == {"session-1"}
+    assert asyncio.run(main()) == {"session"}
+
+
+def test_a_session_thread_runs_calls_in_order_and_reports_idle_only_when_all_ran() -> None:
+    async def main() -> None:
+        thread = SessionThread("ordered")
+        calls = LoopCalls(thread, asyncio.get_running_loop())
+        release = threading.Event()
+        seen: list[int] = []
+        first = asyncio.ensure_future(calls.run(lambda: (release.wait(10), seen.append(0))[1]))
+        rest = [asyncio.ensure_future(calls.run(seen.append, i)) for i in range(1, 20)]
+        await asyncio.sleep(0.05)
+        assert not thread.idle and seen == []  # the first call holds the thread; the rest queue
+        release.set()
+        await asyncio.gather(first, *rest)
+        assert seen == list(range(20)) and thread.idle
+        thread.shutdown()
+        with pytest.raises(RuntimeError, match="shut down"):
+            thread.submit(lambda: None)
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies only")
+def test_a_session_thread_waits_for_the_loop_instead_of_preempting_it() -> None:
+    """SCHED_BATCH: on one CPU a woken session thread does not preempt the event loop, which
+    saves a switch out and back per step (bench/README.md, the server's sync case)."""
+    async def main() -> int:
+        thread = SessionThread("batch")
+        policy = await LoopCalls(thread, asyncio.get_running_loop()).run(os.sched_getscheduler, 0)
+        thread.shutdown()
+        return policy
+
+    assert asyncio.run(main()) == os.SCHED_BATCH
 
 
 def _wait_for(condition: Callable[[], bool], limit_s: float = 10.0) -> bool:
