@@ -12,6 +12,8 @@ calls at once.
   env: a sync method on worker threads (never inline on the loop), an ``async def`` one awaited;
   ``EnvCaller.own_thread()`` gives one env (one server session) a thread of its own, so an env
   bound to the thread that built it (sqlite, Playwright's sync API) works.
+- ``new_event_loop`` / ``run``: uvloop where it is installed (as uvicorn, and so OpenEnv's server,
+  picks it), asyncio's own loop otherwise or when asked (``$AGILERL_EVENT_LOOP``, ``--loop``).
 - ``LoopThread`` and ``shared_loop()``: an event loop on its own thread; one per process for all
   remote clients, one per env server.
 - ``run_in_threads`` / ``run_on_loop``: one call per env at once, each bounded by a timeout.
@@ -40,6 +42,10 @@ __all__ = [
     "LoopCalls",
     "default_threads",
     "EnvCaller",
+    "LOOP_ENV_VAR",
+    "LOOP_KINDS",
+    "new_event_loop",
+    "run",
     "LoopThread",
     "shared_loop",
     "run_in_threads",
@@ -323,6 +329,55 @@ def _pending(result: Any) -> bool:
     return type(result) is not tuple and inspect.isawaitable(result)
 
 
+# -- event loops -------------------------------------------------------------------------------
+
+LOOP_ENV_VAR = "AGILERL_EVENT_LOOP"
+LOOP_KINDS = ("auto", "uvloop", "asyncio")
+
+
+def _loop_kind(kind: str | None) -> str:
+    """'uvloop' or 'asyncio' for ``kind`` (None: ``$AGILERL_EVENT_LOOP``, else 'auto')."""
+    chosen = kind or os.environ.get(LOOP_ENV_VAR) or "auto"
+    if chosen not in LOOP_KINDS:
+        raise InvalidArgument(
+            f"event loop {chosen!r} (from {'--loop' if kind else LOOP_ENV_VAR}) is not one of "
+            f"{', '.join(LOOP_KINDS)}; 'auto' takes uvloop when it is installed."
+        )
+    if chosen == "asyncio":
+        return chosen
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if chosen == "uvloop":
+            raise InvalidArgument(
+                "event loop 'uvloop' was asked for but uvloop is not installed: pip install uvloop "
+                "(Linux and macOS), or choose 'auto' or 'asyncio'."
+            ) from None
+        return "asyncio"
+    return "uvloop"
+
+
+def new_event_loop(kind: str | None = None) -> asyncio.AbstractEventLoop:
+    """A new event loop of ``kind`` ('auto', 'uvloop', 'asyncio'; see ``_loop_kind``).
+
+    uvloop serves the same frames for a good deal less CPU (bench/README.md, the server's sync
+    case), and OpenEnv's server already runs on it: uvicorn picks it whenever it is installed."""
+    if _loop_kind(kind) == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def run(coro: Coroutine[Any, Any, T], kind: str | None = None) -> T:
+    """``asyncio.run(coro)`` on a ``new_event_loop(kind)``."""
+    if _loop_kind(kind) == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
 # -- event-loop threads ------------------------------------------------------------------------
 
 
@@ -330,7 +385,7 @@ class LoopThread:
     """An asyncio event loop running forever on its own daemon thread."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self._cleanups: list[Callable[[], Awaitable[Any]]] = []
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()

@@ -7,6 +7,7 @@ the factory built was closed exactly once.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import socket
 import subprocess
@@ -549,7 +550,9 @@ def test_oversized_messages_end_the_session(env_cls: type[CountedEnv]) -> None:
         assert_all_closed_once(server, env_cls, built=1)
 
 
-def test_agilerl_serve_cli(tmp_path: Any) -> None:
+@pytest.mark.parametrize("loop", ["asyncio", pytest.param("uvloop", marks=pytest.mark.skipif(
+    importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed on this platform"))])
+def test_agilerl_serve_cli(tmp_path: Any, loop: str) -> None:
     env_file = tmp_path / "envs.py"
     env_file.write_text(textwrap.dedent("""
         class Shout:
@@ -565,7 +568,7 @@ def test_agilerl_serve_cli(tmp_path: Any) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "agilerl", "serve", f"{env_file}:Shout", "--port", "0",
          "--env-config", '{"suffix": "?"}', "--max-concurrent-envs", "3", "--header-timeout", "0.5",
-         "--max-message-bytes", "2048"],
+         "--max-message-bytes", "2048", "--loop", loop],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -574,6 +577,7 @@ def test_agilerl_serve_cli(tmp_path: Any) -> None:
         assert proc.stdout.readline().strip() == "env closed"
         line = proc.stdout.readline()
         url = line.split(" at ")[1].split()[0]
+        assert f"; {loop} loop)" in line
         with RemoteEnvClient(url) as client:
             client.reset()
             assert client.step("hi")[0] == "HI?"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -243,3 +245,44 @@ def _wait_for(condition: Callable[[], bool], limit_s: float = 10.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def _loop_module(kind: str | None) -> str:
+    from agilerl.concurrency import new_event_loop
+
+    loop = new_event_loop(kind)
+    try:
+        return type(loop).__module__.split(".")[0]
+    finally:
+        loop.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed on this platform")
+def test_the_event_loop_is_uvloop_when_installed_unless_asyncio_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agilerl.concurrency import LOOP_ENV_VAR, run
+
+    monkeypatch.delenv(LOOP_ENV_VAR, raising=False)
+    assert _loop_module(None) == "uvloop" == _loop_module("auto") == _loop_module("uvloop")
+    assert _loop_module("asyncio") == "asyncio"
+    monkeypatch.setenv(LOOP_ENV_VAR, "asyncio")
+    assert _loop_module(None) == "asyncio"
+    assert _loop_module("uvloop") == "uvloop"  # an explicit choice (serve --loop) wins over the variable
+
+    async def running() -> str:
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+    assert run(running(), "uvloop") == "uvloop" and run(running(), "asyncio") == "asyncio"
+
+
+def test_an_unknown_or_missing_event_loop_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agilerl.concurrency import LOOP_ENV_VAR
+    from agilerl.errors import InvalidArgument
+
+    monkeypatch.setenv(LOOP_ENV_VAR, "trio")
+    with pytest.raises(InvalidArgument, match=r"'trio' \(from AGILERL_EVENT_LOOP\) is not one of auto, uvloop, asyncio"):
+        _loop_module(None)
+    monkeypatch.delenv(LOOP_ENV_VAR)
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    assert _loop_module("auto") == "asyncio"
+    with pytest.raises(InvalidArgument, match="uvloop is not installed: pip install uvloop"):
+        _loop_module("uvloop")

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from agilerl.cli.args import json_object, positive_float, positive_int
+from agilerl.concurrency import LOOP_ENV_VAR, LOOP_KINDS
 from agilerl.errors import EnvError, InvalidArgument
 from agilerl.remote import limits
 
@@ -33,6 +34,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--session-timeout", type=positive_float, default=None, metavar="S",
                         help="Close sessions idle for S seconds (default: never).")
     parser.add_argument("--token", default=None, help="Bearer token required on every route.")
+    parser.add_argument("--loop", choices=LOOP_KINDS, default=None,
+                        help=f"Event loop (default: ${LOOP_ENV_VAR}, else auto: uvloop when installed).")
     connections = parser.add_argument_group(
         "connection limits", "What a slow, silent or flooding client may hold (the server's defaults shown)."
     )
@@ -63,8 +66,7 @@ _LIMITS = [  # flag, type, EnvServer keyword, default, what it bounds
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-
+    from agilerl.concurrency import run
     from agilerl.remote.hosting import build_server
 
     if args.token is not None and not args.token.strip():
@@ -82,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
         session_timeout_s=args.session_timeout,
         **{option: getattr(args, option) for _, _, option, _, _ in _LIMITS},
     )
-    asyncio.run(_run_until_signal(server))
+    run(_run_until_signal(server), args.loop)
     return 0
 
 
@@ -123,7 +125,8 @@ async def _run_until_signal(server: Any) -> None:
     # Everything alive now (modules, the env class) lives as long as the process: frozen, it is
     # never rescanned, so a full collection stops being a ~15 ms pause for every session.
     gc.freeze()
-    print(f"serving {server.name} at {url} (WebSocket: {url.replace('http', 'ws', 1)}/ws); "
+    loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+    print(f"serving {server.name} at {url} (WebSocket: {url.replace('http', 'ws', 1)}/ws; {loop_name} loop); "
           "Ctrl-C stops", flush=True)
     try:
         await stop.wait()
