@@ -12,8 +12,8 @@ calls at once.
   env: a sync method on worker threads (never inline on the loop), an ``async def`` one awaited;
   ``EnvCaller.own_thread()`` gives one env (one server session) a thread of its own, so an env
   bound to the thread that built it (sqlite, Playwright's sync API) works.
-- ``new_event_loop`` / ``run``: uvloop where it is installed (as uvicorn, and so OpenEnv's server,
-  picks it), asyncio's own loop otherwise or when asked (``$AGILERL_EVENT_LOOP``, ``--loop``).
+- ``new_event_loop`` / ``run``: uvloop where it is installed (uvicorn, OpenEnv's server, picks it
+  the same way), asyncio's own loop otherwise or when asked (``$AGILERL_EVENT_LOOP``, ``--loop``).
 - ``LoopThread`` and ``shared_loop()``: an event loop on its own thread; one per process for all
   remote clients, one per env server.
 - ``run_in_threads`` / ``run_on_loop``: one call per env at once, each bounded by a timeout.
@@ -361,7 +361,7 @@ def new_event_loop(kind: str | None = None) -> asyncio.AbstractEventLoop:
     """A new event loop of ``kind`` ('auto', 'uvloop', 'asyncio'; see ``_loop_kind``).
 
     uvloop serves the same frames for a good deal less CPU (bench/README.md, the server's sync
-    case), and OpenEnv's server already runs on it: uvicorn picks it whenever it is installed."""
+    case); uvicorn, which runs OpenEnv's server, picks it the same way whenever it is installed."""
     if _loop_kind(kind) == "uvloop":
         import uvloop
 

@@ -123,8 +123,12 @@ async def _run_until_signal(server: Any) -> None:
         loop.add_signal_handler(sig, stop.set)
     url = await server.start()
     # Everything alive now (modules, the env class) lives as long as the process: frozen, it is
-    # never rescanned, so a full collection stops being a ~15 ms pause for every session.
+    # never rescanned, so a full collection stops being a ~15 ms pause for every session. And a
+    # young-generation pass every 10,000 allocations rather than 700: an MCP env's step (FastMCP,
+    # pydantic) allocates hundreds of objects, and the default ran a pass every few steps (6-10%
+    # of the MCP case's time; bench/README.md). Garbage in cycles waits a little longer, no more.
     gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
     loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
     print(f"serving {server.name} at {url} (WebSocket: {url.replace('http', 'ws', 1)}/ws; {loop_name} loop); "
           "Ctrl-C stops", flush=True)
