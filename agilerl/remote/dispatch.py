@@ -18,11 +18,7 @@ from agilerl.envs.client import InProcessEnvClient
 from agilerl.remote.frames import (
     ErrorCode,
     FrameError,
-    McpFrame,
-    ResetFrame,
     RpcCode,
-    StateFrame,
-    StepFrame,
     error_frame,
     mcp_frame,
     observation_frame,
@@ -74,22 +70,25 @@ class TextSession:
     async def reply(self, raw: str | bytes) -> dict[str, Any] | None:
         try:
             frame = parse_client_frame(raw)
+            kind = frame["type"]
             client = self.client
-            if type(frame) is StepFrame:
-                text, reward, terminated, truncated, info = await client.astep(frame.data.message)
+            if kind == "step":
+                text, reward, terminated, truncated, info = await client.astep(frame["data"]["message"])
                 self.steps += 1
                 return observation_frame(text, reward, terminated, truncated, info if self.with_info else None)
-            if type(frame) is ResetFrame:
-                data = frame.data
-                text, info = await client.areset(data.seed, row_index=data.row_index, evaluation=data.evaluation)
+            if kind == "reset":
+                data = frame.get("data") or {}
+                text, info = await client.areset(
+                    data.get("seed"), row_index=data.get("row_index"), evaluation=data.get("evaluation")
+                )
                 self.steps = 0
                 self.episode_id = uuid.uuid4().hex
                 return observation_frame(text, 0.0, False, False, info if self.with_info else None)
-            if type(frame) is StateFrame:
+            if kind == "state":
                 state = await client.astate()
                 return state_frame({"episode_id": self.episode_id, "step_count": self.steps, **state})
-            if type(frame) is McpFrame:
-                return mcp_frame(await self.mcp(frame.data))
+            if kind == "mcp":
+                return mcp_frame(await self.mcp(frame["data"]))
             return None  # close
         except FrameError as exc:
             return error_frame(exc.code, str(exc), **exc.extra)
