@@ -1,10 +1,14 @@
 """WebSocket env servers under load: ours vs openenv-core's vs a bare aiohttp echo (the ceiling).
 
 The same trivial synchronous env is served by ``agilerl serve`` (``agilerl``: its calls run on
-worker threads) and by openenv-core's ``create_app`` (run from ``.venv-openenv``, see
-tests/test_remote_openenv.py); ``agilerl-async`` serves the same env written with ``async def``
-methods (awaited on the server's event loop); the echo server answers every frame with a canned
-observation and runs no env at all. Each server runs in its
+each session's thread; the event loop is uvloop where installed, ``agilerl-asyncio`` forces
+asyncio's own) and by openenv-core's ``create_app`` under uvicorn (run from ``.venv-openenv``, see
+tests/test_remote_openenv.py): ``openenv-core`` on asyncio's loop, which is what its default
+install runs (openenv-core does not install uvloop), and ``openenv-uvloop`` on uvloop, shown
+when that venv has it (``.venv-openenv/bin/pip install uvloop``). ``agilerl-async`` serves the
+same env written with ``async def`` methods (awaited on the server's event loop); the echo
+server, on the same loop as ``agilerl``, answers every frame with a canned observation and runs
+no env at all. Each server runs in its
 own process pinned to CPU 0; one load client, pinned to CPU 1, holds N sessions that step as
 fast as they can. The load client speaks raw WebSocket frames over asyncio sockets, so it costs far
 less per step than any server and the servers, not the client, set the pace. When allowed (root),
@@ -13,7 +17,7 @@ and the ratios against openenv-core and the echo ceiling.
 
 The MCP case (``--cases mcp``) serves an MCP env shaped like OpenEnv's echo env (an
 ``MCPEnvironment`` with an ``echo_message`` tool; every step is a ``call_tool``) by ``agilerl
-serve`` and by openenv-core, both from ``.venv-openenv``, and measures the same env stepped in
+serve`` and by openenv-core (``openenv-mcp``; ``openenv-mcp-uv`` on uvloop), all from ``.venv-openenv``, and measures the same env stepped in
 process (``await env.step_async(...)`` inside one held ``mcp_session()`` per env, N envs on one
 event loop pinned to the server CPU): the env's own rate, with no server at all.
 
@@ -91,7 +95,7 @@ class TrivialEnv(Environment):
         return State()
 
 app = create_app(TrivialEnv, TextAction, TextObservation, max_concurrent_envs=int(sys.argv[2]))
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", loop=sys.argv[3])
 '''
 
 
@@ -136,7 +140,7 @@ from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservatio
 from mcp_echo_env import EchoMcpEnv
 
 app = create_app(EchoMcpEnv, CallToolAction, CallToolObservation, max_concurrent_envs=int(sys.argv[2]))
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", loop=sys.argv[3])
 '''
 
 IN_PROCESS_MCP = '''
@@ -188,10 +192,12 @@ def echo_server(port: int, step_latency_s: float = 0.0) -> None:
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "healthy"})
 
+    from agilerl.concurrency import new_event_loop
+
     app = web.Application()
     app.router.add_get("/ws", ws_handler)
     app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=new_event_loop())
 
 
 def _free_port() -> int:
@@ -222,12 +228,15 @@ def _command(name: str, port: int, max_sessions: int, mcp_dir: Path) -> list[str
     serve = ["-m", "agilerl", "serve", "--port", str(port), "--max-concurrent-envs", str(max_sessions)]
     commands = {
         "agilerl": [sys.executable, *serve, f"{__file__}:TrivialEnv"],
+        "agilerl-asyncio": [sys.executable, *serve, "--loop", "asyncio", f"{__file__}:TrivialEnv"],
         "agilerl-async": [sys.executable, *serve, f"{__file__}:AsyncTrivialEnv"],
-        "openenv-core": [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions)],
+        "openenv-core": [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions), "asyncio"],
+        "openenv-uvloop": [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions), "uvloop"],
         "aiohttp-echo": [sys.executable, __file__, "--echo-server", str(port)],
         # the MCP env needs openenv-core, so both of its servers run from its venv
         "agilerl-mcp": [str(OPENENV_PYTHON), *serve, str(mcp_dir / "mcp_echo_env.py:EchoMcpEnv")],
-        "openenv-mcp": [str(OPENENV_PYTHON), "-c", OPENENV_MCP_SERVER, str(port), str(max_sessions)],
+        "openenv-mcp": [str(OPENENV_PYTHON), "-c", OPENENV_MCP_SERVER, str(port), str(max_sessions), "asyncio"],
+        "openenv-mcp-uv": [str(OPENENV_PYTHON), "-c", OPENENV_MCP_SERVER, str(port), str(max_sessions), "uvloop"],
     }
     return commands[name]
 
@@ -377,9 +386,16 @@ async def _load(url: str, sessions: int, seconds: float, warmup: float, step_fra
 
 
 CASES = {  # case: (its servers, the baseline the ratios are against, the step frame)
-    "sync": (("openenv-core", "agilerl", "agilerl-async", "aiohttp-echo"), "openenv-core", STEP_FRAME),
-    "mcp": (("openenv-mcp", "agilerl-mcp"), "openenv-mcp", MCP_STEP_FRAME),
+    "sync": (("openenv-core", "openenv-uvloop", "agilerl", "agilerl-asyncio", "agilerl-async", "aiohttp-echo"),
+             "openenv-core", STEP_FRAME),
+    "mcp": (("openenv-mcp", "openenv-mcp-uv", "agilerl-mcp"), "openenv-mcp", MCP_STEP_FRAME),
 }
+UVLOOP_ROWS = ("openenv-uvloop", "openenv-mcp-uv")  # shown only where the openenv venv has uvloop
+
+
+def _openenv_has_uvloop() -> bool:
+    probe = [str(OPENENV_PYTHON), "-c", "import uvloop"]
+    return subprocess.run(probe, capture_output=True, cwd="/", check=False).returncode == 0
 
 
 def _in_process_mcp(sessions: int, seconds: float, warmup: float, mcp_dir: Path) -> float:
@@ -392,6 +408,8 @@ def _in_process_mcp(sessions: int, seconds: float, warmup: float, mcp_dir: Path)
 
 def _run_case(case: str, levels: list[int], args: argparse.Namespace, mcp_dir: Path) -> None:
     servers, baseline, frame = CASES[case]
+    if not _openenv_has_uvloop():
+        servers = tuple(name for name in servers if name not in UVLOOP_ROWS)
     if case == "mcp":
         _openenv_venv_has_agilerl()
     started = _start(servers, max(levels) + 8, mcp_dir)
