@@ -8,6 +8,7 @@ to cost (a slot held forever, /health blocked for the whole env call, a 5 s late
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import socket
 import threading
@@ -228,3 +229,32 @@ def _read_until_closed(sock: socket.socket, limit_s: float) -> bytes:
     while chunk := sock.recv(4096):
         data += chunk
     return data
+
+
+@pytest.mark.parametrize("loop", ["asyncio", pytest.param("uvloop", marks=pytest.mark.skipif(
+    importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed on this platform"))])
+def test_the_connection_guard_steps_out_of_the_way_once_the_request_head_is_in(
+    loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the head deadline, frames go straight to aiohttp's protocol on either loop (uvloop's
+    transports look ``data_received`` up once: the guard must hand itself over again)."""
+    from agilerl.concurrency import LOOP_ENV_VAR
+    from agilerl.remote import guard
+
+    watched = 0
+    original = guard._Guarded.data_received
+
+    def counting(self: Any, data: bytes) -> None:
+        nonlocal watched
+        watched += 1
+        original(self, data)
+
+    monkeypatch.setattr(guard._Guarded, "data_received", counting)
+    monkeypatch.setenv(LOOP_ENV_VAR, loop)
+    url, server = resolve_env(HangableEnv)
+    with server, RemoteEnvClient(url) as client:
+        client.reset()
+        for i in range(50):
+            assert client.step(f"a{i}")[0] == f"a{i}"
+        assert type(server._thread.loop).__module__.split(".")[0] == loop
+    assert 1 <= watched <= 3, watched  # the upgrade request's bytes, not the 51 frames after it

@@ -130,6 +130,10 @@ class _Guarded(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.data_received = self._inner.data_received  # type: ignore[method-assign]
+        if self._transport is not None:
+            # uvloop's transports look data_received up once, when given their protocol: give it
+            # this one again, so they call aiohttp's protocol directly from now on too
+            self._transport.set_protocol(self)
 
     def _too_late(self) -> None:
         self._timer = None
