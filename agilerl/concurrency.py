@@ -44,6 +44,7 @@ __all__ = [
     "EnvCaller",
     "LOOP_ENV_VAR",
     "LOOP_KINDS",
+    "loop_kind",
     "new_event_loop",
     "run",
     "LoopThread",
@@ -335,7 +336,7 @@ LOOP_ENV_VAR = "AGILERL_EVENT_LOOP"
 LOOP_KINDS = ("auto", "uvloop", "asyncio")
 
 
-def _loop_kind(kind: str | None) -> str:
+def loop_kind(kind: str | None) -> str:
     """'uvloop' or 'asyncio' for ``kind`` (None: ``$AGILERL_EVENT_LOOP``, else 'auto')."""
     chosen = kind or os.environ.get(LOOP_ENV_VAR) or "auto"
     if chosen not in LOOP_KINDS:
@@ -358,11 +359,11 @@ def _loop_kind(kind: str | None) -> str:
 
 
 def new_event_loop(kind: str | None = None) -> asyncio.AbstractEventLoop:
-    """A new event loop of ``kind`` ('auto', 'uvloop', 'asyncio'; see ``_loop_kind``).
+    """A new event loop of ``kind`` ('auto', 'uvloop', 'asyncio'; see ``loop_kind``).
 
     uvloop serves the same frames for a good deal less CPU (bench/README.md, the server's sync
     case); uvicorn, which runs OpenEnv's server, picks it the same way whenever it is installed."""
-    if _loop_kind(kind) == "uvloop":
+    if loop_kind(kind) == "uvloop":
         import uvloop
 
         return uvloop.new_event_loop()
@@ -371,7 +372,7 @@ def new_event_loop(kind: str | None = None) -> asyncio.AbstractEventLoop:
 
 def run(coro: Coroutine[Any, Any, T], kind: str | None = None) -> T:
     """``asyncio.run(coro)`` on a ``new_event_loop(kind)``."""
-    if _loop_kind(kind) == "uvloop":
+    if loop_kind(kind) == "uvloop":
         import uvloop
 
         return uvloop.run(coro)

@@ -29,6 +29,13 @@ def test_serve_refuses_an_empty_token_instead_of_turning_auth_off(token):
     assert "--token is empty" in result.stderr
 
 
+def test_serve_refuses_an_unknown_event_loop_before_building_the_env():
+    result = _agilerl("serve", "no_such_module:Env", "--loop", "trio", "--port", "0")
+    assert result.returncode == 2
+    assert "event loop 'trio' (from --loop) is not one of auto, uvloop, asyncio" in result.stderr
+    assert "no_such_module" not in result.stderr and "Traceback" not in result.stderr
+
+
 def test_no_command_prints_usage_and_exits_2():
     result = _agilerl()
     assert result.returncode == 2

@@ -45,3 +45,5 @@ def test_cli_help_imports_no_heavy_library():
     modules = _imported_modules("import sys; sys.argv=['agilerl','--help']\nfrom agilerl.cli.main import main\ntry: main()\nexcept SystemExit: pass")
     assert "argparse" in modules
     assert not modules & set(HEAVY)
+    # nor the event-loop machinery: asyncio alone is a fifth of a cold --help (0.12 s against 0.16 s)
+    assert not modules & {"asyncio", "aiohttp", "uvloop"}

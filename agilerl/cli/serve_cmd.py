@@ -8,7 +8,6 @@ import sys
 from typing import Any
 
 from agilerl.cli.args import json_object, positive_float, positive_int
-from agilerl.concurrency import LOOP_ENV_VAR, LOOP_KINDS
 from agilerl.errors import EnvError, InvalidArgument
 from agilerl.remote import limits
 
@@ -34,8 +33,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--session-timeout", type=positive_float, default=None, metavar="S",
                         help="Close sessions idle for S seconds (default: never).")
     parser.add_argument("--token", default=None, help="Bearer token required on every route.")
-    parser.add_argument("--loop", choices=LOOP_KINDS, default=None,
-                        help=f"Event loop (default: ${LOOP_ENV_VAR}, else auto: uvloop when installed).")
+    # the loop kinds are checked by agilerl.concurrency, imported only to serve: --help stays light
+    parser.add_argument("--loop", default=None, metavar="{auto,uvloop,asyncio}",
+                        help="Event loop (default: $AGILERL_EVENT_LOOP, else auto: uvloop when installed).")
     connections = parser.add_argument_group(
         "connection limits", "What a slow, silent or flooding client may hold (the server's defaults shown)."
     )
@@ -66,9 +66,10 @@ _LIMITS = [  # flag, type, EnvServer keyword, default, what it bounds
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from agilerl.concurrency import run
+    from agilerl.concurrency import loop_kind, run
     from agilerl.remote.hosting import build_server
 
+    loop_kind(args.loop)  # a wrong --loop fails before anything is built
     if args.token is not None and not args.token.strip():
         raise InvalidArgument("--token is empty, which would turn authentication off; give a real token or leave --token out.")
     args.max_concurrent_envs = _build_one_env(args)
