@@ -40,6 +40,7 @@ from train_step import PROMPTS, _load, _prompt_ids, bandit_trajectories  # noqa:
 
 STEPPED = ("transformers", "vllm", "vllm-bf16")
 GENERATION_ONLY = ("transformers-bf16",)
+COMPILED = ("vllm-compiled", "vllm-bf16-compiled")  # --compiled: stepped like the others
 
 
 def load(name: str) -> tuple[Any, Any]:
@@ -60,14 +61,14 @@ def fixed_length(policy: Any) -> Any:
     return policy
 
 
-def build_policies(model: Any, tokenizer: Any) -> dict[str, Any]:
+def build_policies(model: Any, tokenizer: Any, compiled: bool) -> dict[str, Any]:
     """Each backend's policy over the one fp32 model (a bf16 copy for ``transformers-bf16``)."""
     import torch
 
     from agilerl.rollout.policy import TransformersPolicy
     from agilerl.rollout.vllm_policy import VLLMPolicy
 
-    return {
+    policies = {
         "transformers": fixed_length(TransformersPolicy(model, tokenizer, max_model_len=1024)),
         "vllm": fixed_length(VLLMPolicy(model, tokenizer, max_model_len=1024)),
         "vllm-bf16": fixed_length(VLLMPolicy(model, tokenizer, max_model_len=1024, dtype="bfloat16")),
@@ -75,6 +76,12 @@ def build_policies(model: Any, tokenizer: Any) -> dict[str, Any]:
             TransformersPolicy(copy.deepcopy(model).to(torch.bfloat16), tokenizer, max_model_len=1024)
         ),
     }
+    if compiled:  # torch.compile'd engines (generation: {enforce_eager: false}): a minute to start each
+        policies["vllm-compiled"] = fixed_length(VLLMPolicy(model, tokenizer, max_model_len=1024, enforce_eager=False))
+        policies["vllm-bf16-compiled"] = fixed_length(
+            VLLMPolicy(model, tokenizer, max_model_len=1024, dtype="bfloat16", enforce_eager=False)
+        )
+    return policies
 
 
 def bench_model(name: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -88,9 +95,9 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, dict[str, floa
     model, tokenizer = load(name)
     prompts = [_prompt_ids(tokenizer, p) for p in PROMPTS[: args.batch] for _ in range(args.group)]
     params = SamplingParams(max_new_tokens=args.completion_tokens)
-    policies = build_policies(model, tokenizer)
+    policies = build_policies(model, tokenizer, args.compiled)
     algorithm, optimizer = GRPO(), build_optimizer(list(model.parameters()), lr=1e-6)
-    backends = [*STEPPED, *GENERATION_ONLY]
+    backends = [*STEPPED, *(COMPILED if args.compiled else ()), *GENERATION_ONLY]
     rows: dict[str, list[tuple[float, float, float]]] = {b: [] for b in backends}
     for step in range(args.steps):
         for backend in backends[step % len(backends):] + backends[: step % len(backends)]:
@@ -130,7 +137,7 @@ def report(name: str, r: dict[str, dict[str, float]], args: argparse.Namespace) 
     print(f"  {'backend':<18} {'generation':>10} {'tok/s':>6} {'update':>7} {'push':>6} {'step':>7}  "
           f"{'gen x':>6} {'step x':>6}")
     for backend, t in r.items():
-        stepped = backend in STEPPED
+        stepped = backend not in GENERATION_ONLY
         cells = [f"{t[k]:.2f}s" if stepped else "-" for k in ("update_s", "push_s", "step_s")]
         step_ratio = f"{base['step_s'] / t['step_s']:.2f}x" if stepped else "-"
         gen = t["generation_s"]
@@ -146,6 +153,8 @@ def main() -> None:
     parser.add_argument("--completion-tokens", type=int, default=32)
     parser.add_argument("--steps", type=int, default=4, help="rounds, the first one warm-up")
     parser.add_argument("--threads", type=int, help="torch intra-op threads for every backend (default: torch's)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also torch.compile'd engines (enforce_eager: false), fp32 and bf16")
     args = parser.parse_args()
     if args.threads:
         import torch
