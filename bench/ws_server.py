@@ -7,8 +7,9 @@ tests/test_remote_openenv.py): ``openenv-core`` on asyncio's loop, which is what
 install runs (openenv-core does not install uvloop), and ``openenv-uvloop`` on uvloop, shown
 when that venv has it (``.venv-openenv/bin/pip install uvloop``). ``agilerl-async`` serves the
 same env written with ``async def`` methods (awaited on the server's event loop); the echo
-server, on the same loop as ``agilerl``, answers every frame with a canned observation and runs
-no env at all. Each server runs in its
+server (``aiohttp-echo``, aiohttp's default: asyncio's loop, the ceiling the ratios use) answers
+every frame with a canned observation and runs no env at all; ``echo-uvloop`` is the same on
+uvloop, shown when installed. Each server runs in its
 own process pinned to CPU 0; one load client, pinned to CPU 1, holds N sessions that step as
 fast as they can. The load client speaks raw WebSocket frames over asyncio sockets, so it costs far
 less per step than any server and the servers, not the client, set the pace. When allowed (root),
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import shutil
@@ -170,7 +172,7 @@ asyncio.run(main())
 '''
 
 
-def echo_server(port: int, step_latency_s: float = 0.0) -> None:
+def echo_server(port: int, step_latency_s: float = 0.0, loop: str = "asyncio") -> None:
     """A bare aiohttp WebSocket server answering each frame with a fixed observation frame (a
     step frame after ``step_latency_s``: bench/collector.py's floor for a slow env)."""
     from aiohttp import WSMsgType, web
@@ -197,7 +199,7 @@ def echo_server(port: int, step_latency_s: float = 0.0) -> None:
     app = web.Application()
     app.router.add_get("/ws", ws_handler)
     app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=new_event_loop())
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=new_event_loop(loop))
 
 
 def _free_port() -> int:
@@ -233,6 +235,7 @@ def _command(name: str, port: int, max_sessions: int, mcp_dir: Path) -> list[str
         "openenv-core": [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions), "asyncio"],
         "openenv-uvloop": [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions), "uvloop"],
         "aiohttp-echo": [sys.executable, __file__, "--echo-server", str(port)],
+        "echo-uvloop": [sys.executable, __file__, "--echo-server", str(port), "--echo-loop", "uvloop"],
         # the MCP env needs openenv-core, so both of its servers run from its venv
         "agilerl-mcp": [str(OPENENV_PYTHON), *serve, str(mcp_dir / "mcp_echo_env.py:EchoMcpEnv")],
         "openenv-mcp": [str(OPENENV_PYTHON), "-c", OPENENV_MCP_SERVER, str(port), str(max_sessions), "asyncio"],
@@ -386,7 +389,8 @@ async def _load(url: str, sessions: int, seconds: float, warmup: float, step_fra
 
 
 CASES = {  # case: (its servers, the baseline the ratios are against, the step frame)
-    "sync": (("openenv-core", "openenv-uvloop", "agilerl", "agilerl-asyncio", "agilerl-async", "aiohttp-echo"),
+    "sync": (("openenv-core", "openenv-uvloop", "agilerl", "agilerl-asyncio", "agilerl-async", "aiohttp-echo",
+              "echo-uvloop"),
              "openenv-core", STEP_FRAME),
     "mcp": (("openenv-mcp", "openenv-mcp-uv", "agilerl-mcp"), "openenv-mcp", MCP_STEP_FRAME),
 }
@@ -410,6 +414,8 @@ def _run_case(case: str, levels: list[int], args: argparse.Namespace, mcp_dir: P
     servers, baseline, frame = CASES[case]
     if not _openenv_has_uvloop():
         servers = tuple(name for name in servers if name not in UVLOOP_ROWS)
+    if importlib.util.find_spec("uvloop") is None:
+        servers = tuple(name for name in servers if name != "echo-uvloop")
     if case == "mcp":
         _openenv_venv_has_agilerl()
     started = _start(servers, max(levels) + 8, mcp_dir)
@@ -457,9 +463,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="Runs per level; medians are shown.")
     parser.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--echo-step-latency-ms", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--echo-loop", default="asyncio", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.echo_server:
-        echo_server(args.echo_server, args.echo_step_latency_ms / 1000)
+        echo_server(args.echo_server, args.echo_step_latency_ms / 1000, args.echo_loop)
         return
     if not OPENENV_PYTHON.exists():
         sys.exit(f"{OPENENV_PYTHON} is missing: create it with `python -m venv .venv-openenv && "
