@@ -190,7 +190,7 @@ Threads = WorkerThreads | SessionThread
 
 
 class LoopCalls:
-    """Blocking calls awaited from one event loop, run on ``WorkerThreads``."""
+    """Blocking calls awaited from one event loop, run on ``WorkerThreads`` or a ``SessionThread``."""
 
     def __init__(self, threads: Threads, loop: asyncio.AbstractEventLoop) -> None:
         self._threads = threads

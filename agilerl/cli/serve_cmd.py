@@ -69,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
     from agilerl.concurrency import loop_kind, run
     from agilerl.remote.hosting import build_server
 
-    loop_kind(args.loop)  # a wrong --loop fails before anything is built
+    kind = loop_kind(args.loop)  # a wrong --loop fails before anything is built
     if args.token is not None and not args.token.strip():
         raise InvalidArgument("--token is empty, which would turn authentication off; give a real token or leave --token out.")
     args.max_concurrent_envs = _build_one_env(args)
@@ -85,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
         session_timeout_s=args.session_timeout,
         **{option: getattr(args, option) for _, _, option, _, _ in _LIMITS},
     )
-    run(_run_until_signal(server), args.loop)
+    run(_run_until_signal(server, kind), kind)
     return 0
 
 
@@ -113,7 +113,7 @@ def _build_one_env(args: argparse.Namespace) -> int:
     return limit
 
 
-async def _run_until_signal(server: Any) -> None:
+async def _run_until_signal(server: Any, loop_name: str) -> None:
     import asyncio
     import gc
     import signal
@@ -130,7 +130,6 @@ async def _run_until_signal(server: Any) -> None:
     # of the MCP case's time; bench/README.md). Garbage in cycles waits a little longer, no more.
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
-    loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
     print(f"serving {server.name} at {url} (WebSocket: {url.replace('http', 'ws', 1)}/ws; {loop_name} loop); "
           "Ctrl-C stops", flush=True)
     try:
