@@ -42,6 +42,7 @@ __all__ = [
     "TrajectoryShapeError",
     "ConfigError",
     "MissingExtra",
+    "is_missing_itself",
     "ManifestError",
     "PluginError",
     "RegistrationError",
@@ -151,13 +152,19 @@ class MissingExtra(AgileRLError, ImportError):
             yield
         except ModuleNotFoundError as exc:
             name = exc.name or ""
-            named = importing is not None and (importing == name or importing.startswith(name + "."))
+            named = importing is not None and is_missing_itself(importing, name)
             missing = None if named else cls.for_module(name, what)
             if missing is not None:
                 raise missing from None
             if otherwise is None:
                 raise
             raise otherwise(exc) from exc
+
+
+def is_missing_itself(module: str, missing: str) -> bool:
+    """True when ``missing`` (a ``ModuleNotFoundError``'s name) is ``module`` or a package above
+    it: the module is not installed, rather than something it imports."""
+    return module == missing or module.startswith(missing + ".")
 
 
 class ManifestError(AgileRLError, ValueError):

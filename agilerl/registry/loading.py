@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agilerl.errors import LoadError, MissingExtra, ModuleNotImportable
+from agilerl.errors import LoadError, MissingExtra, ModuleNotImportable, is_missing_itself
 
 __all__ = ["is_reference", "split_reference", "load_object", "file_without_attr_message"]
 
@@ -72,7 +72,7 @@ def _import_module(name: str, ref: str, base_dir: str | Path | None = None) -> A
 def _missing_module_error(name: str, ref: str, exc: ModuleNotFoundError) -> LoadError:
     """``name`` itself not installed (``env_packages`` can install it), or a module it imports."""
     missing = exc.name or name
-    if missing == name or name.startswith(missing + "."):
+    if is_missing_itself(name, missing):
         return ModuleNotImportable(
             f"cannot import module {name!r} (from {ref!r}): it is not installed. "
             "Install the package that provides it, or list it under `env_packages` "
