@@ -132,7 +132,10 @@ VENVS = {
         ExtraVenv("openenv", "import openenv.core, fastmcp, uvicorn", _openenv_steps),
         ExtraVenv(
             "vllm",
-            f"import vllm, peft, agilerl; assert agilerl.__file__.startswith({str(ROOT)!r})",
+            f"import vllm, peft, agilerl; assert agilerl.__file__.startswith({str(ROOT)!r}); "
+            # this checkout's entry points (an older editable install lacks the gloo weight transfer)
+            "from importlib.metadata import entry_points as e; "
+            "assert 'agilerl_gloo' in e(group='vllm.general_plugins').names",
             _vllm_steps,
         ),
         ExtraVenv(

@@ -77,12 +77,18 @@ def _public_modules() -> list[str]:
     ]
 
 
+# modules built on an optional package's classes (checked where it is installed: .venv-vllm)
+NEEDS = {"agilerl.rollout.vllm_gloo": "vllm", "agilerl.rollout.vllm_transfer": "vllm"}
+
+
 @pytest.mark.parametrize("module", _public_modules())
 def test_every_public_module_says_what_it_exports(module):
     """``__all__`` names each module's public surface (a package that only groups modules and
     defines nothing has none), and every name in it exists."""
     from typing import TypeVar
 
+    if module in NEEDS:
+        pytest.importorskip(NEEDS[module])
     imported = importlib.import_module(module)
     defined = [
         name

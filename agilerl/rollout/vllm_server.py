@@ -5,14 +5,22 @@ Start each replica with the options that keep it token-exact and its weights pus
     VLLM_SERVER_DEV_MODE=1 vllm serve MODEL_DIR --port 8000 \\
         --logprobs-mode processed_logprobs --generation-config vllm
 
-``VLLM_SERVER_DEV_MODE`` turns on the ``/collective_rpc`` and ``/reset_prefix_cache`` routes
-the weight push uses. Generation posts token ids to ``/v1/completions`` (``return_token_ids``,
-``logprobs=0``), one request per prompt, all at once; the copies of one prompt (a GRPO group)
-go to one replica, so its prefix cache serves them. The weight push writes the weights as
-safetensors into ``weights_dir`` (a folder every replica reads: on one machine any folder, across
-machines a shared file system) and asks every replica to ``reload_weights`` from it, a path that
-works on any platform, CPUs included. (On GPUs vLLM's NCCL weight transfer avoids the disk;
-this class does not use it.)
+``VLLM_SERVER_DEV_MODE`` turns on the routes the weight push uses. Generation posts token ids to
+``/v1/completions`` (``return_token_ids``, ``logprobs=0``), one request per prompt, all at once;
+the copies of one prompt (a GRPO group) go to one replica, so its prefix cache serves them.
+
+The weight push goes one of three ways (``weight_transfer``):
+
+- ``disk``: the weights are written as safetensors into ``weights_dir`` (a folder every replica
+  reads: on one machine any folder, across machines a shared file system) and every replica
+  ``reload_weights`` from it. Any platform, no vllm in the trainer.
+- ``nccl``: vLLM's NCCL weight transfer (:mod:`agilerl.rollout.vllm_transfer`), GPU to GPU, no disk;
+  the replicas run with ``--weight-transfer-config '{"backend": "nccl"}'``.
+- ``gloo``: the same protocol over gloo (:mod:`agilerl.rollout.vllm_gloo`), CPU tensors, no disk
+  and no shared file system; the replicas run with ``'{"backend": "agilerl_gloo"}'``.
+
+Either way every replica's prefix cache is reset after the push. Under a launched trainer
+(several ranks) rank 0 pushes and the others wait for it.
 """
 
 from __future__ import annotations
@@ -22,30 +30,36 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from agilerl.concurrency import shared_loop
 from agilerl.errors import EndpointError, InvalidArgument
 from agilerl.rollout.policy import Generation, SamplingParams
-from agilerl.rollout.vllm_policy import _stop_ids, engine_requests, to_generation
+from agilerl.rollout.vllm_policy import WeightTransfer, _stop_ids, engine_requests, to_generation
 from agilerl.rollout.weights import hf_weights
 
 if TYPE_CHECKING:
     import aiohttp
     import torch
 
-__all__ = ["VLLMServerPolicy"]
+__all__ = ["VLLMServerPolicy", "WEIGHT_TRANSFERS"]
+
+WEIGHT_TRANSFERS: tuple[str, ...] = get_args(WeightTransfer)
 
 
 class VLLMServerPolicy:
-    """Generation on ``base_urls`` (vllm serve replicas); ``load_weights`` pushes through ``weights_dir``."""
+    """Generation on ``base_urls`` (vllm serve replicas); ``load_weights`` pushes by ``weight_transfer``
+    (``transfer_address``: the trainer's address the replicas reach, by default this host's on the
+    route to the first replica)."""
 
     def __init__(
         self,
         base_urls: Sequence[str],
         tokenizer: Any,
         *,
-        weights_dir: str | Path,
+        weights_dir: str | Path | None = None,
+        weight_transfer: WeightTransfer = "disk",
+        transfer_address: str | None = None,
         max_model_len: int | None = None,
         request_timeout_s: float = 600,
         initial_weights: Any = None,
@@ -53,7 +67,14 @@ class VLLMServerPolicy:
         if not base_urls:
             raise InvalidArgument("VLLMServerPolicy needs at least one base URL (http://host:port of vllm serve)")
         self.base_urls = [url.rstrip("/").removesuffix("/v1") for url in base_urls]
-        self.weights_dir = Path(weights_dir)
+        if weight_transfer not in WEIGHT_TRANSFERS:
+            raise InvalidArgument(f"weight_transfer {weight_transfer!r} is not one of {', '.join(WEIGHT_TRANSFERS)}")
+        if weight_transfer == "disk" and weights_dir is None:
+            raise InvalidArgument("weight_transfer 'disk' needs weights_dir (a folder every replica reads)")
+        self.weight_transfer = weight_transfer
+        self.weights_dir = None if weights_dir is None else Path(weights_dir)
+        self._transfer_address = transfer_address
+        self._transfer: Any = None  # vllm_transfer.WeightTransfer, opened at the first push
         self.stops = _stop_ids(tokenizer)
         config = getattr(initial_weights, "config", None)
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", None)
@@ -78,8 +99,22 @@ class VLLMServerPolicy:
         return out
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        rank, world = _trainer_rank()
+        if rank == 0:
+            if self.weight_transfer == "disk":
+                self._reload_from_disk(weights)
+            else:
+                self._transferred().push(list(weights))
+            self._each("POST", "reset_prefix_cache", [None] * len(self.base_urls))
+        if world > 1:  # no rank generates before the replicas hold the new weights
+            import torch.distributed
+
+            torch.distributed.barrier()
+
+    def _reload_from_disk(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         from safetensors.torch import save_file
 
+        assert self.weights_dir is not None
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         tensors, seen = {}, set()
         for name, tensor in weights:
@@ -91,15 +126,28 @@ class VLLMServerPolicy:
         partial = self.weights_dir / ".model.safetensors.partial"
         save_file(tensors, str(partial))
         os.replace(partial, self.weights_dir / "model.safetensors")  # a replica never reads half a file
-        path = str(self.weights_dir.resolve())
-        body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
-        self._loop.run(self._all(self._post(f"{url}/collective_rpc", body) for url in self.base_urls))
-        self._loop.run(self._all(self._post(f"{url}/reset_prefix_cache", None) for url in self.base_urls))
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir.resolve())}}
+        self._each("POST", "collective_rpc", [body] * len(self.base_urls))
+
+    def _transferred(self) -> Any:
+        if self._transfer is None:
+            try:
+                from agilerl.rollout.vllm_transfer import WeightTransfer
+            except ImportError as exc:
+                raise InvalidArgument(
+                    f"weight_transfer {self.weight_transfer!r} drives vLLM's trainer-side transfer engine, which needs "
+                    f"vllm in the trainer's environment ({exc}); or use weight_transfer 'disk'"
+                ) from None
+            self._transfer = WeightTransfer(self.weight_transfer, self.base_urls, self._each, self._transfer_address)
+        return self._transfer
 
     def sleep(self) -> None:
         """Servers keep their memory: they serve while the trainer steps."""
 
     def close(self) -> None:
+        if self._transfer is not None:
+            transfer, self._transfer = self._transfer, None
+            transfer.close()
         if self._session is not None:
             session, self._session = self._session, None
             self._loop.run(session.close())
@@ -114,7 +162,7 @@ class VLLMServerPolicy:
 
     async def _complete(self, url: str, prompt: list[int], fields: dict[str, Any]) -> tuple[list[int], list[float], str]:
         body = {k: v for k, v in fields.items() if k != "detokenize"}
-        reply = await self._post(f"{url}/v1/completions", {**body, "prompt": prompt, "return_token_ids": True})
+        reply = await self._request("POST", f"{url}/v1/completions", {**body, "prompt": prompt, "return_token_ids": True})
         try:
             choice = reply["choices"][0]
             return list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"]), choice["finish_reason"]
@@ -124,12 +172,18 @@ class VLLMServerPolicy:
                 "is it vllm serve (>= 0.11, which returns token ids)?"
             ) from None
 
-    async def _post(self, url: str, body: dict[str, Any] | None) -> Any:
+    def _each(self, method: str, path: str, bodies: Sequence[dict[str, Any] | None]) -> list[Any]:
+        """``method path`` on every replica at once, ``bodies[i]`` to the i-th; their replies."""
+        return self._loop.run(self._all(
+            self._request(method, f"{url}/{path}", body) for url, body in zip(self.base_urls, bodies)
+        ))
+
+    async def _request(self, method: str, url: str, body: dict[str, Any] | None) -> Any:
         import aiohttp
 
         assert self._session is not None
         try:
-            async with self._session.post(url, json=body) as response:
+            async with self._session.request(method, url, json=body) as response:
                 text = await response.text()
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}); is vllm serve running?") from None
@@ -138,3 +192,14 @@ class VLLMServerPolicy:
         if response.status != 200:
             raise EndpointError(f"{url} answered {response.status}: {text[:300]}")
         return json.loads(text) if text else None
+
+
+def _trainer_rank() -> tuple[int, int]:
+    """This process's rank among the trainer's and how many there are (a launcher's ``RANK`` before
+    its group is up, when no barrier can be held; ``0, 1`` when not launched)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), 1
