@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,32 @@ def test_grpo_with_vllm_trains_as_with_transformers(report):
     assert all(s is not None and s >= 0 for s in vllm["weight_sync_s"])  # pushed and timed every step
     assert set(hf["weight_sync_s"]) == {None}
     assert report["after_training_engine_matches_trainer"]
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_under_a_launcher_each_ranks_engine_holds_the_trained_weights(vllm_venv, tmp_path, engine):
+    """Two ranks under ``accelerate launch``, an engine each (``external_launcher``), GRPO through
+    ``train_llm_rollout``: every rank's engine generates exactly as the trained model, gathered
+    whole (under FSDP2 each rank holds half of it), and no longer as the initial one."""
+    flags = ["--multi_gpu"] if engine == "ddp" else ["--use_fsdp", "--fsdp_version", "2"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = subprocess.run(
+        [str(vllm_venv), "-m", "accelerate.commands.launch", *flags, "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+         str(ROOT / "tests" / "vllm_ranks_check.py"), str(tmp_path)],
+        capture_output=True, text=True, env={**vllm_env(), "OMP_NUM_THREADS": "1"}, cwd=ROOT / "tests",
+        timeout=600, check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert f"accelerate {'DDP' if engine == 'ddp' else 'FSDP2'}, 2 processes" in result.stderr + result.stdout
+    for rank in (0, 1):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["sharded"] == (engine == "fsdp")
+        assert report["weights_moved"] > 1e-3  # so the initial model is a different one
+        assert report["trained"]["same_tokens"] and report["trained"]["max_logprob_diff"] < LOGPROB_TOLERANCE
+        assert not report["initial"]["same_tokens"] or report["initial"]["max_logprob_diff"] > LOGPROB_TOLERANCE
 
 
 # -- the backend as a registered kind, without an engine (the dev env has no vLLM) ---------------

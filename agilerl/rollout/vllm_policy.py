@@ -141,6 +141,10 @@ class VLLMPolicy:
         # launched ranks (accelerate launch, torchrun): one engine each, in the launcher's group
         distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
         rank = int(os.environ.get("RANK", "0"))
+        if distributed and not torch.distributed.is_initialized():
+            # vLLM would start the default group itself, sized to its own parallel world (1 here),
+            # and the launcher's other ranks could never join; accelerate reuses the group made here
+            torch.distributed.init_process_group("cuda:nccl,cpu:gloo" if torch.cuda.is_available() else "gloo")
         with _trainer_threads_kept():
             self.llm = vllm.LLM(
                 model=self._config_dir.name,

@@ -1,0 +1,76 @@
+"""What tests/test_vllm.py asserts of colocated vLLM under a launcher, computed in ``.venv-vllm``:
+
+    accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 tests/vllm_ranks_check.py OUT_DIR
+
+Each rank builds its own engine (vLLM's ``external_launcher``), GRPO trains a few steps through
+``train_llm_rollout``, then each rank compares its engine with the trained weights gathered whole:
+greedy tokens and log-probs, against the trainer's model and against the initial one. Writes
+``OUT_DIR/rank{R}.json``, one file per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from vllm_checks import MAX_MODEL_LEN, tiny
+
+STEPS = 2
+
+
+def engine_against(policy, weights, tokenizer, prompt, greedy):
+    """This rank's engine's greedy tokens, and how far its log-probs are from a model holding ``weights``."""
+    from agilerl.rollout.policy import TransformersPolicy
+
+    model, _ = tiny(seed=0)
+    model.load_state_dict(dict(weights))
+    got = policy.generate([prompt], greedy)[0]
+    expected = TransformersPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN).generate([prompt], greedy)[0]
+    diff = max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs)) if got.token_ids == expected.token_ids else None
+    return {"same_tokens": got.token_ids == expected.token_ids, "max_logprob_diff": diff}
+
+
+def main(out_dir: str) -> None:
+    from agilerl.builtins.guess import GuessEnv
+    from agilerl.manifest.settings import TrainingSettings
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.rollout.vllm_policy import VLLMPolicy
+    from agilerl.rollout.weights import hf_weights
+    from agilerl.train.loops import train_llm_rollout
+
+    model, tokenizer = tiny(seed=0)
+    initial = hf_weights(model)
+    policy = VLLMPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN, seed=0)
+    training = TrainingSettings(
+        batch_size=4, group_size=4, max_steps=STEPS, lr=3e-3, max_new_tokens=3, evaluation_interval=STEPS,
+        eval_episodes=1, seed=0, output_dir=os.path.join(out_dir, "run"),
+    )
+
+    def factory() -> GuessEnv:
+        env = GuessEnv(low=1, high=10, target=7)
+        env.system_prompt = "Reply with one number."
+        return env
+
+    with RolloutCollector(factory, tokenizer, batch_size=4, group_size=4, max_turns=3, seed=0,
+                          sampling=SamplingParams(max_new_tokens=3)) as collector:
+        train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False,
+                          generation=policy, max_model_len=MAX_MODEL_LEN)
+    trained = hf_weights(model)  # gathered whole on every rank (a collective under FSDP2)
+    rank = int(os.environ["RANK"])
+    prompt = tokenizer.encode("<|im_start|>user\nReply with one number.<|im_end|>\n<|im_start|>assistant\n")
+    greedy = SamplingParams(temperature=0, max_new_tokens=8)
+    report = {
+        "sharded": type(next(model.parameters())).__name__ == "DTensor",
+        "trained": engine_against(policy, trained, tokenizer, prompt, greedy),
+        "initial": engine_against(policy, initial, tokenizer, prompt, greedy),
+        "weights_moved": max(float((a - b).abs().max()) for (_, a), (_, b) in zip(trained, initial)),
+    }
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":  # vLLM may spawn processes: start engines only here
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    main(sys.argv[1])
