@@ -103,25 +103,39 @@ def test_under_a_launcher_each_ranks_engine_holds_the_trained_weights(vllm_venv,
     """Two ranks under ``accelerate launch``, an engine each (``external_launcher``), GRPO through
     ``train_llm_rollout``: every rank's engine generates exactly as the trained model, gathered
     whole (under FSDP2 each rank holds half of it), and no longer as the initial one."""
+    result = launch_two_ranks(vllm_venv, engine, tmp_path, env=vllm_env())
+    assert f"accelerate {'DDP' if engine == 'ddp' else 'FSDP2'}, 2 processes" in result.stderr + result.stdout
+    for rank in (0, 1):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["sharded"] == (engine == "fsdp")
+        assert_engines_hold_the_trained_weights(report)
+
+
+def launch_two_ranks(
+    python: Path | str, engine: str, out: Path, *urls: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """tests/vllm_ranks_check.py under ``accelerate launch``, two ranks, DDP or FSDP2; it must succeed."""
     flags = ["--multi_gpu"] if engine == "ddp" else ["--use_fsdp", "--fsdp_version", "2"]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     result = subprocess.run(
-        [str(vllm_venv), "-m", "accelerate.commands.launch", *flags, "--num_processes", "2", "--num_machines", "1",
+        [str(python), "-m", "accelerate.commands.launch", *flags, "--num_processes", "2", "--num_machines", "1",
          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-         str(ROOT / "tests" / "vllm_ranks_check.py"), str(tmp_path)],
-        capture_output=True, text=True, env={**vllm_env(), "OMP_NUM_THREADS": "1"}, cwd=ROOT / "tests",
-        timeout=600, check=False,
+         str(ROOT / "tests" / "vllm_ranks_check.py"), str(out), *urls],
+        capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, cwd=ROOT / "tests", timeout=600,
+        check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    assert f"accelerate {'DDP' if engine == 'ddp' else 'FSDP2'}, 2 processes" in result.stderr + result.stdout
-    for rank in (0, 1):
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert report["sharded"] == (engine == "fsdp")
-        assert report["weights_moved"] > 1e-3  # so the initial model is a different one
-        assert report["trained"]["same_tokens"] and report["trained"]["max_logprob_diff"] < LOGPROB_TOLERANCE
-        assert not report["initial"]["same_tokens"] or report["initial"]["max_logprob_diff"] > LOGPROB_TOLERANCE
+    return result
+
+
+def assert_engines_hold_the_trained_weights(report: dict[str, Any]) -> None:
+    """tests/vllm_ranks_check.py's report: every engine is the trained model, none the initial one."""
+    assert report["weights_moved"] > 1e-3  # so the initial model is a different one
+    for trained, initial in zip(report["trained"], report["initial"], strict=True):
+        assert trained["same_tokens"] and trained["max_logprob_diff"] < LOGPROB_TOLERANCE, report
+        assert not initial["same_tokens"] or initial["max_logprob_diff"] > LOGPROB_TOLERANCE, report
 
 
 # -- the backend as a registered kind, without an engine (the dev env has no vLLM) ---------------

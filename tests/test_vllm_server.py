@@ -13,6 +13,7 @@ import importlib.util
 import json
 import re
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_vllm import LOGPROB_TOLERANCE, ROOT
+from tests.test_vllm import LOGPROB_TOLERANCE, ROOT, assert_engines_hold_the_trained_weights, launch_two_ranks
 from tests.vllm_checks import Recorder
 from tests.vllm_serve import VLLMServe
 
@@ -129,6 +130,16 @@ def test_every_replica_follows_a_weight_push(trained, replicas, tmp_path):
         assert got.token_ids == expected.token_ids
         assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs)) < LOGPROB_TOLERANCE
 
+
+def test_a_launched_trainer_pushes_once_and_every_rank_collects_from_the_new_weights(replicas, tmp_path):
+    """Two DDP ranks (this venv, no vllm) on both replicas, GRPO through ``train_llm_rollout``:
+    rank 0 pushes each step, the other waits for it; every replica ends on the trained weights."""
+    import os
+
+    result = launch_two_ranks(sys.executable, "ddp", tmp_path, *replicas, env=dict(os.environ))
+    assert "accelerate DDP, 2 processes" in result.stderr + result.stdout
+    for rank in (0, 1):
+        assert_engines_hold_the_trained_weights(json.loads((tmp_path / f"rank{rank}.json").read_text()))
 
 def test_a_gloo_push_reaches_every_replica_without_a_shared_folder(vllm_venv, replicas, tmp_path):
     """vLLM's trainer engine and weight-transfer routes, NCCL's protocol with gloo's communicator."""
