@@ -150,9 +150,12 @@ def test_a_gloo_push_reaches_every_replica_without_a_shared_folder(vllm_venv, re
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     report = json.loads(out.read_text())
-    for push in ("first", "second"):  # the second through the group the first opened
+    # the second through the group the first opened; the third through a new one, the replicas
+    # having left the first for another trainer's (as a restarted replica leaves it)
+    for push in ("first", "second", "after_takeover"):
         assert [r["same_tokens"] for r in report[push]] == [True, True], report
         assert max(r["max_logprob_diff"] for r in report[push]) < LOGPROB_TOLERANCE, report
+    assert len(report["reopened_warning"]) == 1 and all(url in report["reopened_warning"][0] for url in replicas)
     # a replica serving another backend is named with the fix, before any rendezvous could hang
     assert """--weight-transfer-config '{"backend": "nccl"}'""" in report["refusal"], report
 

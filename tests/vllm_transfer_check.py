@@ -5,7 +5,8 @@
 
 The replicas run with ``--weight-transfer-config '{"backend": "agilerl_gloo"}'``. Two pushes
 through one group (the first opens it), each followed by a greedy check of every replica alone
-against ``TransformersPolicy`` on the pushed weights; then a refused backend.
+against ``TransformersPolicy`` on the pushed weights; a third after another trainer took the
+replicas over; then a refused backend.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import sys
 import tempfile
 import time
+import warnings
 
 from vllm_checks import MAX_MODEL_LEN, tiny
 
@@ -53,6 +55,17 @@ def main(report_path: str, urls: list[str]) -> None:
     policy.load_weights(hf_weights(model))
     report["second_push_s"] = time.perf_counter() - start
     replicas_agree_with(model, tokenizer, urls, report, "second")
+
+    # another trainer takes the replicas over (as a restart would, it leaves this group behind):
+    # the next push opens a new group instead of broadcasting to peers that left
+    other = VLLMServerPolicy(urls, tokenizer, weight_transfer="gloo", initial_weights=tiny(seed=5)[0])
+    other.close()
+    model, _ = tiny(seed=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        policy.load_weights(hf_weights(model))
+    report["reopened_warning"] = [str(w.message) for w in caught if "new weight-transfer group" in str(w.message)]
+    replicas_agree_with(model, tokenizer, urls, report, "after_takeover")
     policy.close()
 
     with tempfile.TemporaryDirectory() as unused:

@@ -36,10 +36,10 @@ from agilerl.rollout.weights import hf_weights
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VLLMOptions", "WeightTransfer", "build_vllm_policy", "VLLMPolicy", "engine_requests", "to_generation"]
+__all__ = ["VLLMOptions", "WeightTransferKind", "build_vllm_policy", "VLLMPolicy", "engine_requests", "to_generation"]
 
 
-WeightTransfer = Literal["disk", "nccl", "gloo"]  # how a push reaches vllm serve replicas
+WeightTransferKind = Literal["disk", "nccl", "gloo"]  # how a push reaches vllm serve replicas
 
 
 class VLLMOptions(BaseModel):
@@ -59,7 +59,7 @@ class VLLMOptions(BaseModel):
         None, description="Colocated: sleep during the optimiser step; default: where the platform supports it (CUDA)."
     )
     base_urls: list[str] = Field(default_factory=list, description="Server: the replicas' http://host:port.")
-    weight_transfer: WeightTransfer = Field(
+    weight_transfer: WeightTransferKind = Field(
         "disk",
         description="Server: how pushed weights reach the replicas: 'disk' (through weights_dir), 'nccl' (vLLM's "
         "NCCL transfer, GPUs) or 'gloo' (the same over gloo, CPUs); the last two need vllm in the trainer's env.",

@@ -28,14 +28,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from agilerl.concurrency import shared_loop
-from agilerl.errors import EndpointError, InvalidArgument
+from agilerl.errors import AgileRLWarning, EndpointError, InvalidArgument
 from agilerl.rollout.policy import Generation, SamplingParams
-from agilerl.rollout.vllm_policy import WeightTransfer, _stop_ids, engine_requests, to_generation
+from agilerl.rollout.vllm_policy import WeightTransferKind, _stop_ids, engine_requests, to_generation
 from agilerl.rollout.weights import hf_weights
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["VLLMServerPolicy", "WEIGHT_TRANSFERS"]
 
-WEIGHT_TRANSFERS: tuple[str, ...] = get_args(WeightTransfer)
+WEIGHT_TRANSFERS: tuple[str, ...] = get_args(WeightTransferKind)
 
 
 class VLLMServerPolicy:
@@ -58,7 +59,7 @@ class VLLMServerPolicy:
         tokenizer: Any,
         *,
         weights_dir: str | Path | None = None,
-        weight_transfer: WeightTransfer = "disk",
+        weight_transfer: WeightTransferKind = "disk",
         transfer_address: str | None = None,
         max_model_len: int | None = None,
         request_timeout_s: float = 600,
@@ -130,6 +131,12 @@ class VLLMServerPolicy:
         self._each("POST", "collective_rpc", [body] * len(self.base_urls))
 
     def _transferred(self) -> Any:
+        if self._transfer is not None and (gone := self._transfer.replicas_gone()):
+            warnings.warn(
+                f"{', '.join(gone)} no longer hold the last pushed weights (restarted?): opening a new "
+                "weight-transfer group", AgileRLWarning, 2,
+            )
+            self._close_transfer()
         if self._transfer is None:
             try:
                 from agilerl.rollout.vllm_transfer import WeightTransfer
@@ -145,12 +152,18 @@ class VLLMServerPolicy:
         """Servers keep their memory: they serve while the trainer steps."""
 
     def close(self) -> None:
-        if self._transfer is not None:
-            transfer, self._transfer = self._transfer, None
-            transfer.close()
+        self._close_transfer()
         if self._session is not None:
             session, self._session = self._session, None
             self._loop.run(session.close())
+
+    def _close_transfer(self) -> None:
+        if self._transfer is not None:
+            transfer, self._transfer = self._transfer, None
+            try:
+                transfer.close()
+            except EndpointError as exc:  # a replica gone already holds no group to drop
+                warnings.warn(f"the weight-transfer group was not closed on every replica: {exc}", AgileRLWarning, 3)
 
     async def _all(self, calls: Iterable[Any]) -> list[Any]:
         if self._session is None:
