@@ -133,7 +133,7 @@ class VLLMServerPolicy:
     def _transferred(self) -> Any:
         if self._transfer is not None and (gone := self._transfer.replicas_gone()):
             warnings.warn(
-                f"{', '.join(gone)} no longer hold the last pushed weights (restarted?): opening a new "
+                f"the weights on {', '.join(gone)} are not the last pushed (a restart?): opening a new "
                 "weight-transfer group", AgileRLWarning, 2,
             )
             self._close_transfer()
