@@ -156,6 +156,11 @@ def test_a_gloo_push_reaches_every_replica_without_a_shared_folder(vllm_venv, re
         assert [r["same_tokens"] for r in report[push]] == [True, True], report
         assert max(r["max_logprob_diff"] for r in report[push]) < LOGPROB_TOLERANCE, report
     assert len(report["reopened_warning"]) == 1 and all(url in report["reopened_warning"][0] for url in replicas)
+    # a replica that left the group is left out of generation until the next push, and with none left
+    # generation stops, naming the way out, instead of sampling from weights that are not the trainer's
+    assert report["left_out_same_tokens"] and len(report["left_out_warning"]) == 1, report
+    assert replicas[1] in report["left_out_warning"][0] and f"generating on {replicas[0]}" in report["left_out_warning"][0]
+    assert "no replica holds the last pushed weights" in report["none_left"] and "weight_transfer 'disk'" in report["none_left"]
     # a replica serving another backend is named with the fix, before any rendezvous could hang
     assert """--weight-transfer-config '{"backend": "nccl"}'""" in report["refusal"], report
 
@@ -189,3 +194,27 @@ def test_only_the_first_trainer_rank_pushes(chatml_tokenizer, tmp_path, monkeypa
     with pytest.raises(EndpointError, match="cannot reach http://127.0.0.1:9"):
         policy.load_weights([])
     policy.close()
+
+
+def test_a_replica_that_lost_the_last_push_reloads_it_from_the_folder(trained, replicas, tmp_path):
+    """As a restarted replica would, one ends up on other weights (another trainer's push): before
+    generating, the trainer's policy finds it and reloads the last push from ``weights_dir``."""
+    from agilerl.errors import AgileRLWarning
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.rollout.weights import hf_weights
+
+    model, tokenizer, policy = trained
+    policy.load_weights(hf_weights(model))  # both replicas hold this push (earlier tests pushed others)
+    prompt = tokenizer.encode("<|im_start|>user\nguess a number<|im_end|>\n<|im_start|>assistant\n")
+    greedy = SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,))
+    alone = [VLLMServerPolicy([url], tokenizer, weights_dir=tmp_path / "unused") for url in replicas]
+    held = alone[1].generate([prompt], greedy)[0]
+    other = VLLMServerPolicy(replicas[1:], tokenizer, weights_dir=tmp_path / "other", initial_weights=_tiny(seed=7)[0])
+    other.close()
+    assert alone[1].generate([prompt], greedy)[0].logprobs != held.logprobs  # it holds other weights now
+    with pytest.warns(AgileRLWarning, match=f"weights on {replicas[1]} are not the last pushed.*reloading them"):
+        policy.generate([prompt], greedy)
+    assert alone[1].generate([prompt], greedy)[0].logprobs == held.logprobs  # the last push again
+    for one in alone:
+        one.close()

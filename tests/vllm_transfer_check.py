@@ -6,7 +6,7 @@
 The replicas run with ``--weight-transfer-config '{"backend": "agilerl_gloo"}'``. Two pushes
 through one group (the first opens it), each followed by a greedy check of every replica alone
 against ``TransformersPolicy`` on the pushed weights; a third after another trainer took the
-replicas over; then a refused backend.
+replicas over; generation while one, then both, hold other weights; then a refused backend.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def replicas_agree_with(model, tokenizer, urls, report, key):
 
 def main(report_path: str, urls: list[str]) -> None:
     from agilerl.errors import EndpointError
+    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
     from agilerl.rollout.vllm_server import VLLMServerPolicy
     from agilerl.rollout.weights import hf_weights
 
@@ -66,6 +67,26 @@ def main(report_path: str, urls: list[str]) -> None:
         policy.load_weights(hf_weights(model))
     report["reopened_warning"] = [str(w.message) for w in caught if "new weight-transfer group" in str(w.message)]
     replicas_agree_with(model, tokenizer, urls, report, "after_takeover")
+
+    # one replica leaves for another trainer: generation goes on, on the other one only
+    other = VLLMServerPolicy(urls[1:], tokenizer, weight_transfer="gloo", initial_weights=tiny(seed=8)[0])
+    other.close()
+    prompt = tokenizer.encode("<|im_start|>user\nguess a number<|im_end|>\n<|im_start|>assistant\n")
+    greedy = SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,))
+    prompts = [prompt, prompt[:-1], prompt[:-2]]  # three groups: the second was due on the replica that left
+    expected = TransformersPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN).generate(prompts, greedy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generated = policy.generate(prompts, greedy)
+    report["left_out_warning"] = [str(w.message) for w in caught if "until the next push" in str(w.message)]
+    report["left_out_same_tokens"] = [g.token_ids for g in generated] == [e.token_ids for e in expected]
+    # and none left holding the last push: generation stops with what to do
+    VLLMServerPolicy(urls[:1], tokenizer, weight_transfer="gloo", initial_weights=tiny(seed=8)[0]).close()
+    try:
+        policy.generate([prompt], greedy)
+        report["none_left"] = None
+    except EndpointError as exc:
+        report["none_left"] = str(exc)
     policy.close()
 
     with tempfile.TemporaryDirectory() as unused:

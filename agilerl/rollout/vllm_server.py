@@ -19,8 +19,10 @@ The weight push goes one of three ways (``weight_transfer``):
 - ``gloo``: the same protocol over gloo (:mod:`agilerl.rollout.vllm_gloo`), CPU tensors, no disk
   and no shared file system; the replicas run with ``'{"backend": "agilerl_gloo"}'``.
 
-Either way every replica's prefix cache is reset after the push. Under a launched trainer
-(several ranks) rank 0 pushes and the others wait for it.
+Either way every replica's prefix cache is reset after the push, and its weights are marked with
+the push's version, checked before each generation and push: a replica that lost them (a
+restart) reloads them from ``weights_dir``, or is left out until a new transfer group takes it
+in. Under a launched trainer (several ranks) rank 0 pushes and the others wait for it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -76,6 +79,8 @@ class VLLMServerPolicy:
         self.weights_dir = None if weights_dir is None else Path(weights_dir)
         self._transfer_address = transfer_address
         self._transfer: Any = None  # vllm_transfer.WeightTransfer, opened at the first push
+        # each push marks the replicas' weights (vLLM's /weight_info): a replica that lost them shows
+        self._run, self._pushes, self._version, self._versioned = uuid.uuid4().hex[:12], 0, None, True
         self.stops = _stop_ids(tokenizer)
         config = getattr(initial_weights, "config", None)
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", None)
@@ -88,11 +93,12 @@ class VLLMServerPolicy:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         requests = engine_requests(prompts, params, self.max_model_len, self.stops)
         out = [Generation([], [], "context") for _ in prompts]
+        replicas = self._holding_the_last_push() if requests else self.base_urls
         replica_of: dict[tuple[int, ...], str] = {}
         calls = []
         for i, fields in requests:
             key = tuple(prompts[i])
-            url = replica_of.setdefault(key, self.base_urls[len(replica_of) % len(self.base_urls)])
+            url = replica_of.setdefault(key, replicas[len(replica_of) % len(replicas)])
             calls.append((i, url, fields))
         results = self._loop.run(self._all(self._complete(url, list(prompts[i]), fields) for i, url, fields in calls))
         for (i, _, fields), (ids, logprobs, finish) in zip(calls, results):
@@ -102,17 +108,61 @@ class VLLMServerPolicy:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         rank, world = _trainer_rank()
         if rank == 0:
+            self._pushes += 1
+            version = f"agilerl-{self._run}-{self._pushes}"
             if self.weight_transfer == "disk":
-                self._reload_from_disk(weights)
+                self._write(weights)
+                self._reload(self.base_urls, version)
             else:
-                self._transferred().push(list(weights))
-            self._each("POST", "reset_prefix_cache", [None] * len(self.base_urls))
+                self._transferred().push(list(weights), version)
+                self._each("POST", "reset_prefix_cache", [None] * len(self.base_urls))
+            self._version = version
         if world > 1:  # no rank generates before the replicas hold the new weights
             import torch.distributed
 
             torch.distributed.barrier()
+            if rank and self._versioned:  # rank 0's version, for this rank's checks before generating
+                reply = self._each("GET", "weight_info", [None], self.base_urls[:1], missing_ok=True)[0]
+                self._version, self._versioned = (reply or {}).get("weight_version"), reply is not None
 
-    def _reload_from_disk(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _holding_the_last_push(self) -> list[str]:
+        """The replicas to generate on: those holding the last push. One that lost it (a restart)
+        reloads it from ``weights_dir``; over a transfer group it is left out until the next push."""
+        stale = self._stale()
+        if not stale:
+            return self.base_urls
+        if self.weight_transfer == "disk":
+            warnings.warn(
+                f"the weights on {', '.join(stale)} are not the last pushed (a restart?): reloading them from "
+                f"{self.weights_dir}", AgileRLWarning, 3,
+            )
+            self._reload(stale, str(self._version))
+            return self.base_urls
+        fresh = [url for url in self.base_urls if url not in stale]
+        if not fresh:
+            raise EndpointError(
+                f"no replica holds the last pushed weights ({', '.join(stale)} restarted?); they get them again at "
+                "the next push, so resume from the last checkpoint, or use weight_transfer 'disk', which reloads a "
+                "restarted replica from weights_dir"
+            )
+        warnings.warn(
+            f"the weights on {', '.join(stale)} are not the last pushed (a restart?): generating on "
+            f"{', '.join(fresh)} until the next push", AgileRLWarning, 3,
+        )
+        return fresh
+
+    def _stale(self) -> list[str]:
+        """The replicas whose weights are not the last push (none before the first, and none on a
+        vLLM without weight versions: it answers 404 and is not asked again)."""
+        if self._version is None or not self._versioned:
+            return []
+        replies = self._each("GET", "weight_info", [None] * len(self.base_urls), missing_ok=True)
+        if any(reply is None for reply in replies):
+            self._versioned = False
+            return []
+        return [url for url, reply in zip(self.base_urls, replies) if reply.get("weight_version") != self._version]
+
+    def _write(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         from safetensors.torch import save_file
 
         assert self.weights_dir is not None
@@ -127,14 +177,23 @@ class VLLMServerPolicy:
         partial = self.weights_dir / ".model.safetensors.partial"
         save_file(tensors, str(partial))
         os.replace(partial, self.weights_dir / "model.safetensors")  # a replica never reads half a file
+
+    def _reload(self, urls: list[str], version: str) -> None:
+        """``urls`` load the weights in ``weights_dir`` and are marked with ``version``."""
+        assert self.weights_dir is not None
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir.resolve())}}
-        self._each("POST", "collective_rpc", [body] * len(self.base_urls))
+        self._each("POST", "collective_rpc", [body] * len(urls), urls)
+        if self._versioned:
+            self._each("POST", "update_weight_version", [{"new_version": version}] * len(urls), urls, missing_ok=True)
+        self._each("POST", "reset_prefix_cache", [None] * len(urls), urls)
 
     def _transferred(self) -> Any:
-        if self._transfer is not None and (gone := self._transfer.replicas_gone()):
+        if self._transfer is not None and (stale := self._stale()):
+            # a replica that lost the last push left the group (a restart, another trainer): a
+            # broadcast would wait for it until the rendezvous times out (NCCL: for ever)
             warnings.warn(
-                f"the weights on {', '.join(gone)} are not the last pushed (a restart?): opening a new "
-                "weight-transfer group", AgileRLWarning, 2,
+                f"the weights on {', '.join(stale)} are not the last pushed (a restart?): opening a new "
+                "weight-transfer group", AgileRLWarning, 3,
             )
             self._close_transfer()
         if self._transfer is None:
@@ -185,13 +244,17 @@ class VLLMServerPolicy:
                 "is it vllm serve (>= 0.11, which returns token ids)?"
             ) from None
 
-    def _each(self, method: str, path: str, bodies: Sequence[dict[str, Any] | None]) -> list[Any]:
-        """``method path`` on every replica at once, ``bodies[i]`` to the i-th; their replies."""
+    def _each(
+        self, method: str, path: str, bodies: Sequence[dict[str, Any] | None], urls: Sequence[str] | None = None,
+        missing_ok: bool = False,
+    ) -> list[Any]:
+        """``method path`` on every replica (or ``urls``) at once, ``bodies[i]`` to the i-th; their
+        replies (``None`` for a route the server lacks, with ``missing_ok``)."""
         return self._loop.run(self._all(
-            self._request(method, f"{url}/{path}", body) for url, body in zip(self.base_urls, bodies)
+            self._request(method, f"{url}/{path}", body, missing_ok) for url, body in zip(urls or self.base_urls, bodies)
         ))
 
-    async def _request(self, method: str, url: str, body: dict[str, Any] | None) -> Any:
+    async def _request(self, method: str, url: str, body: dict[str, Any] | None, missing_ok: bool = False) -> Any:
         import aiohttp
 
         assert self._session is not None
@@ -200,6 +263,8 @@ class VLLMServerPolicy:
                 text = await response.text()
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}); is vllm serve running?") from None
+        if response.status == 404 and missing_ok:
+            return None
         if response.status == 404 and not url.endswith("/completions"):
             raise EndpointError(f"{url}: 404; start the server with VLLM_SERVER_DEV_MODE=1 to push weights")
         if response.status != 200:

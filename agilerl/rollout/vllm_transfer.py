@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import socket
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -82,13 +81,7 @@ class ReplicaClients:
 
 
 class WeightTransfer:
-    """One process group from the trainer to every replica's workers; :meth:`push` broadcasts the weights.
-
-    Each push marks the replicas' weights with a version of this group's own. A replica that no
-    longer holds the last one (restarted, or taken over by another trainer) has left the group,
-    and a broadcast would wait for it until the rendezvous times out (NCCL: for ever):
-    :meth:`replicas_gone` names them before a push, so the caller opens a new group instead.
-    """
+    """One process group from the trainer to every replica's workers; :meth:`push` broadcasts the weights."""
 
     def __init__(self, backend: str, base_urls: Sequence[str], calls: Calls, address: str | None = None) -> None:
         vllm_gloo.register()  # the trainer side of agilerl_gloo (vLLM loads its plugins only in its own processes)
@@ -103,10 +96,6 @@ class WeightTransfer:
                 )
         sizes = [int(reply["world_size"]) for reply in calls("GET", "get_world_size", [None] * len(base_urls))]
         offsets = list(itertools.accumulate([1, *sizes[:-1]]))  # the trainer is rank 0
-        self.base_urls = list(base_urls)
-        self._calls = calls
-        self._group = f"agilerl-{uuid.uuid4().hex[:12]}"
-        self._pushes = 0
         self.client = ReplicaClients(calls, offsets)
         self.source = PushedWeights()
         host = address or vllm_gloo.local_address_towards(urlsplit(base_urls[0]).hostname or "127.0.0.1")
@@ -115,21 +104,14 @@ class WeightTransfer:
             client=self.client, source=self.source,
         )
 
-    def push(self, weights: list[tuple[str, Any]]) -> None:
-        self._pushes += 1
-        self.client.version = f"{self._group}-{self._pushes}"
+    def push(self, weights: list[tuple[str, Any]], version: str) -> None:
+        """``weights`` to every replica, their weights marked ``version`` when all hold them."""
+        self.client.version = version
         self.source.pairs = weights
         try:
             self.engine.send_weights()
         finally:
             self.source.pairs = []
-
-    def replicas_gone(self) -> list[str]:
-        """The replicas whose weights are not this group's last push (none before the first)."""
-        if not self._pushes:
-            return []
-        replies = self._calls("GET", "weight_info", [None] * len(self.base_urls))
-        return [url for url, reply in zip(self.base_urls, replies) if (reply or {}).get("weight_version") != self.client.version]
 
     def close(self) -> None:
         self.engine.shutdown()
