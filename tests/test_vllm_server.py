@@ -9,7 +9,6 @@ tests/test_vllm.py (1e-4, fp32; there ~1e-6).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -165,10 +164,11 @@ def test_a_gloo_push_reaches_every_replica_without_a_shared_folder(vllm_venv, re
     assert """--weight-transfer-config '{"backend": "nccl"}'""" in report["refusal"], report
 
 
-def test_a_transfer_backend_without_vllm_in_the_trainer_says_so(chatml_tokenizer):
-    """This venv has no vllm: the push names what is missing before it reaches any server."""
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is importable here")
+def test_a_transfer_backend_without_vllm_in_the_trainer_says_so(chatml_tokenizer, monkeypatch):
+    """A trainer without vllm (this venv has none; ``None`` in ``sys.modules`` makes sure of it):
+    the push names what is missing before it reaches any server."""
+    for module in ("vllm", "agilerl.rollout.vllm_transfer", "agilerl.rollout.vllm_gloo"):
+        monkeypatch.setitem(sys.modules, module, None)
     from agilerl.errors import InvalidArgument
     from agilerl.rollout.vllm_server import VLLMServerPolicy
 
