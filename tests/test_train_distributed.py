@@ -193,3 +193,38 @@ def test_under_fsdp2_the_reference_is_sharded_like_the_policy(tmp_path):
     for report in reports:
         assert report["sharded"] and report["eval"] and not report["trainable"]
         assert report["local"] <= report["whole"] * 0.55  # each rank holds about half
+
+
+SLOW_RANK = """
+import os, sys, time
+import accelerate.accelerator as engine
+from agilerl.cli.main import main
+
+real = engine.save_accelerator_state
+
+
+def late(*args, **kwargs):  # a busy host: rank 1 reaches its own files after rank 0 finished
+    if os.environ.get("RANK") == "1":
+        time.sleep(2)
+    return real(*args, **kwargs)
+
+
+engine.save_accelerator_state = late
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_slow_rank_writes_its_checkpoint_files_before_rank_0_moves_the_folder(tmp_path):
+    """Rank 1 writes its share of a sharded checkpoint two seconds after rank 0 has written
+    its own: rank 0 waits for it before renaming ``step-N.partial`` (it used to rename it from
+    under rank 1: "Parent directory .../step-000001.partial/accelerate does not exist")."""
+    script, manifest, out = tmp_path / "slow_rank.py", tmp_path / "m.yaml", tmp_path / "run"
+    script.write_text(SLOW_RANK)
+    manifest.write_text(DPO.replace("BATCH", "2").replace("max_steps: 2", "max_steps: 1")
+                        .replace("evaluation_interval: 2", "evaluation_interval: 0"))
+    _accelerate_launch("fsdp", [str(script), "train", str(manifest), "--output-dir", str(out), "--no-progress"])
+    saved = out / "checkpoints" / "step-000001" / "accelerate"
+    assert sorted(p.name for p in saved.glob("random_states_*.pkl")) == ["random_states_0.pkl", "random_states_1.pkl"]
+    assert not list((out / "checkpoints").glob("*.partial"))

@@ -91,13 +91,19 @@ def save_checkpoint(
     final = checkpoint_dir(output_dir, step)
     partial = final.with_name(final.name + ".partial")
     main = accelerator.is_main_process
+    # The folder's life has three phases, each closed by a barrier: rank 0 makes it; every rank
+    # writes its share into it (accelerate's per-rank shards and RNG states, with no barrier of
+    # its own after them); rank 0 alone adds the whole model and renames it. Without the middle
+    # barrier rank 0 renamed the folder while a slower rank still wrote into it ("Parent
+    # directory ... does not exist" on a busy host).
     if main:
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        (partial / ACCELERATE_STATE).mkdir(parents=True)
     accelerator.wait_for_everyone()
     full = accelerator.get_state_dict(policy)  # whole weights (gathered when sharded) on rank 0
     with _quiet_about_tied_weights(accelerator.unwrap_model(policy)):
         accelerator.save_state(str(partial / ACCELERATE_STATE))
+    accelerator.wait_for_everyone()  # every rank's files are written before rank 0 moves the folder
     if main:
         own, extra = _split_state(accelerator.unwrap_model(policy), model, full)
         quiet = logging.is_progress_bar_enabled()
