@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import typing
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 __all__ = [
     "MAX_SEED",
@@ -193,6 +193,28 @@ class TrainingSettings(_Strict):
         None, min_length=1,
         description="The run's name in the trackers; defaults to output_dir's folder name.",
     )
+
+    rollout_mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="'sync': collect a batch, update, repeat (generation waits for the update). "
+        "'async': generation and env I/O never stop; the trainer takes finished groups from a "
+        "bounded queue (docs/async.md). Rollout only.",
+    )
+    max_staleness: int = Field(
+        1, ge=0,
+        description="async: every generated token that enters an update was produced by weights at "
+        "most this many optimiser steps older than the weights being updated (0: on-policy).",
+    )
+
+    @model_validator(mode="after")
+    def _async_fits(self) -> TrainingSettings:
+        """Combinations the async pipeline cannot honour, named with their fix."""
+        if self.rollout_mode == "sync" and self.max_staleness != 1 and "max_staleness" in self.model_fields_set:
+            raise ValueError(
+                f"max_staleness={self.max_staleness} applies to rollout_mode: async only (sync training "
+                "is always on-policy); set rollout_mode: async or remove max_staleness"
+            )
+        return self
 
     @field_validator("report_to", mode="before")
     @classmethod

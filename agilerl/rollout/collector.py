@@ -105,6 +105,7 @@ class RolloutCollector:
         # Slots 0..num_slots-1 roll out; the last one, built at the first evaluation, evaluates.
         self._slots: list[RolloutHarness | None] = [None] * (self.num_slots + 1)
         self._renderer: ChatRenderer | None = None
+        self._apply_lock = threading.Lock()
         self._closed = False
         first = env_factory()
         try:
@@ -177,8 +178,39 @@ class RolloutCollector:
         run = self._play(dict(enumerate(tasks)), policy, self.sampling, evaluation)
         return run.batch(time.perf_counter() - start)
 
+    def play_group(
+        self, group: int, task: Task, policy: Policy, *, stop: Callable[[Run], bool] | None = None
+    ) -> Run:
+        """Play one group: ``task`` on every slot of slot-group ``group`` (slots ``group*G ..
+        group*G+G-1``), with the collector's sampling. Several threads may each play their own
+        group at once (the async pipeline's lanes, docs/async.md); ``stop(run)``, asked before every
+        turn, ends the play early (the run is then incomplete and discarded by the caller)."""
+        if not 0 <= group < self.num_slots // self.group_size:
+            raise InvalidArgument(f"group must be in 0..{self.num_slots // self.group_size - 1}, got {group}")
+        slots = range(group * self.group_size, (group + 1) * self.group_size)
+        return self._play(dict.fromkeys(slots, task), policy, self.sampling, stop=stop)
+
+    def add_groups(self, count: int) -> None:
+        """Build the envs of ``count`` more slot-groups (more groups in flight at once, as the async
+        pipeline keeps); ``collect`` still plays ``batch_size`` groups."""
+        if count < 1:
+            return
+        info = self._harness_of(0).info
+        new = range(self.num_slots, self.num_slots + count * self.group_size)
+        check_capacity(info, new.stop)
+        evaluation = self._slots[self.num_slots]
+        self._slots[self.num_slots :] = [None] * len(new) + [evaluation]
+        self.num_slots = new.stop
+        self._create_many(new)
+
     def _play(
-        self, tasks: dict[int, Task], policy: Policy, params: SamplingParams, evaluation: bool | None = None
+        self,
+        tasks: dict[int, Task],
+        policy: Policy,
+        params: SamplingParams,
+        evaluation: bool | None = None,
+        *,
+        stop: Callable[[Run], bool] | None = None,
     ) -> Run:
         """Play every given slot's task to the end: one generate call and one env phase per turn.
         A slot whose attempt failed starts its task again (``reset``) with the next turn's phase."""
@@ -189,6 +221,8 @@ class RolloutCollector:
         prompts: dict[int, Sequence[int]] = {}
         starting = list(tasks)
         while starting or prompts:
+            if stop is not None and stop(run):
+                return run
             prompts.update(self._start(run, starting, evaluation, budget))
             for s in [s for s in prompts if budget.full(len(prompts[s]))]:  # no room: no model work
                 self._end_at_context(run, s, budget)
@@ -201,8 +235,9 @@ class RolloutCollector:
                     self._end_at_context(run, s, budget)
                     del prompts[s]
             actions = {
-                s: ((self._harness_of(s).prepare_step(gens[s].token_ids, logprobs=gens[s].logprobs),), {})
+                s: ((self._harness_of(s).prepare_step(g.token_ids, logprobs=g.logprobs, version=g.version),), {})
                 for s in prompts
+                for g in (gens[s],)
             }
             used = {s: sizes[s] + len(gens[s].token_ids) for s in actions}
             stepped = self._run_envs(run, "step", actions, used, budget)
@@ -269,6 +304,8 @@ class RolloutCollector:
                 f"{len(prompts)} prompts; it must return one per prompt, in order"
             )
         run.generated_tokens += sum(len(g.token_ids) for g in generations)
+        if run.oldest_version is None and generations:  # versions only grow: the first call's is the oldest
+            run.oldest_version = generations[0].version
         return generations
 
     def _run_envs(
@@ -311,6 +348,21 @@ class RolloutCollector:
             if not isinstance(r, BaseException) and budget.cannot_fit(answer_chars(method, r), used[s])
         }
         answers = [(s, r) for s, r in zip(slots, results) if not isinstance(r, BaseException) and s not in oversize]
+        with self._apply_lock:  # lanes playing their own groups share the renderer and tokenizer
+            return self._apply(run, method, slots, requests, results, oversize, answers, budget)
+
+    def _apply(
+        self,
+        run: Run,
+        method: str,
+        slots: list[int],
+        requests: dict[int, tuple[tuple[Any, ...], dict[str, Any]]],
+        results: list[Any],
+        oversize: set[int],
+        answers: list[tuple[int, Any]],
+        budget: ContextBudget,
+    ) -> dict[int, Any]:
+        """The answers of one env phase into their harnesses (see ``_run_envs``)."""
         try:
             self._warm(method, answers)
         except Exception:  # only a speed-up: apply meets (and reports) the same error

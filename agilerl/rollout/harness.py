@@ -122,7 +122,7 @@ class RolloutHarness:
         self._turn = 0
         self._done = True
         self._closed = False
-        self._pending: tuple[list[int], Sequence[float] | None] | None = None
+        self._pending: tuple[list[int], Sequence[float] | None, int | None] | None = None
 
     @classmethod
     def local(cls, env: Any, tokenizer: Any, max_turns: int | None = None, **kwargs: Any) -> RolloutHarness:
@@ -192,12 +192,15 @@ class RolloutHarness:
         return TokenView(ids, len(ids)), info
 
     def step(
-        self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None
+        self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None, version: int | None = None
     ) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
-        """Send one completion (generated token ids, or text) to the env; return the next prompt."""
-        return self.apply_step(self.client.step(self.prepare_step(completion, logprobs=logprobs)))
+        """Send one completion (generated token ids, or text) to the env; return the next prompt.
+        ``version`` is the policy version that generated it (``Trajectory.versions``)."""
+        return self.apply_step(self.client.step(self.prepare_step(completion, logprobs=logprobs, version=version)))
 
-    def prepare_step(self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None) -> str:
+    def prepare_step(
+        self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None, version: int | None = None
+    ) -> str:
         """The first half of ``step``: check the episode is live, return the env's action text.
 
         Send it with ``client.step`` (or ``await client.astep``), then pass the result to
@@ -213,20 +216,20 @@ class RolloutHarness:
             ended = bool(action_ids) and action_ids[-1] == self.renderer.end_of_turn_id
             body = action_ids[:-1] if ended else action_ids
             action_text = self.renderer.decode(body)
-        self._pending = (action_ids, logprobs)
+        self._pending = (action_ids, logprobs, version)
         return action_text
 
     def apply_step(self, result: StepResult) -> tuple[TokenView, float, bool, bool, dict[str, Any]]:
         """The second half of ``step``: record the env's answer to the prepared completion."""
         if self._pending is None:
             raise EpisodeError("apply_step() needs a prepare_step() first")
-        (action_ids, logprobs), self._pending = self._pending, None
+        (action_ids, logprobs, version), self._pending = self._pending, None
         traj = self.trajectory
         observation, reward, terminated, truncated, info = result
         self._turn += 1
         truncated = truncated or (not terminated and self._turn >= self.max_turns)
         self._done = terminated or truncated
-        self._append_turn(action_ids, logprobs, self.observation_role_for(info), observation)
+        self._append_turn(action_ids, logprobs, version, self.observation_role_for(info), observation)
         traj.rewards.append(reward)
         traj.terminated, traj.truncated = terminated, truncated
         return TokenView(traj.token_ids, len(traj.token_ids)), reward, terminated, truncated, info
@@ -282,7 +285,12 @@ class RolloutHarness:
         return self.chat.observation_role
 
     def _append_turn(
-        self, action_ids: list[int], logprobs: Sequence[float] | None, role: str, observation: str
+        self,
+        action_ids: list[int],
+        logprobs: Sequence[float] | None,
+        version: int | None,
+        role: str,
+        observation: str,
     ) -> None:
         """Append the completion, the template's turn close, the observation and the next opening."""
         traj = self.trajectory
@@ -296,6 +304,11 @@ class RolloutHarness:
                 traj.logprobs = [0.0] * len(traj.token_ids)
             traj.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(action_ids)
             traj.logprobs += [0.0] * len(tail)
+        if version is not None or traj.versions is not None:
+            if traj.versions is None:
+                traj.versions = [-1] * len(traj.token_ids)
+            traj.versions += [version if version is not None else -1] * len(action_ids)
+            traj.versions += [-1] * len(tail)
         traj.token_ids += action_ids
         traj.token_ids += tail
         traj.action_mask += [True] * len(action_ids)

@@ -62,11 +62,13 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """One completion: its token ids (ending with the stop token when it stopped), their log-probs."""
+    """One completion: its token ids (ending with the stop token when it stopped), their log-probs,
+    and the policy version of the weights that produced them (set by a ``VersionedPolicy``)."""
 
     token_ids: list[int]
     logprobs: list[float] | None = None
     finish_reason: FinishReason = "stop"
+    version: int | None = None
 
 
 @runtime_checkable

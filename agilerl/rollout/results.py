@@ -37,7 +37,9 @@ class SlotFailure:
 @dataclass
 class CollectStats:
     """What one ``collect`` cost and earned. Rewards are over the rollouts that finished: a lost
-    rollout leaves its group's statistics (see docs/collector.md, "When an env fails")."""
+    rollout leaves its group's statistics (see docs/collector.md, "When an env fails").
+    ``informative_groups`` counts the groups whose finished rewards differ (the others teach a
+    group-relative algorithm nothing)."""
 
     reward_mean: float
     reward_std: float
@@ -54,6 +56,7 @@ class CollectStats:
     lost: int = 0
     groups_dropped: int = 0
     context_truncated: int = 0
+    informative_groups: int = 0
     failures: list[SlotFailure] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
@@ -117,6 +120,7 @@ class Run:
         self.generation_calls = 0
         self.generated_tokens = 0
         self.context_truncated = 0
+        self.oldest_version: int | None = None  # the policy version of the first generation (async)
         self._attempts: dict[int, int] = {}
         self._replays: list[int] = []
 
@@ -197,6 +201,7 @@ class Run:
             lost=lost,
             groups_dropped=dropped,
             context_truncated=self.context_truncated,
+            informative_groups=sum(len(g) > 1 and max(g) > min(g) for g in groups.values()),
             failures=self.failures,
         )
         return RolloutBatch(trajectories, self.group_size, stats)
@@ -259,6 +264,7 @@ def _cut(traj: Trajectory, num_tokens: int) -> Trajectory:
         action_mask=traj.action_mask[:num_tokens],
         turn_ids=traj.turn_ids[:num_tokens],
         logprobs=None if traj.logprobs is None else traj.logprobs[:num_tokens],
+        versions=None if traj.versions is None else traj.versions[:num_tokens],
         rewards=traj.rewards[:turns],
         info=dict(traj.info),
     )

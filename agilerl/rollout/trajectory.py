@@ -16,6 +16,9 @@ class Trajectory:
     generated; ``turn_ids`` is the turn index of every token of that turn (the completion and the
     observation that answers it), -1 on the initial prompt; ``rewards`` has one entry per turn.
     ``logprobs`` (when the policy reports them) is aligned with ``token_ids``, 0.0 off the mask.
+    ``versions`` (when the policy reports them) is aligned the same way: the policy version (the
+    optimiser steps taken) of the weights that generated each token, -1 off the mask; an episode
+    that spans a weight update carries both versions (docs/async.md).
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -23,6 +26,7 @@ class Trajectory:
     turn_ids: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     logprobs: list[float] | None = None
+    versions: list[int] | None = None
     group: int = 0
     seed: int | None = None
     row_index: int | None = None
