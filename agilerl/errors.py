@@ -120,6 +120,8 @@ class MissingExtra(AgileRLError, ImportError):
         "peft": "lora",
         "gguf": "gguf",
         "openenv": "openenv",
+        "PIL": "vision",
+        "numpy": "vision",
     }
 
     def __init__(self, extra: str, what: str, missing: str) -> None:

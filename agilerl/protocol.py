@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from agilerl.errors import AgileRLWarning, EnvProtocolError, InvalidArgument
+from agilerl.images import ImageObservation, observation_from, observation_problem
 
 __all__ = [
     "StepResult",
@@ -39,8 +40,10 @@ __all__ = [
     "close_env",
 ]
 
-StepResult = tuple[str, float, bool, bool, dict[str, Any]]
-"""``(observation, reward, terminated, truncated, info)``, as ``env.step`` returns it."""
+StepResult = tuple["str | ImageObservation", float, bool, bool, dict[str, Any]]
+"""``(observation, reward, terminated, truncated, info)``, as ``env.step`` returns it. An
+observation is a ``str``, or a mapping with ``text`` and ``image``/``images`` (docs/vision.md),
+read into an ``ImageObservation`` by ``agilerl.images.observation_from``."""
 
 
 @runtime_checkable
@@ -204,14 +207,39 @@ def reset_kwargs(row_index: int | None = None, evaluation: bool | None = None) -
     return kwargs
 
 
+def reward_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a step's reward (a finite real number, not a bool): the rule a
+    local env's result and a server's reply are both read by; None when it can."""
+    if not isinstance(value, numbers.Real) or _is_bool(value):
+        return f"must be a number (int or float), got {_short_repr(value)}"
+    if not math.isfinite(value):
+        return f"must be finite, got {value!r}"
+    return None
+
+
+def valid_text(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (``"\\ud800"``, which no tokenizer or
+    wire takes) becomes its backslash escape, six characters, in process and on the wire alike.
+    An ``ImageObservation``'s text is made valid the same way."""
+    if type(text) is ImageObservation:
+        return ImageObservation(valid_text(text.text), text.images)  # type: ignore[return-value]
+    if text.isascii():  # O(1) in CPython: the common case costs nothing
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def reset_problems(result: Any) -> list[str]:
     """What is wrong with a ``reset`` result; empty when it is a ``(prompt: str, info: dict)`` tuple."""
     if not isinstance(result, tuple) or len(result) != 2:
         return [f"reset() must return a 2-tuple (prompt, info), got {_shape(result)}"]
     prompt, info = result
     problems = []
-    if not isinstance(prompt, str):
-        problems.append(f"reset() prompt must be str, got {type(prompt).__name__}")
+    if not isinstance(prompt, str) and (problem := observation_problem(prompt, "reset()")) is not None:
+        problems.append(problem.replace("observation", "prompt", 1))
     if not isinstance(info, dict):
         problems.append(f"reset() info must be a dict, got {type(info).__name__}")
     return problems
@@ -224,12 +252,11 @@ def step_problems(result: Any) -> list[str]:
         return [f"step() must return a 5-tuple (observation, reward, terminated, truncated, info), got {shape}"]
     observation, reward, terminated, truncated, info = result
     problems = []
-    if not isinstance(observation, str):
-        problems.append(f"step() observation must be str, got {type(observation).__name__}")
-    if not isinstance(reward, numbers.Real) or _is_bool(reward):
-        problems.append(f"step() reward must be a number (int or float), got {reward!r}")
-    elif not math.isfinite(reward):
-        problems.append(f"step() reward must be finite, got {reward!r}")
+    if not isinstance(observation, str) and (problem := observation_problem(observation, "step()")) is not None:
+        problems.append(problem)
+    problem = reward_problem(reward)
+    if problem is not None:
+        problems.append(f"step() reward {problem}")
     for name, value in (("terminated", terminated), ("truncated", truncated)):
         if not _is_bool(value):
             problems.append(f"step() {name} must be a bool, got {value!r}")
@@ -245,7 +272,7 @@ def check_reset_result(result: Any, env_name: str) -> tuple[str, dict[str, Any]]
     problems = reset_problems(result)
     if problems:
         raise _broken(env_name, "reset", result, problems)
-    return result[0], dict(result[1])
+    return _observation(result[0], env_name, "reset"), dict(result[1])
 
 
 def check_step_result(result: Any, env_name: str) -> StepResult:
@@ -266,7 +293,15 @@ def check_step_result(result: Any, env_name: str) -> StepResult:
     if problems:
         raise _broken(env_name, "step", result, problems)
     observation, reward, terminated, truncated, info = result
+    observation = _observation(observation, env_name, "step")
     return observation, float(reward), bool(terminated), bool(truncated), dict(info)
+
+
+def _observation(value: Any, env_name: str, method: str) -> str | ImageObservation:
+    """A checked observation as the protocol's value: valid text, or text and images."""
+    if isinstance(value, str):
+        return valid_text(value)
+    return valid_text(observation_from(value, f"{env_name}.{method}()"))
 
 
 def read_state(env: Any) -> Any:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agilerl.errors import ObservationError
+from agilerl.errors import EnvProtocolError, ObservationError
 
 __all__ = [
     "ObservationProcessor",
@@ -30,7 +30,7 @@ ObservationProcessor = Callable[[dict[str, Any]], str]
 TEXT_FIELDS = ("text", "prompt", "message", "observation", "output", "content", "response")
 """Fields that are obviously the text (also as a name's last part: ``echoed_message``)."""
 
-_NOT_CONTENT = frozenset({"metadata", "done", "reward", "truncated"})
+_NOT_CONTENT = frozenset({"metadata", "done", "reward", "truncated", "images"})
 
 
 def text_from_field(observation: dict[str, Any], path: str) -> str:
@@ -155,8 +155,23 @@ def make_observation_reader(
     observation_processor: str | ObservationProcessor | None = None,
     *,
     base_dir: str | Path | None = None,
+    image_field: str | None = None,
 ) -> ObservationProcessor:
-    """The one function a client uses to read observations, from the manifest's choices."""
+    """The one function a client uses to read observations, from the manifest's choices: text
+    (``str``), or text and images (an ``ImageObservation``) when the payload carries images
+    (our server's ``images``, or the env's own ``image_field``; see ``agilerl.envs.image_fields``)."""
+    text_reader = _text_reader(observation_field, observation_processor, base_dir=base_dir)
+    from agilerl.envs.image_fields import with_images_reader
+
+    return with_images_reader(text_reader, image_field)
+
+
+def _text_reader(
+    observation_field: str | None,
+    observation_processor: str | ObservationProcessor | None,
+    *,
+    base_dir: str | Path | None,
+) -> ObservationProcessor:
     if observation_field and observation_processor:
         raise ObservationError(
             "observation_field and observation_processor exclude each other; keep one."
@@ -195,12 +210,17 @@ def process_observation(
 
 
 def _checked(processor: ObservationProcessor, ref: object) -> ObservationProcessor:
-    def read(observation: dict[str, Any]) -> str:
+    def read(observation: dict[str, Any]) -> Any:
         text = processor(observation)
         if not isinstance(text, str):
-            raise ObservationError(
-                f"observation_processor {ref!r} returned {type(text).__name__}; it must return str."
-            )
+            from agilerl.images import observation_from
+
+            try:  # a processor may return the protocol's mapping: text and image(s)
+                return observation_from(text, f"observation_processor {ref!r}")
+            except EnvProtocolError as exc:
+                raise ObservationError(
+                    f"{exc}; it must return str, or a mapping with 'text' and 'image'/'images'."
+                ) from None
         return text
 
     return read

@@ -138,9 +138,13 @@ _validate_client_frame = CLIENT_FRAME.validator.validate_json  # TypeAdapter's o
 
 
 class TextObservation(BaseModel):
-    """The observation our server sends: the env's text, ``truncated``, and the info dict."""
+    """The observation our server sends: the env's text, its images (when it shows any),
+    ``truncated``, and the info dict."""
 
     text: str
+    images: list[str] | None = Field(
+        None, description="The observation's images as base64 PNG/JPEG data URLs, shown before the text."
+    )
     truncated: bool = False
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -190,11 +194,15 @@ INFO_QUERY = "metadata"
 
 
 def observation_frame(
-    text: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any] | None
+    text: Any, reward: float, terminated: bool, truncated: bool, info: dict[str, Any] | None
 ) -> dict[str, Any]:
     """A step or reset reply; ``done`` is either end, ``truncated`` rides in the observation, and
-    ``info`` only when given (None: the client did not ask for it)."""
-    observation: dict[str, Any] = {"text": text, "truncated": truncated}
+    ``info`` only when given (None: the client did not ask for it). ``text`` is the observation:
+    a str, or an ``ImageObservation`` whose images ride as data URLs (``images``)."""
+    if type(text) is str:
+        observation: dict[str, Any] = {"text": text, "truncated": truncated}
+    else:
+        observation = {**text.payload(), "truncated": truncated}
     if info is not None:
         observation["metadata"] = info
     return {"type": "observation", "data": {"observation": observation, "reward": reward, "done": terminated or truncated}}
