@@ -3,7 +3,8 @@
 Every user of an env (the in-process client, the env server, ``check_env``) checks what the env
 returns with the functions here, so they all accept and refuse the same things: ``reset`` returns
 ``(str, dict)``; ``step`` returns ``(str, finite real number, bool, bool, dict)`` (a bool is not a
-reward; numpy's bool counts as a bool). What an env declares about itself (turn budget, tools,
+reward; numpy's bool counts as a bool); text is valid Unicode (``valid_text``: a lone surrogate is
+carried as its escape). What an env declares about itself (turn budget, tools,
 system prompt, dataset sizes, best reward) is one ``EnvInfo``, built by these rules on either side
 of a connection; a turn budget is an int >= 1.
 """
@@ -31,6 +32,8 @@ __all__ = [
     "EnvInfo",
     "describe_env",
     "reset_kwargs",
+    "reward_problem",
+    "valid_text",
     "reset_problems",
     "step_problems",
     "check_reset_result",
@@ -268,7 +271,7 @@ def step_problems(result: Any) -> list[str]:
 def check_reset_result(result: Any, env_name: str) -> tuple[str, dict[str, Any]]:
     """``result`` as ``(prompt, info)`` (info copied), or ``EnvProtocolError`` naming every problem."""
     if type(result) is tuple and len(result) == 2 and type(result[0]) is str and type(result[1]) is dict:
-        return result[0], dict(result[1])  # the common case, checked at the cost of a few type()s
+        return valid_text(result[0]), dict(result[1])  # the common case, at the cost of a few type()s
     problems = reset_problems(result)
     if problems:
         raise _broken(env_name, "reset", result, problems)
@@ -288,7 +291,7 @@ def check_step_result(result: Any, env_name: str) -> StepResult:
         and type(result[3]) is bool
         and type(result[4]) is dict
     ):
-        return result[0], result[1], result[2], result[3], dict(result[4])  # the common case
+        return valid_text(result[0]), result[1], result[2], result[3], dict(result[4])  # the common case
     problems = step_problems(result)
     if problems:
         raise _broken(env_name, "step", result, problems)

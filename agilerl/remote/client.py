@@ -22,19 +22,30 @@ from typing import Any, TypeVar
 
 from agilerl.concurrency import shared_loop
 from agilerl.envs.client import EnvClient
-from agilerl.errors import EnvUnavailable, InvalidArgument, RemoteEnvError, RemoteEnvTimeout
-from agilerl.protocol import EnvInfo, StepResult
+from agilerl.errors import EnvProtocolError, EnvUnavailable, InvalidArgument, RemoteEnvError, RemoteEnvTimeout
+from agilerl.protocol import EnvInfo, StepResult, valid_text
 from agilerl.remote.frames import (
+    LIST_TOOLS_FRAME,
     STATE_FRAME,
+    call_tool_frame,
     ErrorCode,
     Reply,
+    ReplyError,
+    decode,
     parse_reply,
+    peer_text,
     read_observation,
     reset_frame,
     step_frame,
 )
-from agilerl.remote.connection import DEFAULT_MAX_REPLY_BYTES, Connection, ConnectionLost, client_session
-from agilerl.remote.limits import TOKEN_ENV_VAR
+from agilerl.remote.connection import (
+    DEFAULT_MAX_REPLY_BYTES,
+    Connection,
+    ConnectionLost,
+    client_session,
+    token_refused,
+)
+from agilerl.remote.limits import TOKEN_ENV_VAR, clean_token
 from agilerl.remote.observations import ObservationProcessor, make_observation_reader
 
 __all__ = ["RemoteEnvClient"]
@@ -44,6 +55,9 @@ T = TypeVar("T")
 _RETRIED_AT_RESET = frozenset({ErrorCode.CAPACITY_REACHED.value, ErrorCode.SESSION_ERROR.value})
 _SERVER_CLOSES_AFTER = _RETRIED_AT_RESET | {ErrorCode.FACTORY_ERROR.value}
 _next_replica = itertools.count()
+MAX_METADATA_BYTES = 4 * 1024 * 1024
+"""The most of a ``/metadata`` body a client reads (ours are a few kB): no server can take the
+trainer's memory with it."""
 
 
 class RemoteEnvClient(EnvClient):
@@ -51,8 +65,10 @@ class RemoteEnvClient(EnvClient):
 
     ``url`` may be a list of replica URLs: sessions start on different replicas and move on
     when one is full or down. ``request_timeout_s`` bounds each message (0 disables);
-    connection failures and ``CAPACITY_REACHED`` at reset are retried with jittered backoff
-    for up to ``retry_budget_s`` (the outage a run rides out), then ``EnvUnavailable``.
+    connection failures and ``CAPACITY_REACHED`` at reset, and an unreachable ``/metadata``, are
+    retried with jittered backoff for up to ``retry_budget_s`` (the outage a run rides out), then
+    ``EnvUnavailable``. Replies are held to the protocol's rules (``EnvProtocolError`` names the
+    server and the field), and what a server says is shown bounded and escaped.
     ``max_message_bytes`` bounds a frame from the server, so no env's answer can take the
     trainer's memory.
     """
@@ -87,7 +103,9 @@ class RemoteEnvClient(EnvClient):
         self.retry_budget_s = retry_budget_s
         self.max_message_bytes = max_message_bytes
         self._read = make_observation_reader(observation_field, observation_processor, base_dir=base_dir)
-        token = token or os.environ.get(TOKEN_ENV_VAR)
+        token = clean_token(token, "token=") if token else clean_token(
+            os.environ.get(TOKEN_ENV_VAR) or None, f"${TOKEN_ENV_VAR}"
+        )
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._loop = shared_loop()
         self._conn: Connection | None = None
@@ -140,6 +158,21 @@ class RemoteEnvClient(EnvClient):
     async def astate(self) -> dict[str, Any]:
         return await self._hop(self._state())
 
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        """One parsed tool call, sent as OpenEnv's MCP ``call_tool`` step (``tool_parser``)."""
+        return self._loop.run(self._call_tool(name, arguments))
+
+    async def acall_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        return await self._hop(self._call_tool(name, arguments))
+
+    def list_tools(self) -> list[dict[str, Any]] | None:
+        """The session's MCP ``tools/list`` (call after ``reset``); a server whose env has no MCP
+        tools answers with an error, and then the tools its ``/metadata`` declares are used."""
+        return self._loop.run(self._list_tools())
+
+    async def alist_tools(self) -> list[dict[str, Any]] | None:
+        return await self._hop(self._list_tools())
+
     async def aclose(self) -> None:
         await self._hop(self._close())
 
@@ -161,29 +194,20 @@ class RemoteEnvClient(EnvClient):
         self, seed: int | None, row_index: int | None, evaluation: bool | None
     ) -> tuple[str, dict[str, Any]]:
         frame = reset_frame(seed, row_index, evaluation)
-        deadline = time.monotonic() + self.retry_budget_s
-        for attempt in itertools.count():
+        backoff = _Backoff(self.retry_budget_s)
+        while True:
             try:
                 if self._conn is None or self._conn.closed:
-                    await self._connect(self._urls[(self._first + attempt) % len(self._urls)])
+                    await self._connect(self._urls[(self._first + backoff.attempts) % len(self._urls)])
                 reply = await self._request(frame, "reset")
                 break
             except (ConnectionLost, RemoteEnvError) as exc:
                 if isinstance(exc, RemoteEnvError) and exc.code not in _RETRIED_AT_RESET:
                     raise
                 await self._drop()
-                delay = random.uniform(0, min(2.0, 0.05 * 2**attempt))  # full jitter
-                if time.monotonic() + delay > deadline:
-                    raise EnvUnavailable(
-                        f"could not start an episode on {', '.join(self._urls)} within "
-                        f"retry_budget_s={self.retry_budget_s:g} s ({attempt + 1} attempts); last "
-                        f"error: {exc}. Check that the env server is running and reachable "
-                        "(agilerl serve ENTRYPOINT --port PORT); a run waits this long "
-                        "(environment.reconnect_timeout_s) before it stops.",
-                        getattr(exc, "code", None),
-                    ) from exc
-                await asyncio.sleep(delay)
-        text, _, _, _, info = self._observation(reply)
+                if not await backoff.wait():
+                    raise self._unavailable("start an episode", backoff, exc) from exc
+        text, _, _, _, info = self._observation(reply, "reset")
         return text, info
 
     async def _step(self, action: str) -> StepResult:
@@ -197,7 +221,30 @@ class RemoteEnvClient(EnvClient):
                 f"the session on {self.url} ended mid-episode ({exc}); this episode is over, "
                 "the next reset() reconnects."
             ) from exc
-        return self._observation(reply)
+        return self._observation(reply, "step")
+
+    async def _call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        if self._conn is None or self._conn.closed:
+            raise RemoteEnvError("call_tool() before reset(), or after the session ended: call reset() first.")
+        try:
+            reply = await self._request(call_tool_frame(name, arguments), f"call_tool {name!r}")
+        except ConnectionLost as exc:
+            await self._drop()
+            raise RemoteEnvError(f"the session on {self.url} ended mid-episode ({exc}); this episode is over.") from exc
+        return self._observation(reply, f"call_tool {name!r}")
+
+    async def _list_tools(self) -> list[dict[str, Any]] | None:
+        if self._conn is None or self._conn.closed:
+            raise RemoteEnvError("list_tools() before reset(): there is no session yet.")
+        try:
+            reply = await self._request(LIST_TOOLS_FRAME, "tools/list")
+        except ConnectionLost as exc:
+            await self._drop()
+            raise RemoteEnvError(f"the session on {self.url} ended: {exc}") from exc
+        tools = (reply.get("result") or {}).get("tools") if isinstance(reply, dict) else None
+        if isinstance(tools, list):
+            return [t for t in tools if isinstance(t, dict)]
+        return self.describe().tools
 
     async def _state(self) -> dict[str, Any]:
         if self._conn is None or self._conn.closed:
@@ -237,7 +284,7 @@ class RemoteEnvClient(EnvClient):
             ) from None
         reply: Reply = parse_reply(raw)
         if reply.type is None:
-            raise RemoteEnvError(f"{self.url} sent a frame that is not a JSON object: {reply.data[:200]}")
+            raise RemoteEnvError(f"{self.url} sent a frame that is not a JSON object: {peer_text(reply.data, 200)}")
         error = reply.error
         if error is not None:
             code, message = error
@@ -246,12 +293,17 @@ class RemoteEnvClient(EnvClient):
             raise RemoteEnvError(f"{self.url} answered {what} with {code}: {message}", code)
         return reply.data
 
-    def _observation(self, data: Any) -> StepResult:
-        """An observation reply as a step result, its text read by this client's rules."""
-        observation = read_observation(data)
-        if observation is None:
-            raise RemoteEnvError(f"{self.url} sent an observation frame without a data object: {data!r}"[:300])
-        return self._read(observation.observation), *observation[1:]
+    def _observation(self, data: Any, what: str) -> StepResult:
+        """An observation reply as a step result, its text read by this client's rules; its
+        values held to the protocol's rules, as a local env's are."""
+        try:
+            observation = read_observation(data)
+        except ReplyError as exc:
+            raise EnvProtocolError(
+                f"{self.url} answered {what} with a reply that breaks the OpenEnv protocol: {exc} "
+                "(the server's env, or the server, is at fault; this episode is lost)"
+            ) from None
+        return valid_text(self._read(observation.observation)), *observation[1:]
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -259,31 +311,91 @@ class RemoteEnvClient(EnvClient):
             await conn.close(polite=False)
 
     async def _metadata(self) -> dict[str, Any]:
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s or None)
-        found: list[dict[str, Any]] = []
-        errors: list[str] = []
-        for url in self._urls:
-            try:
-                async with client_session().get(url + "/metadata", headers=self._headers, timeout=timeout) as resp:
-                    if resp.status in (404, 405):  # a server without /metadata describes nothing
-                        found.append({})
-                        continue
-                    resp.raise_for_status()
-                    found.append(await resp.json())
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-                errors.append(f"{url}: {exc}")
-        if not found:
-            raise RemoteEnvError(
-                f"no env server answered GET /metadata: {'; '.join(errors)}. Check that the server "
-                "is running (agilerl serve ENTRYPOINT --port PORT) and that env_url names its host "
-                "and port."
-            )
+        """Every replica's ``/metadata``; while none answers (down, restarting: an outage), tried
+        again with backoff within ``retry_budget_s``, as a reset is."""
+        backoff = _Backoff(self.retry_budget_s)
+        while True:
+            found: list[dict[str, Any]] = []
+            errors: list[str] = []
+            for url in self._urls:
+                try:
+                    found.append(await self._metadata_of(url))
+                except ConnectionLost as exc:
+                    errors.append(str(exc))
+            if found:
+                break
+            if not await backoff.wait():
+                raise self._unavailable("read GET /metadata", backoff, "; ".join(errors))
         if len(self._urls) == 1:
             return found[0]
-        total = sum(m.get("max_concurrent_envs") or 0 for m in found)
+        total = sum(n for m in found if isinstance(n := m.get("max_concurrent_envs"), int))
         return {**found[0], "max_concurrent_envs": total, "replicas": found, "unreachable": errors}
+
+    async def _metadata_of(self, url: str) -> dict[str, Any]:
+        """One server's ``/metadata`` ({} when it has none), read at most ``MAX_METADATA_BYTES``;
+        ``ConnectionLost`` when it cannot be reached (retried), ``RemoteEnvError`` otherwise."""
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=self.connect_timeout_s)
+        try:
+            async with client_session().get(url + "/metadata", headers=self._headers, timeout=timeout) as resp:
+                if resp.status in (404, 405):  # a server without /metadata describes nothing
+                    return {}
+                if resp.status in (401, 403):
+                    raise token_refused(url, resp.status, sent=bool(self._headers))
+                if resp.status >= 500 or resp.status == 429:  # restarting, or a proxy before it
+                    raise ConnectionLost(f"{url}: GET /metadata answered HTTP {resp.status}")
+                if resp.status >= 400:
+                    raise RemoteEnvError(f"{url} answered GET /metadata with HTTP {resp.status}: "
+                                         f"{peer_text((await resp.content.read(4096)).decode('utf-8', 'replace'))}")
+                body = await _read_at_most(resp, MAX_METADATA_BYTES, f"{url}/metadata")
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise ConnectionLost(f"{url}: {peer_text(str(exc) or type(exc).__name__)}") from None
+        try:
+            metadata = decode(body)
+        except ValueError as exc:
+            raise RemoteEnvError(f"{url}/metadata is not JSON: {peer_text(str(exc))}") from None
+        if not isinstance(metadata, dict):
+            raise RemoteEnvError(f"{url}/metadata is not a JSON object: {peer_text(body[:80].decode('utf-8', 'replace'))}")
+        return metadata
+
+    def _unavailable(self, what: str, backoff: _Backoff, last: object) -> EnvUnavailable:
+        return EnvUnavailable(
+            f"could not {what} on {', '.join(self._urls)} within retry_budget_s="
+            f"{self.retry_budget_s:g} s ({backoff.attempts} attempts); last error: {last}. Check that "
+            "the env server is running and reachable (agilerl serve ENTRYPOINT --port PORT); a run "
+            "waits this long (environment.reconnect_timeout_s) before it stops.",
+            getattr(last, "code", None),
+        )
+
+
+class _Backoff:
+    """Full-jitter exponential backoff within a budget of seconds: ``await wait()`` sleeps before
+    the next attempt, or returns False when that attempt would start past the budget."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.deadline = time.monotonic() + budget_s
+        self.attempts = 0
+
+    async def wait(self) -> bool:
+        delay = random.uniform(0, min(2.0, 0.05 * 2**self.attempts))
+        self.attempts += 1
+        if time.monotonic() + delay > self.deadline:
+            return False
+        await asyncio.sleep(delay)
+        return True
+
+
+async def _read_at_most(resp: Any, limit: int, what: str) -> bytes:
+    """A response body, refused (``RemoteEnvError``) past ``limit`` bytes without reading the rest."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise RemoteEnvError(f"{what} is {resp.content_length} bytes, over the {limit}-byte bound: not read")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > limit:
+            raise RemoteEnvError(f"{what} is over the {limit}-byte bound: not read")
+    return bytes(body)
 
 
 def _http_base(url: str) -> str:

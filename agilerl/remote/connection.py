@@ -14,14 +14,25 @@ from typing import Any
 
 from agilerl.concurrency import shared_loop
 from agilerl.errors import RemoteEnvError
-from agilerl.remote.frames import CLOSE_FRAME
+from agilerl.remote.frames import CLOSE_FRAME, peer_text
 from agilerl.remote.limits import TOKEN_ENV_VAR
 
-__all__ = ["DEFAULT_MAX_REPLY_BYTES", "ConnectionLost", "Connection", "client_session"]
+__all__ = ["DEFAULT_MAX_REPLY_BYTES", "ConnectionLost", "Connection", "client_session", "token_refused"]
 
 
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 """The largest frame a client reads: a bound on the memory one env answer can take."""
+
+
+def token_refused(url: str, status: int, *, sent: bool) -> RemoteEnvError:
+    """The error for a server that answered 401/403: a token problem, never "is it running"."""
+    what = (
+        "refused the token this client sent" if sent else "requires a token and this client sent none"
+    )
+    return RemoteEnvError(
+        f"{url} {what} (HTTP {status}): set {TOKEN_ENV_VAR} (or RemoteEnvClient(token=...)) to the "
+        f"token the server was started with (agilerl serve --token, or its {TOKEN_ENV_VAR})."
+    )
 
 
 class ConnectionLost(Exception):
@@ -59,11 +70,9 @@ class Connection:
                 timeout=timeout_s,
             )
         except aiohttp.WSServerHandshakeError as exc:
-            if exc.status == 401:
-                raise RemoteEnvError(
-                    f"{url} refused the connection: set the right token ({TOKEN_ENV_VAR})."
-                ) from exc
-            raise ConnectionLost(f"cannot open a session on {url}: {exc}") from exc
+            if exc.status in (401, 403):
+                raise token_refused(url, exc.status, sent="Authorization" in headers) from None
+            raise ConnectionLost(f"cannot open a session on {url}: {peer_text(str(exc))}") from exc
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
         return cls(ws, timeout_s)
@@ -84,13 +93,13 @@ class Connection:
                     continue
                 reason = f"the server closed the connection (code {ws.close_code})"
                 if msg.type is aiohttp.WSMsgType.ERROR:
-                    reason = f"the connection failed: {msg.data}"
+                    reason = f"the connection failed: {peer_text(str(msg.data))}"
                     if getattr(msg.data, "code", None) == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
                         reason += " (raise the client's max_message_bytes if the env means it)"
                 self._deliver(ConnectionLost(reason))
                 return
         except Exception as exc:  # the socket broke under the reader
-            self._deliver(ConnectionLost(str(exc) or type(exc).__name__))
+            self._deliver(ConnectionLost(peer_text(str(exc) or type(exc).__name__)))
 
     def _deliver(self, item: str | bytes | ConnectionLost) -> None:
         waiter, self._waiter = self._waiter, None

@@ -9,12 +9,15 @@ become strings or null instead of failing. The env's ``info`` rides in the obser
 ``metadata`` off the wire, and a generic client shows the whole observation to the model.
 
 Client side: ``reset_frame``/``step_frame``/``STATE_FRAME``/``CLOSE_FRAME`` build requests;
-``parse_reply`` and ``read_observation`` read any OpenEnv server's replies leniently
-(``metadata`` may sit in the observation, beside it, or nowhere).
+``parse_reply`` and ``read_observation`` read any OpenEnv server's replies: leniently in their
+layout (``metadata`` may sit in the observation, beside it, or nowhere), strictly in their values
+(a reward is a finite number, ``done`` a bool: the protocol's rules, as for a local env), and
+whatever a server says is shown through ``peer_text`` (bounded, control bytes escaped).
 """
 
 from __future__ import annotations
 
+import json
 from enum import Enum
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -22,7 +25,7 @@ import pydantic_core
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, with_config
 from typing_extensions import NotRequired, TypedDict
 
-from agilerl.protocol import reset_kwargs
+from agilerl.protocol import reset_kwargs, reward_problem, valid_text
 
 __all__ = [
     "ErrorCode",
@@ -55,8 +58,12 @@ __all__ = [
     "CLOSE_FRAME",
     "reset_frame",
     "step_frame",
+    "call_tool_frame",
+    "LIST_TOOLS_FRAME",
     "Reply",
     "parse_reply",
+    "peer_text",
+    "ReplyError",
     "ObservationReply",
     "read_observation",
 ]
@@ -283,11 +290,21 @@ def reset_frame(seed: int | None, row_index: int | None = None, evaluation: bool
 def step_frame(action: str, action_field: str = "message", mcp_tool: str | None = None) -> bytes:
     """A step request carrying ``action`` in ``action_field``, or as the one argument of an MCP
     ``call_tool`` when ``mcp_tool`` is set."""
+    action = valid_text(action)
     if mcp_tool:
         data: dict[str, Any] = {"type": "call_tool", "tool_name": mcp_tool, "arguments": {action_field: action}}
     else:
         data = {action_field: action}
     return encode({"type": "step", "data": data})
+
+
+def call_tool_frame(name: str, arguments: dict[str, Any]) -> bytes:
+    """A step request that runs one tool call on an MCP env (OpenEnv's ``CallToolAction``)."""
+    return encode({"type": "step", "data": {"type": "call_tool", "tool_name": name, "arguments": arguments}})
+
+
+LIST_TOOLS_FRAME = encode({"type": "mcp", "data": {"jsonrpc": "2.0", "method": "tools/list", "id": 1}})
+"""The JSON-RPC ``tools/list`` over the session's WebSocket (the ``mcp`` frame)."""
 
 
 class Reply(NamedTuple):
@@ -307,7 +324,29 @@ class Reply(NamedTuple):
         data = self.data if isinstance(self.data, dict) else {}
         message = str(data.get("message", ""))
         fields = _field_errors(data.get("errors"), message)
-        return data.get("code"), f"{message} ({fields})" if fields else message
+        code = data.get("code")
+        return (
+            code if isinstance(code, str) and code in _CODES else None,
+            peer_text(f"{message} ({fields})" if fields else message, MAX_PEER_TEXT),
+        )
+
+
+_CODES = frozenset(code.value for code in ErrorCode)
+MAX_PEER_TEXT = 2000
+"""The most characters of a server's own words (an error message) an error carries."""
+
+
+def peer_text(value: Any, limit: int = 300) -> str:
+    """What a peer said, safe to print: at most ``limit`` characters (the rest counted, never
+    read whole), control bytes, lone surrogates and other unprintables escaped (``\\x1b``), so no
+    terminal sequence gets through."""
+    text = value if isinstance(value, str) else repr(value)
+    more = len(text) - limit
+    if more > 0:
+        text = text[:limit]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    return f"{text}... ({more} more characters)" if more > 0 else text
 
 
 def _field_errors(errors: Any, message: str) -> str:
@@ -327,7 +366,10 @@ def parse_reply(raw: str | bytes) -> Reply:
     try:
         frame = decode(raw)
     except ValueError:
-        frame = None
+        try:  # Python's json writes a lone surrogate as "\\ud800", which pydantic-core refuses
+            frame = json.loads(raw)
+        except ValueError:
+            frame = None
     if not isinstance(frame, dict):
         return Reply(None, raw if isinstance(raw, str) else raw.decode("utf-8", "replace"))
     kind = frame.get("type")
@@ -345,11 +387,17 @@ class ObservationReply(NamedTuple):
     info: dict[str, Any]
 
 
-def read_observation(data: Any) -> ObservationReply | None:
-    """Read an observation reply's ``data`` (None when it is not an object). ``done`` and
-    ``truncated`` may sit beside the observation or in it; ``metadata`` in both is merged."""
+class ReplyError(ValueError):
+    """A server's reply whose values break the protocol; the message names the field."""
+
+
+def read_observation(data: Any) -> ObservationReply:
+    """Read an observation reply's ``data``. ``done`` and ``truncated`` may sit beside the
+    observation or in it; ``metadata`` in both is merged. Values are held to the protocol's rules
+    (``ReplyError`` names the field): a reward is a finite number (null or absent: 0), ``done``
+    and ``truncated`` are JSON booleans (absent: false), as a local env's step is checked."""
     if not isinstance(data, dict):
-        return None
+        raise ReplyError(f"data must be an object, got {peer_text(data, 80)}")
     observation = data.get("observation")
     if not isinstance(observation, dict):
         observation = {} if observation is None else {"observation": observation}
@@ -357,7 +405,28 @@ def read_observation(data: Any) -> ObservationReply | None:
     for metadata in (data.get("metadata"), observation.get("metadata")):
         if isinstance(metadata, dict):
             info.update(metadata)
-    truncated = bool(observation.get("truncated", data.get("truncated", False)))
-    done = bool(data.get("done", observation.get("done", False)))
+    truncated = _flag(data, observation, "truncated", observation_first=True)
+    done = _flag(data, observation, "done", observation_first=False)
+    where = "data" if "reward" in data else "data.observation"
     reward = data.get("reward", observation.get("reward"))
-    return ObservationReply(observation, float(reward or 0.0), done and not truncated, truncated, info)
+    if reward is None:
+        reward = 0.0
+    elif type(reward) is not float or reward - reward != 0.0:  # not a finite float: the full rule
+        problem = reward_problem(reward)
+        if problem is not None:
+            raise ReplyError(f"{where}.reward {problem}")
+    return ObservationReply(observation, float(reward), done and not truncated, truncated, info)
+
+
+def _flag(data: dict[str, Any], observation: dict[str, Any], name: str, *, observation_first: bool) -> bool:
+    """``name`` from the observation or beside it (``observation_first`` says which wins): a
+    JSON boolean (absent or null: false); a string such as ``"false"`` is refused, never read by
+    its truthiness."""
+    places = [("data.observation", observation), ("data", data)]
+    for where, holder in places if observation_first else places[::-1]:
+        if name in holder:
+            value = holder[name]
+            if value is None or value is False or value is True:
+                return bool(value)
+            raise ReplyError(f"{where}.{name} must be a JSON boolean, got {peer_text(repr(value), 80)}")
+    return False

@@ -1,8 +1,11 @@
 """The env server's default limits and the constants its clients share, in a module of their own
 so ``agilerl serve --help`` can show them without importing the server (and aiohttp)."""
 
+from agilerl.errors import InvalidArgument
+
 __all__ = [
     "TOKEN_ENV_VAR",
+    "clean_token",
     "DEFAULT_MAX_CONCURRENT_ENVS",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_HEADER_TIMEOUT_S",
@@ -23,3 +26,24 @@ DEFAULT_SEND_TIMEOUT_S = 30.0  # nginx: send_timeout 60 s; websockets: ping_time
 DEFAULT_CLOSE_TIMEOUT_S = 2.0  # websockets: close_timeout 10 s
 DEFAULT_HEARTBEAT_S = 30.0
 DEFAULT_BACKLOG = 128
+
+
+def clean_token(token: str | None, source: str) -> str | None:
+    """The bearer token as both sides send and compare it: surrounding whitespace (a file's
+    trailing newline) stripped, so a client and ``agilerl serve`` given the same file agree;
+    None when unset. ``InvalidArgument`` naming ``source`` (``--token``, ``$AGILERL_ENV_TOKEN``)
+    when it is blank or holds what an HTTP header cannot carry."""
+    if token is None:
+        return None
+    cleaned = token.strip()
+    if not cleaned:
+        raise InvalidArgument(
+            f"{source} is blank, which would turn authentication off; give the real token or unset it."
+        )
+    bad = next((c for c in cleaned if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise InvalidArgument(
+            f"{source} holds {bad!r} at position {cleaned.index(bad)}: a bearer token is printable "
+            "ASCII without spaces or control characters (RFC 6750); give the token alone."
+        )
+    return cleaned
