@@ -35,10 +35,13 @@ def manifest_problems(manifest: Manifest, *, offline: bool = False) -> list[str]
     if isinstance(env, (EntrypointSpec, EnvUrlSpec)) and env.observation_processor:
         problems += _reference("processor", "environment.observation_processor", env.observation_processor, base, offline)
     if isinstance(env, ScoredDatasetSpec):
-        if env.rubric_file_path:
+        if env.rubrics is not None:
+            for i, entry in enumerate(env.rubrics):
+                problems += _reference("rubric", f"environment.rubrics.{i}.rubric", entry.rubric, base, offline)
+        elif env.rubric_file_path:
             problems += _reference("rubric", "environment.rubric_file_path", f"{env.rubric_file_path}:{env.rubric_name}", base, offline)
         else:
-            problems += _reference("rubric", "environment.rubric_name", env.rubric_name, base, offline)
+            problems += _reference("rubric", "environment.rubric_name", env.rubric_name or "", base, offline)
     if isinstance(env, (ScoredDatasetSpec, DatasetSpec)) and env.dataset.endswith(_DATA_SUFFIXES) and not (base / env.dataset).exists():
         problems.append(f"environment.dataset: file not found: {base / env.dataset}")
     problems += _reference("algorithm", "algorithm.name", manifest.algorithm.name, base, offline=True)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agilerl.data.dataset_env import DatasetEnv
 from agilerl.data.qa_dataset import QADataset, QADatasetEnv
-from agilerl.data.rubric import load_rubric
+from agilerl.data.composite import CompositeRubric, RubricEntry, RubricGate
+from agilerl.data.rubric import Rubric, load_rubric
 from agilerl.data.tables import DATASET_ENV_CONFIG_KEYS, load_table
 from agilerl.errors import DatasetLoadError
 from agilerl.manifest.environment import DatasetSpec, EnvironmentSpec, ScoredDatasetSpec
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
     from datasets import Dataset
 
-__all__ = ["load_spec_table", "load_qa_dataset", "qa_env_factory", "dataset_env_from_spec"]
+__all__ = ["load_spec_table", "load_spec_rubric", "load_qa_dataset", "qa_env_factory", "dataset_env_from_spec"]
 
 Env = TypeVar("Env", bound=DatasetEnv)
 
@@ -55,7 +56,7 @@ def load_qa_dataset(
             "data, 'env_type: dataset', use DatasetEnv)."
         )
     table, config = load_spec_table(spec, base_dir=base_dir)
-    rubric = load_rubric(spec.rubric_name, spec.rubric_file_path, base_dir=base_dir)
+    rubric = load_spec_rubric(spec, base_dir=base_dir)
     data = QADataset.build(
         table,
         rubric,
@@ -65,6 +66,20 @@ def load_qa_dataset(
         max_reward=spec.max_reward,
     )
     return data, config.get("system_prompt")
+
+
+def load_spec_rubric(spec: ScoredDatasetSpec, *, base_dir: str | Path | None = None) -> Rubric:
+    """The spec's reward: ``rubric_name`` as it is, or ``rubrics:``/``rubric_gates:`` as one
+    ``CompositeRubric`` (each entry loaded, a factory called with its ``config``)."""
+    if spec.rubrics is None and not spec.rubric_gates:
+        assert spec.rubric_name is not None  # the spec's validator requires one of the two
+        return load_rubric(spec.rubric_name, spec.rubric_file_path, base_dir=base_dir)
+    entries = [
+        RubricEntry(e.name, load_rubric(e.rubric, base_dir=base_dir, config=e.config), e.weight)
+        for e in spec.rubric_entries
+    ]
+    gates = [RubricGate(g.component, g.min, tuple(g.zeroes or ())) for g in spec.rubric_gates]
+    return Rubric.bind(CompositeRubric(entries, gates), name="rubrics")
 
 
 def qa_env_factory(

@@ -30,6 +30,7 @@ from agilerl.rollout.assigner import Task
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import Policy, SamplingParams
 from agilerl.rollout.trajectory import Trajectory
+from agilerl.train.metrics import judge_metrics, reward_component_metrics
 
 __all__ = ["EvalPlan", "EvalSummary", "pass_at_k", "evaluate_spec", "ResultsFile"]
 
@@ -78,6 +79,10 @@ class EvalSummary:
     output: str
     played: int
     resumed: int
+    reward_components: dict[str, float] = field(default_factory=dict)
+    """``reward/<name>``: each reward component's mean over the finished episodes."""
+    judge: dict[str, float] = field(default_factory=dict)
+    """``judge/...`` over this run's judge calls, when a judge scored."""
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(vars(self))
@@ -180,6 +185,7 @@ def _row(task: int, sample: int, traj: Trajectory, max_reward: float | None, pla
         "terminated": traj.terminated,
         "truncated": traj.truncated,
         "truncated_by": traj.info.get("truncated_by"),
+        "reward_components": info.pop("reward_components", {}),
         "error": traj.error,
         "messages": transcript.messages if transcript else [],
         "info": info,
@@ -217,6 +223,8 @@ def _summary(
         output=str(results.path),
         played=played,
         resumed=resumed,
+        reward_components=reward_component_metrics(r.get("reward_components") for r in good),
+        judge=judge_metrics(),
     )
 
 

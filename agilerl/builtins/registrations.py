@@ -15,6 +15,7 @@ __all__ = [
     "MODELS",
     "TRACKERS",
     "GENERATION_BACKENDS",
+    "TOOL_PARSERS",
     "register_envs",
     "register_observation_processors",
     "register_rubrics",
@@ -22,6 +23,7 @@ __all__ = [
     "register_models",
     "register_trackers",
     "register_generation_backends",
+    "register_tool_parsers",
 ]
 
 # (name, target, description); one list per kind.
@@ -61,6 +63,16 @@ RUBRICS: list[tuple[str, str, str]] = [
         "countdown",
         "agilerl.builtins.rubrics:countdown",
         "Countdown: each number used once with + - * /, equal to the target.",
+    ),
+    (
+        "llm_judge",
+        "agilerl.builtins.rubrics:llm_judge",
+        "An LLM judge on any OpenAI-compatible endpoint (config: base_url, model, prompt, ...).",
+    ),
+    (
+        "llm_judge_group",
+        "agilerl.builtins.rubrics:llm_judge_group",
+        "An LLM judge ranking a whole GRPO group in one call, RULER-style (config: base_url, model).",
     ),
 ]
 ALGORITHMS: list[tuple[str, str, str]] = [
@@ -109,6 +121,17 @@ GENERATION_BACKENDS: list[tuple[str, str, str]] = [
     ),
 ]
 
+TOOL_PARSERS: list[tuple[str, str, str]] = [
+    ("hermes", "agilerl.tools.families:HermesParser", "<tool_call>{json}</tool_call>: Qwen2.5, Qwen3, Hermes."),
+    ("qwen3_coder", "agilerl.tools.families:Qwen3CoderParser", "<function=NAME><parameter=P>: Qwen3-Coder's XML."),
+    ("llama3_json", "agilerl.tools.families:Llama3JsonParser", '{"name": ..., "parameters": ...}: Llama 3.1-3.3.'),
+    ("mistral", "agilerl.tools.families:MistralParser", "[TOOL_CALLS]: Mistral, Mixtral, Magistral."),
+    ("granite", "agilerl.tools.families:GraniteParser", "<|tool_call|>[json]: IBM Granite 3."),
+    ("gemma", "agilerl.tools.families:GemmaParser", "<|tool_call>call:NAME{...}<tool_call|>: Gemma 4."),
+    ("harmony", "agilerl.tools.families:HarmonyParser", "GPT-OSS channels, to=functions.NAME ... <|call|>."),
+    ("deepseek", "agilerl.tools.families:DeepSeekParser", "<｜tool▁call▁begin｜>: DeepSeek V3, R1, V3.1."),
+]
+
 
 def _register_all(register: Register, entries: list[tuple[str, str, str]]) -> None:
     for name, target, description in entries:
@@ -148,3 +171,8 @@ def register_trackers(register: Register) -> None:
 @hookimpl
 def register_generation_backends(register: Register) -> None:
     _register_all(register, GENERATION_BACKENDS)
+
+
+@hookimpl
+def register_tool_parsers(register: Register) -> None:
+    _register_all(register, TOOL_PARSERS)

@@ -1,5 +1,6 @@
-"""Built-in rubrics: exact, numeric and ``\\boxed{}`` answer matching, a format check and a
-Countdown equation checker. Model output is parsed, never evaluated.
+"""Built-in rubrics: exact, numeric and ``\\boxed{}`` answer matching, a format check, a
+Countdown equation checker, and LLM judges (``llm_judge``, ``llm_judge_group``: factories, built
+from a manifest entry's ``config``). Model output is parsed, never evaluated.
 
 Every matcher compares the completion's final answer: the last ``<answer>...</answer>`` when
 there is one, else the whole completion.
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
+from agilerl.data.judges import GroupJudge, LLMJudge
 from agilerl.data.rubric import make_format_rubric
 
 __all__ = [
@@ -29,6 +31,8 @@ __all__ = [
     "think_answer_format",
     "countdown",
     "evaluate_countdown",
+    "llm_judge",
+    "llm_judge_group",
 ]
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -186,3 +190,17 @@ def _as_numbers(question: Any) -> list[int]:
     if not numbers:
         raise ValueError(f"the row's numbers {question!r} hold no integers")
     return numbers
+
+
+def llm_judge(*, base_url: str, model: str, **options: Any) -> LLMJudge:
+    """A judge scoring each completion on an OpenAI-compatible endpoint (see docs/rubrics.md)."""
+    return LLMJudge(base_url=base_url, model=model, **options)
+
+
+def llm_judge_group(*, base_url: str, model: str, **options: Any) -> GroupJudge:
+    """A judge ranking a whole GRPO group in one call, scores in [0, 1] (see docs/rubrics.md)."""
+    return GroupJudge(base_url=base_url, model=model, **options)
+
+
+llm_judge.needs_config = "base_url, model"  # type: ignore[attr-defined]
+llm_judge_group.needs_config = "base_url, model"  # type: ignore[attr-defined]

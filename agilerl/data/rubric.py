@@ -1,8 +1,10 @@
 """Calling a rubric: by the keywords it declares, with its result checked and explained.
 
 A rubric is any callable taking some of ``completion``, ``answer``, ``question``, ``row`` and
-``info`` by name, so argument order can never be wrong. It returns a number, or a dict of named
-numbers (components) that are summed; components are reported for logging.
+``info`` by name, so argument order can never be wrong. It returns a number, a dict of named
+numbers (components) that are summed, or a ``Reward`` (a total and its components, for rubrics
+that weigh their parts, such as ``CompositeRubric``); components are reported for logging. An
+``async`` rubric (or one returning an awaitable) is awaited on the shared event loop.
 ``make_format_rubric`` builds the simplest rubric: a regex over the whole completion.
 """
 
@@ -17,13 +19,21 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
-from agilerl.errors import RubricError
+from agilerl.errors import EnvUnavailable, RubricError
 
-__all__ = ["RUBRIC_KEYWORDS", "Rubric", "load_rubric", "make_format_rubric"]
+__all__ = ["RUBRIC_KEYWORDS", "Reward", "Rubric", "load_rubric", "make_format_rubric", "resolve_awaitable"]
 
 RUBRIC_KEYWORDS = ("completion", "answer", "question", "row", "info")
 # Keywords read from a dataset column of the same name.
 _COLUMN_KEYWORDS = ("answer", "question")
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A rubric's result when its total is not the plain sum of its parts (weights, gates)."""
+
+    total: float
+    components: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,9 @@ class Rubric:
     def bind(cls, fn: Callable[..., Any], name: str | None = None) -> Rubric:
         """Read the keywords ``fn`` declares; reject parameters we could never fill."""
         name = name or getattr(fn, "__qualname__", None) or repr(fn)
+        from agilerl.data.openenv_rubric import as_openenv_rubric
+
+        fn = as_openenv_rubric(fn) or fn  # OpenEnv's Rubric objects score (action, observation)
         if not callable(fn):
             raise RubricError(f"rubric {name!r} is not callable (got {type(fn).__name__}).")
         try:
@@ -67,6 +80,10 @@ class Rubric:
     def check_columns(self, columns: Iterable[str]) -> None:
         """``answer``/``question`` come from columns of those names: fail early if absent."""
         existing = list(columns)
+        nested = getattr(self.fn, "check_columns", None)
+        if callable(nested):  # a composite: each of its entries checks its own keywords
+            nested(existing)
+            return
         for keyword in _COLUMN_KEYWORDS:
             if keyword in self.keywords and keyword not in existing and self._requires(keyword):
                 raise RubricError(
@@ -92,7 +109,9 @@ class Rubric:
         }
         kwargs = {k: available[k] for k in self.keywords}
         try:
-            result = self.fn(**kwargs)
+            result = resolve_awaitable(self.fn(**kwargs))
+        except EnvUnavailable:  # an outage (a judge down for good) stops the run, unwrapped
+            raise
         except Exception as exc:
             raise RubricError(
                 f"rubric {self.name!r} raised {type(exc).__name__}: {exc} (on {where})."
@@ -100,7 +119,23 @@ class Rubric:
         return _as_reward(result, self.name, where)
 
 
+def resolve_awaitable(result: Any) -> Any:
+    """``result``, awaited on the shared event loop when it is awaitable (an async rubric called
+    from a sync ``step``); from that loop's own thread an awaitable cannot be waited for."""
+    if not inspect.isawaitable(result):
+        return result
+    from agilerl.concurrency import shared_loop
+
+    async def wait() -> Any:
+        return await result
+
+    return shared_loop().run(wait())
+
+
 def _as_reward(result: Any, name: str, where: str) -> tuple[float, dict[str, float]]:
+    if isinstance(result, Reward):
+        total = _as_number(result.total, name, where, "total")
+        return total, {k: _as_number(v, name, where, f"component {k!r}") for k, v in result.components.items()}
     if isinstance(result, Mapping):
         if not result:
             raise RubricError(f"rubric {name!r} returned an empty dict on {where}.")
@@ -115,7 +150,7 @@ def _as_number(value: Any, name: str, where: str, what: str) -> float:
     if not isinstance(value, Real):
         raise RubricError(
             f"rubric {name!r} returned {what} {value!r} ({type(value).__name__}) on {where}; "
-            "return a float or a dict of floats."
+            "return a float, a dict of floats or a Reward."
         )
     number = float(value)
     if math.isnan(number):
@@ -124,13 +159,37 @@ def _as_number(value: Any, name: str, where: str, what: str) -> float:
 
 
 def load_rubric(
-    rubric_name: str, rubric_file_path: str | None = None, *, base_dir: str | Path | None = None
+    rubric_name: str,
+    rubric_file_path: str | None = None,
+    *,
+    base_dir: str | Path | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> Rubric:
-    """Resolve ``rubric_file_path:rubric_name``, or a registered rubric name, and bind it."""
+    """Resolve ``rubric_file_path:rubric_name``, or a registered rubric name, and bind it.
+
+    With ``config``, what resolves is a factory (a judge, an OpenEnv Rubric class): it is called
+    with ``config`` as keywords and what it returns is the rubric."""
     from agilerl.registry import resolve
 
     ref = f"{rubric_file_path}:{rubric_name}" if rubric_file_path else rubric_name
-    return Rubric.bind(resolve("rubric", ref, base_dir=base_dir), name=ref)
+    target = resolve("rubric", ref, base_dir=base_dir)
+    needs = getattr(target, "needs_config", None)
+    if config is None and isinstance(needs, str):
+        raise RubricError(
+            f"rubric {ref!r} is built from settings: list it under 'rubrics:' with "
+            f"'config: {{...}}' giving at least {needs} (see docs/rubrics.md)."
+        )
+    if config is not None:
+        try:
+            target = target(**config)
+        except RubricError:
+            raise
+        except Exception as exc:  # the values may hold what must not be printed: name the keys only
+            raise RubricError(
+                f"rubric {ref!r}: building it with config keys {sorted(config)} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    return Rubric.bind(target, name=ref)
 
 
 def make_format_rubric(pattern: str, reward: float = 1.0) -> Callable[[str], float]:

@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Dis
 
 from agilerl.manifest.requirements import check_requirement
 from agilerl.manifest.section import Section
+from agilerl.manifest.settings import ManifestModel
 
 __all__ = [
     "ENVIRONMENT_VARIANTS",
@@ -26,6 +27,8 @@ __all__ = [
     "EnvironmentSpec",
     "RolloutSource",
     "RolloutSpec",
+    "RubricEntrySpec",
+    "RubricGateSpec",
     "ScoredDatasetSpec",
 ]
 
@@ -214,21 +217,106 @@ class EnvUrlSpec(_TextAdapterFields, RolloutSpec):
         return [self.env_url] if isinstance(self.env_url, str) else list(self.env_url)
 
 
+_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+
+
+class RubricEntrySpec(ManifestModel):
+    """One named, weighted part of the reward (an item of ``rubrics:``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        pattern=_NAME_PATTERN, description="The component's name: its metric is reward/<name>."
+    )
+    rubric: str = Field(
+        min_length=1, description="Registered rubric name, 'module:attr' or 'path/to/file.py:attr'."
+    )
+    weight: float = Field(1.0, description="The reward is the sum of weight x score.")
+    config: dict[str, Any] | None = Field(
+        None,
+        description="When given, the rubric is a factory called with these keywords (a judge's "
+        "base_url, model, prompt, ...) and what it returns scores.",
+    )
+
+
+class RubricGateSpec(ManifestModel):
+    """An item of ``rubric_gates:``: no credit unless a component reaches ``min``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    component: str = Field(min_length=1, description="An entry's name, or 'entry.part'.")
+    min: float = Field(1.0, description="The component's score must be >= this.")
+    zeroes: list[str] | None = Field(
+        None, description="The entries zeroed when the gate fails; left out: the whole reward."
+    )
+
+
 class ScoredDatasetSpec(_TableFields, RolloutSpec):
-    """A dataset rollout: the model answers one row, a rubric scores the answer."""
+    """A dataset rollout: the model answers one row, a rubric (or weighted rubrics) scores it."""
 
     _kind: ClassVar[str] = "a dataset rollout ('dataset' with a rubric)"
-    _required_hints: ClassVar[dict[str, str]] = {
-        "rubric_name": "a dataset rollout needs 'rubric_name' (a function in 'rubric_file_path', "
-        "or a registered rubric)."
-    }
 
-    rubric_name: str = Field(
-        alias="reward_fn_name", description="Rubric: function in the file, or registered."
+    rubric_name: str | None = Field(
+        None,
+        alias="reward_fn_name",
+        description="Rubric: function in the file, or registered (one entry of weight 1).",
     )
     rubric_file_path: str | None = Field(
         None, alias="reward_file_path", description="Python file holding the rubric."
     )
+    rubrics: list[RubricEntrySpec] | None = Field(
+        None, description="Weighted rubrics {name, rubric, weight, config}: the reward is their weighted sum."
+    )
+    rubric_gates: list[RubricGateSpec] = Field(
+        default_factory=list,
+        description="{component, min, zeroes}: zero the reward (or the entries named) unless a "
+        "component reaches min.",
+    )
+
+    @model_validator(mode="after")
+    def _one_reward(self) -> ScoredDatasetSpec:
+        if (self.rubric_name is None) == (self.rubrics is None):
+            raise ValueError(
+                "a dataset rollout needs 'rubric_name' (a function in 'rubric_file_path', or a "
+                "registered rubric) or 'rubrics: [{name, rubric, weight}]', not both."
+                if self.rubric_name is not None
+                else "a dataset rollout needs 'rubric_name' (a function in 'rubric_file_path', "
+                "or a registered rubric) or 'rubrics: [{name, rubric, weight}]'."
+            )
+        if self.rubric_file_path is not None and self.rubrics is not None:
+            raise ValueError(
+                "'rubric_file_path' goes with 'rubric_name'; in 'rubrics:' write the file in each "
+                "entry's rubric, as 'path/to/file.py:function'."
+            )
+        names = [entry.name for entry in self.rubric_entries]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(
+                f"rubrics: the name {duplicates[0]!r} is used twice; give each entry its own name."
+            )
+        for gate in self.rubric_gates:
+            head = gate.component.split(".", 1)[0]
+            if gate.component not in names and head not in names:
+                raise ValueError(
+                    f"rubric_gates: {gate.component!r} is no rubric entry's name (the entries: "
+                    f"{', '.join(names)}); name an entry, or one of its parts as 'entry.part'."
+                )
+            unknown = [z for z in gate.zeroes or [] if z not in names]
+            if unknown:
+                raise ValueError(
+                    f"rubric_gates: the gate on {gate.component!r} zeroes {', '.join(map(repr, unknown))}, "
+                    f"which no entry is named (the entries: {', '.join(names)})."
+                )
+        return self
+
+    @property
+    def rubric_entries(self) -> list[RubricEntrySpec]:
+        """``rubrics:``, or ``rubric_name``/``rubric_file_path`` as its one entry of weight 1."""
+        if self.rubrics is not None:
+            return list(self.rubrics)
+        assert self.rubric_name is not None
+        ref = f"{self.rubric_file_path}:{self.rubric_name}" if self.rubric_file_path else self.rubric_name
+        return [RubricEntrySpec(name="reward", rubric=ref)]
 
 
 class DatasetSpec(_TableFields, EnvironmentSpec):

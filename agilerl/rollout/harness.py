@@ -17,6 +17,7 @@ from agilerl.chat import ChatRenderer, EpisodeChat
 from agilerl.envs.client import InProcessEnvClient, as_client
 from agilerl.errors import AgileRLWarning, EpisodeError, InvalidArgument
 from agilerl.protocol import EnvInfo, StepResult
+from agilerl.rollout.tool_routing import ToolCallingClient, ToolRouting
 from agilerl.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ class RolloutHarness:
         chat_template_kwargs: dict[str, Any] | None = None,
         observation_role: str = "user",
         renderer: ChatRenderer | None = None,
+        tool_parser: Any = None,
+        send_reasoning: bool = False,
         **client_options: Any,
     ) -> None:
         """``env`` is a client (``InProcessEnvClient``/``RemoteEnvClient``), a text env, or a URL.
@@ -87,6 +90,9 @@ class RolloutHarness:
         its prompt cache); it must have been built for the same tokenizer, tools and template kwargs.
         ``client_options`` (with a URL) are ``RemoteEnvClient``'s: ``action_field``, ``mcp_tool``,
         ``observation_field``, ``observation_processor``, ``request_timeout_s``, ``token``, ...
+        ``tool_parser`` (a registered name such as ``hermes``, or ``auto``) parses each completion's
+        tool calls and runs them as the env's ``call_tool``; reasoning then reaches the env only
+        with ``send_reasoning`` (``agilerl.rollout.tool_routing``, docs/tools.md).
         """
         if client_options and not isinstance(env, str):
             named = ", ".join(f"{k}={v!r}" for k, v in client_options.items())
@@ -100,6 +106,10 @@ class RolloutHarness:
 
             env = RemoteEnvClient(env, **client_options)
         self.client = as_client(env)
+        self.tool_routing = None if tool_parser is None else ToolRouting.build(tool_parser, tokenizer, send_reasoning=send_reasoning)
+        """Parses calls and renders their results; None: the env gets the completion's text."""
+        if self.tool_routing is not None:
+            self.client = ToolCallingClient(self.client)
         self.info: EnvInfo = self.client.describe()
         """What the env declares about itself."""
         self.max_turns = self.info.turn_budget(max_turns)
@@ -216,6 +226,8 @@ class RolloutHarness:
             ended = bool(action_ids) and action_ids[-1] == self.renderer.end_of_turn_id
             body = action_ids[:-1] if ended else action_ids
             action_text = self.renderer.decode(body)
+        if self.tool_routing is not None:
+            action_text = self.tool_routing.action(completion, self.chat.tools)
         self._pending = (action_ids, logprobs, version)
         return action_text
 
@@ -229,8 +241,10 @@ class RolloutHarness:
         self._turn += 1
         truncated = truncated or (not terminated and self._turn >= self.max_turns)
         self._done = terminated or truncated
-        self._append_turn(action_ids, logprobs, version, self.observation_role_for(info), observation)
+        tail = None if self.tool_routing is None else self.tool_routing.tail_ids(self.renderer, info, final=self._done)
+        self._append_turn(action_ids, logprobs, version, self.observation_role_for(info), observation, tail)
         traj.rewards.append(reward)
+        _add_components(traj.info, info)
         traj.terminated, traj.truncated = terminated, truncated
         return TokenView(traj.token_ids, len(traj.token_ids)), reward, terminated, truncated, info
 
@@ -291,11 +305,14 @@ class RolloutHarness:
         version: int | None,
         role: str,
         observation: str,
+        tail: list[int] | None = None,
     ) -> None:
-        """Append the completion, the template's turn close, the observation and the next opening."""
+        """Append the completion, the template's turn close, the observation (or ``tail``: the
+        rendered tool results) and the next opening."""
         traj = self.trajectory
         renderer = self.renderer
-        tail = renderer.turn_tail_ids(role, observation, final=self._done)
+        if tail is None:
+            tail = renderer.turn_tail_ids(role, observation, final=self._done)
         if action_ids and action_ids[-1] == renderer.end_of_turn_id and tail and tail[0] == action_ids[-1]:
             tail = tail[1:]  # the model already closed its turn
         turn = self._turn - 1
@@ -315,3 +332,12 @@ class RolloutHarness:
         traj.action_mask += [False] * len(tail)
         traj.turn_ids += [turn] * (len(action_ids) + len(tail))
 
+
+def _add_components(totals: dict[str, Any], info: Any) -> None:
+    """Sum a step's ``info["reward_components"]`` into the episode's (logged as reward/<name>)."""
+    components = info.get("reward_components") if isinstance(info, dict) else None
+    if isinstance(components, dict) and components:
+        summed = totals.setdefault("reward_components", {})
+        for name, value in components.items():
+            if isinstance(value, (int, float)):
+                summed[str(name)] = summed.get(str(name), 0.0) + float(value)

@@ -140,15 +140,20 @@ def describe_engine(accelerator: Accelerator) -> str:
 
 
 def mean_over_ranks(accelerator: Accelerator, metrics: Mapping[str, float]) -> dict[str, float]:
-    """Each metric averaged over ranks (every rank must report the same keys)."""
+    """Each metric averaged over the ranks that report it: the keys may differ between ranks (a
+    reward component, ``reward/<name>``, only some rank's episodes gave), so they are agreed on first."""
     if accelerator.num_processes == 1:
         return dict(metrics)
     import torch
+    import torch.distributed as dist
 
-    keys = sorted(metrics)
-    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=accelerator.device)
-    values = accelerator.reduce(values, reduction="mean")
-    return dict(zip(keys, values.cpu().tolist()))
+    every: list[list[str] | None] = [None] * accelerator.num_processes
+    dist.all_gather_object(every, sorted(metrics))
+    keys = sorted({key for keys in every for key in keys or ()})
+    values = torch.tensor([float(metrics.get(k, 0.0)) for k in keys], dtype=torch.float64, device=accelerator.device)
+    counts = torch.tensor([float(k in metrics) for k in keys], dtype=torch.float64, device=accelerator.device)
+    values, counts = accelerator.reduce(values, reduction="sum"), accelerator.reduce(counts, reduction="sum")
+    return dict(zip(keys, (values / counts.clamp(min=1)).cpu().tolist()))
 
 
 def prepare_reference(accelerator: Accelerator, reference: torch.nn.Module) -> torch.nn.Module:

@@ -37,7 +37,9 @@ from agilerl.train.distributed import (
 from agilerl.train.metrics import (
     MetricsLog,
     ProgressBar,
+    judge_metrics,
     plot_curves,
+    reward_component_metrics,
 )
 from agilerl.train.tracking import Tracking, run_config
 from agilerl.errors import InvalidArgument
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.generation import WeightSyncedPolicy
     from agilerl.rollout.policy import Policy
+    from agilerl.rollout.versioned import VersionedPolicy
     from agilerl.data.dataset_env import DatasetEnv
 
 __all__ = [
@@ -100,8 +103,11 @@ def train_llm_rollout(
     of the weights (a ``WeightSyncedPolicy``: vLLM) gets them after every optimiser step.
     """
     from agilerl.rollout.generation import WeightSyncedPolicy
+    from agilerl.rollout.pipeline import RolloutPipeline
     from agilerl.rollout.policy import TransformersPolicy
+    from agilerl.rollout.versioned import InferenceCopy, VersionedPolicy
     from agilerl.train.batch import collate_trajectories
+    from agilerl.train.checkpoint import read_state
 
     algo = _algorithm(algorithm)
     check_compatible(algo, EnvSource("rollout", kind_field="train_llm_rollout"), collector.sampling)
@@ -112,18 +118,31 @@ def train_llm_rollout(
             f"{collector.group_size}: a micro-batch must hold whole groups to compare them."
         )
     trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
-    policy = generation or TransformersPolicy(model, tokenizer, max_model_len=max_model_len)
+    generator = generation or TransformersPolicy(model, tokenizer, max_model_len=max_model_len)
+    if settings.rollout_mode == "async" and isinstance(generator, TransformersPolicy) and generator.model is model:
+        # generation goes on during the update: it needs weights of its own (docs/async.md)
+        generator = InferenceCopy.of(model, tokenizer, max_model_len=generator.max_model_len)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    trainer.synced = policy if isinstance(policy, WeightSyncedPolicy) else None
+    trainer.synced = generator if isinstance(generator, WeightSyncedPolicy) else None
     # a synced policy generates from its own weights: the trainer's need no gathering
     own_weights = contextlib.nullcontext if trainer.synced else lambda: gathered_weights(trainer.policy)
-    collector.skip(trainer.step * settings.gradient_accumulation_steps)  # a resumed run plays on
+    policy = trainer.versioned = VersionedPolicy(generator, version=trainer.step)
+    pipeline = RolloutPipeline(
+        collector, policy, mode=settings.rollout_mode, max_staleness=settings.max_staleness,
+        groups_per_step=collector.batch_size * settings.gradient_accumulation_steps,
+    )
+    trainer.rollout_state = pipeline.state
+    pipeline.skip(trainer.step)  # a resumed run plays on
+    if resume_from is not None:
+        saved = read_state(resume_from).get("rollout") or []
+        pipeline.load_state(saved[trainer.world.rank] if trainer.world.rank < len(saved) else {})
 
     def next_batch() -> tuple[Any, dict[str, float]]:
         with own_weights(), trainer.accelerator.autocast():
-            rollouts = collector.collect(policy)
+            rollouts, metrics = pipeline.take()
         batch = collate_trajectories(rollouts.trajectories, pad_id).to(trainer.device)
-        return batch, {"train/reward": rollouts.stats.reward_mean, **rollouts.stats.metrics()}
+        finished = (t.info.get("reward_components") for t in rollouts.trajectories if t.error is None)
+        return batch, {**metrics, **reward_component_metrics(finished), **judge_metrics()}
 
     def evaluate() -> dict[str, float]:
         with own_weights():  # every rank gathers; rank 0 alone plays
@@ -139,7 +158,8 @@ def train_llm_rollout(
             metrics["eval/accuracy"] = result.accuracy
         return metrics
 
-    return trainer.run(next_batch, evaluate, curves=("train/reward", "eval/reward"), plot_name="reward_curve.png")
+    with pipeline:
+        return trainer.run(next_batch, evaluate, curves=("train/reward", "eval/reward"), plot_name="reward_curve.png")
 
 
 def train_llm_dataset(
@@ -161,6 +181,11 @@ def train_llm_dataset(
     source = EnvSource("dataset", dataset.objective, "train_llm_dataset", "DatasetEnv(objective=...)")
     check_compatible(algo, source)
     settings = _settings(training)
+    if settings.rollout_mode == "async":
+        raise InvalidArgument(
+            "training.rollout_mode: async applies to rollout envs (the model generates); a dataset "
+            "env's batches are read, not generated: remove rollout_mode (or set it to sync)."
+        )
     trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
     batches = _dataset_batches(
         dataset, trainer.world, skip=trainer.step * settings.gradient_accumulation_steps
@@ -236,6 +261,8 @@ class _Trainer:
         self._shielding = False
         self._pending_interrupt = False
         self.synced: WeightSyncedPolicy | None = None  # a policy with its own weights, pushed each step
+        self.versioned: VersionedPolicy | None = None  # what generates: told each step's version (and weights)
+        self.rollout_state: Callable[[], dict[str, Any]] | None = None  # the task stream, kept in checkpoints
         self._unlogged: dict[str, float] | None = None  # a finished step's metrics, until its row is written
         self._saved_step, self._saved_at = self.step, time.monotonic()
 
@@ -270,8 +297,8 @@ class _Trainer:
                     t0 = time.perf_counter()
                     batches, metrics = self._collect(next_batch)
                     with self._shielded():  # from here to the log line, Ctrl-C waits
-                        if self.synced is not None:
-                            self.synced.sleep()  # its memory is the update's (where it can sleep)
+                        if self.synced is not None and settings.rollout_mode == "sync":
+                            self.synced.sleep()  # its memory is the update's (async: it generates on)
                         metrics.update(self._update(batches))
                         self._unlogged = metrics  # the step is taken: its row is owed from here on
                         metrics.update(self._push_weights())
@@ -344,14 +371,18 @@ class _Trainer:
         return out
 
     def _push_weights(self) -> dict[str, float]:
-        """The updated weights into a synced policy (every rank's, whole: under FSDP2 each rank
-        gathers them), before the next collection; its cost is ``time/weight_sync_s``."""
+        """The new version, with the updated weights for a synced policy (every rank's, whole:
+        under FSDP2 each rank gathers them), between two generations; the push costs
+        ``time/weight_sync_s``."""
+        if self.versioned is None:
+            return {}
         if self.synced is None:
+            self.versioned.publish(self.step)
             return {}
         from agilerl.rollout.weights import hf_weights
 
         t0 = time.perf_counter()
-        self.synced.load_weights(hf_weights(self.model))
+        self.versioned.publish(self.step, hf_weights(self.model))
         return {"time/weight_sync_s": time.perf_counter() - t0}
 
     def _due(self, interval: int) -> bool:
@@ -380,10 +411,13 @@ class _Trainer:
 
     def _save(self) -> Path | None:
         """Every rank takes part (a sharded state is saved by all); rank 0 gets the path."""
+        state: dict[str, Any] = {"algorithm": type(self.algorithm).__name__, "engine": self.engine}
+        if self.rollout_state is not None:  # each rank's task stream, by rank
+            state["rollout"] = _by_rank(self.accelerator, self.rollout_state())
         path = save_checkpoint(
             self.output_dir, self.step, accelerator=self.accelerator, model=self.model,
             tokenizer=self.tokenizer, policy=self.policy,
-            state={"algorithm": type(self.algorithm).__name__, "engine": self.engine},
+            state=state,
             keep_last=self.settings.keep_last,
         )
         self._saved_step, self._saved_at = self.step, time.monotonic()
@@ -410,9 +444,10 @@ class _Trainer:
 
     @contextmanager
     def _graceful_interrupt(self) -> Iterator[None]:
-        """Ctrl-C (or SIGTERM: a scheduler's preemption) during collection stops at once; inside
-        ``_shielded`` (the update and its bookkeeping) it waits until the step is whole and
-        logged, so the checkpoint saved on the way out is never half a step."""
+        """Ctrl-C (or SIGTERM: a scheduler's preemption; SIGHUP: a closed terminal) during
+        collection stops at once; inside ``_shielded`` (the update and its bookkeeping) it waits
+        until the step is whole and logged, so the checkpoint saved on the way out is never half
+        a step. After the first, the next signals of a burst wait too: the save is never cut."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -421,9 +456,12 @@ class _Trainer:
             if self._shielding:
                 self._pending_interrupt = True
             else:
+                self._shielding = True  # the next of a burst of Ctrl-Cs waits: the way out saves
                 raise KeyboardInterrupt
 
-        previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+        # SIGHUP: the terminal or ssh session closed; stop and save as for the other two
+        stops = [signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+        previous = {signum: signal.signal(signum, handler) for signum in stops}
         try:
             yield
         finally:
@@ -438,6 +476,7 @@ class _Trainer:
         finally:
             self._shielding = False
         if self._pending_interrupt:
+            self._shielding = True  # as in the handler: a burst never cuts the save that follows
             raise KeyboardInterrupt
 
 
@@ -467,6 +506,15 @@ def build_optimizer(params: list[Any], *, lr: float, weight_decay: float = 0.0) 
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
     except (RuntimeError, ValueError):  # a device or dtype without the fused kernel
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def _by_rank(accelerator: Any, value: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
+    if accelerator.num_processes == 1:
+        return [value]
+    from accelerate.utils import gather_object
+
+    return list(gather_object([value]))
 
 
 def _algorithm(ref: AlgorithmRef) -> Algorithm[Any]:

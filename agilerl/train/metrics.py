@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,10 @@ from agilerl.errors import CheckpointError, PlotUnavailable
 
 __all__ = [
     "METRICS_FILE",
+    "REWARD_COMPONENT",
+    "JUDGE_METRICS",
+    "reward_component_metrics",
+    "judge_metrics",
     "MetricsLog",
     "read_metrics",
     "replace_file",
@@ -27,6 +31,29 @@ __all__ = [
 ]
 
 METRICS_FILE = "metrics.jsonl"
+
+REWARD_COMPONENT = "reward/{}"
+"""A reward component's mean over a step's finished episodes (``reward/correct``, ``reward/judge``)."""
+JUDGE_METRICS = ("judge/calls", "judge/failures", "judge/cache_hits", "judge/latency_s", "judge/tokens")
+"""What the LLM judges did since the last step (``latency_s``: the mean per call)."""
+
+
+def reward_component_metrics(episodes: Iterable[Mapping[str, float] | None]) -> dict[str, float]:
+    """``reward/<name>``: each component's mean over ``episodes`` (each one's summed
+    components; an episode without a component counts 0 for it). Empty when none has any."""
+    rows = [dict(e or {}) for e in episodes]
+    names = sorted({name for row in rows for name in row})
+    if not rows:
+        return {}
+    return {REWARD_COMPONENT.format(name): math.fsum(row.get(name, 0.0) for row in rows) / len(rows) for name in names}
+
+
+def judge_metrics() -> dict[str, float]:
+    """``judge/...`` since the last call (empty when no judge was ever built in this process)."""
+    from agilerl.data.judge import take_judge_metrics
+
+    taken = take_judge_metrics()
+    return {key: taken.get(key, 0.0) for key in JUDGE_METRICS} if taken is not None else {}
 
 
 class MetricsLog:
@@ -234,10 +261,16 @@ class ProgressBar:
         elif self.lines:
             print(text, file=sys.stderr, flush=True)
 
+    TOP_COMPONENTS = 3
+    """The reward components shown beside the reward: the largest in size, latest step."""
+
     def _metrics_text(self) -> str:
-        return "  ".join(
-            f"{label} {self._latest[key]:.3f}" for label, key in self._SHOWN if self._latest.get(key) is not None
-        )
+        shown = [(label, key) for label, key in self._SHOWN if self._latest.get(key) is not None]
+        prefix = REWARD_COMPONENT.format("")
+        components = [k for k, v in self._latest.items() if k.startswith(prefix) and v is not None]
+        components.sort(key=lambda k: -abs(self._latest[k]))
+        shown[1:1] = [(k, k) for k in components[: self.TOP_COMPONENTS]]  # right after the reward
+        return "  ".join(f"{label} {self._latest[key]:.3f}" for label, key in shown)
 
     def _line_due(self, step: int) -> bool:
         now = time.monotonic()
