@@ -28,7 +28,7 @@ def train_from_manifest(
     ``resume`` (a checkpoint folder or ``latest``) wins over ``training.resume_from``.
     """
     from agilerl.assembly.checks import compatible_algorithm
-    from agilerl.train.checkpoint import find_checkpoint
+    from agilerl.train.checkpoint import check_resumable, find_checkpoint
     from agilerl.train.distributed import current_world
     from agilerl.assembly.models import load_model_and_tokenizer
 
@@ -43,6 +43,8 @@ def train_from_manifest(
     world = current_world()  # before the collector: ranks shard tasks
     resume_ref = resume or training.resume_from
     checkpoint = find_checkpoint(resume_ref, training.output_dir) if resume_ref else None
+    if checkpoint is not None:  # the same kind of run, or a clear error before any weights load
+        check_resumable(checkpoint, algorithm=type(algorithm).__name__, lora=manifest.model.lora is not None)
     with _transformers_bars(show_progress):
         model, tokenizer = load_model_and_tokenizer(
             manifest.model, base_dir=base_dir, seed=training.seed, checkpoint=checkpoint

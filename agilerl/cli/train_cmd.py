@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +42,39 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from agilerl.assembly.from_manifest import train_from_manifest
-    from agilerl.assembly.output_dir import prepare_output_dir
+    from agilerl.assembly.output_dir import hold_output_dir
     from agilerl.cli.manifest_cmd import load_manifest_reporting_warnings
-    from agilerl.train.checkpoint import saved_checkpoints
 
     manifest = load_manifest_reporting_warnings(args.manifest)
     output_dir = Path(args.output_dir or manifest.output_dir)
+    with hold_output_dir(output_dir), _hangup_as_interrupt():  # one run at a time in a folder
+        return _train_holding(args, manifest, output_dir)
+
+
+def _train_holding(args: argparse.Namespace, manifest: Any, output_dir: Path) -> int:
+    from agilerl.assembly.from_manifest import train_from_manifest
+    from agilerl.assembly.output_dir import prepare_output_dir
+    from agilerl.errors import CheckpointError
+    from agilerl.train.checkpoint import saved_checkpoints
+
     prepare_output_dir(output_dir, manifest=Path(args.manifest), resume=args.resume is not None, overwrite=args.overwrite)
     overrides = {"max_steps": args.max_steps, "output_dir": str(output_dir), "seed": args.seed}
     try:
         result = train_from_manifest(
             manifest, overrides=overrides, resume=args.resume, show_progress=not args.no_progress
         )
-    except BaseException as exc:  # whatever ended the run, say how to continue it if it can be
-        if isinstance(exc, Exception) and saved_checkpoints(output_dir):
+    except KeyboardInterrupt:  # a second Ctrl-C after the save (a burst): still say how to go on
+        _stopping()
+        if saved_checkpoints(output_dir) and _is_rank_0():
+            print(f"resume with: {_resume_command(args)}", file=sys.stderr, flush=True)
+        raise
+    except Exception as exc:  # whatever ended the run, say how to continue it if it can be
+        # a checkpoint the resume itself refused is not one to suggest resuming from again
+        if not isinstance(exc, CheckpointError) and saved_checkpoints(output_dir):
             exc.add_note(f"resume with: {_resume_command(args)}")
         raise
+    if result.interrupted:
+        _stopping()
     if result.rank != 0:
         return 130 if result.interrupted else 0  # rank 0 reports for every process
     shown = {k: round(v, 4) for k, v in result.metrics.items() if k.split("/")[0] in ("train", "eval")}
@@ -65,6 +87,41 @@ def _train(args: argparse.Namespace) -> int:
         if result.interrupted:
             print(f"resume with: {_resume_command(args)}")
     return 130 if result.interrupted else 0
+
+
+_STOPS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextmanager
+def _hangup_as_interrupt() -> Iterator[None]:
+    """SIGHUP (the terminal or the ssh session closed) stops a run as Ctrl-C does: the trainer
+    saves a checkpoint and the command says how to resume, instead of dying with nothing saved.
+    The handlers are put back as they were at the end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in _STOPS}
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # stopping: the process ends next
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _stopping() -> None:
+    """The run is stopping (saved, or failed): the rest of a burst of Ctrl-Cs cannot cut its
+    last words (where it was saved, how to resume) or the interpreter's exit short; the signals
+    stay ignored, as the process is about to end."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in _STOPS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def _is_rank_0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _resume_command(args: argparse.Namespace) -> str:

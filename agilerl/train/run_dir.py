@@ -10,11 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RUN_MARKER", "KNOWN_RUN_ENTRIES", "mark_run", "read_marker", "run_entries"]
+__all__ = ["RUN_MARKER", "RUN_LOCK", "KNOWN_RUN_ENTRIES", "mark_run", "read_marker", "run_entries"]
 
 RUN_MARKER = ".agilerl-run"
+RUN_LOCK = ".agilerl-lock"
+"""The file a running ``agilerl train`` holds locked (fcntl) and writes its pid into."""
 KNOWN_RUN_ENTRIES = frozenset(
-    {RUN_MARKER, "metrics.jsonl", "metrics.jsonl.tmp", "reward_curve.png", "loss_curve.png",
+    {RUN_MARKER, RUN_LOCK, "metrics.jsonl", "metrics.jsonl.tmp", "reward_curve.png", "loss_curve.png",
      "checkpoints", "tracker_run.json", "tensorboard", "wandb"}
 )
 """What a run writes at its top level, for runs from before the marker (and before a save)."""

@@ -1,0 +1,167 @@
+"""What a resume, a second run and a signal can do to a run's folder: a damaged newest checkpoint
+is passed over (or named), a checkpoint of another kind of run is refused before anything loads,
+two runs never share a folder, and SIGHUP or a burst of Ctrl-C still saves and says how to resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agilerl.cli.main import main
+from agilerl.train.metrics import read_metrics
+
+SFT = Path(__file__).resolve().parents[1] / "examples" / "sft"
+GUESS = {"env_type": "rollout", "entrypoint": "guess",
+         "env_config": {"low": 1, "high": 10, "target": 7, "system_prompt": "Reply with one number."}}
+
+
+def _sft_manifest(tmp_path: Path, **training: object) -> Path:
+    folder = tmp_path / "sft"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(SFT / "data.jsonl", folder / "data.jsonl")
+    manifest = yaml.safe_load((SFT / "manifest.yaml").read_text())
+    manifest["training"].update(evaluation_interval=0, checkpoint_minutes=None, **training)
+    (folder / "manifest.yaml").write_text(yaml.safe_dump(manifest))
+    return folder / "manifest.yaml"
+
+
+def _steps(out: Path) -> list[int]:
+    return [row["step"] for row in read_metrics(out / "metrics.jsonl")]
+
+
+def _truncate(file: Path) -> None:
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.slow
+def test_resume_passes_over_a_truncated_newest_checkpoint_and_a_named_one_is_refused(tmp_path, capsys):
+    manifest = _sft_manifest(tmp_path, checkpoint_interval=1)
+    out = tmp_path / "out"
+    args = ["train", str(manifest), "--output-dir", str(out), "--no-progress"]
+    assert main(args) == 0
+    first, newest = out / "checkpoints" / "step-000001", out / "checkpoints" / "step-000002"
+    _truncate(newest / "model.safetensors")  # a full disk, a copy cut short
+    capsys.readouterr()
+
+    assert main([*args, "--resume", str(newest)]) == 2  # named on its own: an error naming it and the way out
+    err = capsys.readouterr().err
+    assert f"checkpoint {newest} is damaged (model.safetensors is " in err and "were written" in err
+    assert f"--resume {first}" in err and "resume with:" not in err
+
+    state = json.loads((newest / "trainer_state.json").read_text())
+    del state["files"]  # a checkpoint from before sizes were recorded: its safetensors header tells
+    (newest / "trainer_state.json").write_text(json.dumps(state))
+    assert main([*args, "--resume", str(newest)]) == 2
+    assert "model.safetensors is truncated" in capsys.readouterr().err
+
+    assert main([*args, "--resume", "--max-steps", "3"]) == 0  # latest: the newest whole one, with a warning
+    err = capsys.readouterr().err
+    assert f"warning: checkpoint {newest} is damaged" in err and f"resuming from the newest whole one, {first}" in err
+    assert _steps(out) == [1, 2, 3]  # step 2 trained again from step 1
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001", "step-000002", "step-000003"]
+
+
+@pytest.mark.slow
+def test_resume_after_switching_to_lora_or_another_algorithm_names_the_change(tmp_path, capsys):
+    manifest = tmp_path / "m.yaml"
+    run = {"environment": GUESS, "algorithm": {"name": "grpo"},
+           "training": {"max_steps": 1, "batch_size": 2, "group_size": 2, "max_new_tokens": 2,
+                        "evaluation_interval": 0, "checkpoint_minutes": None}}
+    manifest.write_text(yaml.safe_dump(run))
+    out = tmp_path / "out"
+    args = ["train", str(manifest), "--output-dir", str(out), "--no-progress", "--resume", "--max-steps", "2"]
+    assert main(args[:-3]) == 0
+    saved = out / "checkpoints" / "step-000001"
+    capsys.readouterr()
+
+    for change, said in ((["algorithm", {"name": "llmppo"}], "the algorithm is LLMPPO, the checkpoint's is GRPO"),
+                         (["model", {"name_or_path": "tiny", "lora": {"r": 4}}],
+                          "the model trains LoRA adapters, the checkpoint holds full weights")):
+        manifest.write_text(yaml.safe_dump({**run, change[0]: change[1]}))
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"cannot resume from {saved}: {said}" in err
+        assert "switch the manifest back, or start fresh" in err and "new output_dir" in err
+        assert "resume with:" not in err  # the same command would fail the same way
+    assert _steps(out) == [1]  # nothing written
+
+
+def _popen(manifest: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _wait_for_rows(out: Path, process: subprocess.Popen[str], rows: int = 1, bound_s: float = 240) -> None:
+    deadline = time.monotonic() + bound_s
+    while not ((out / "metrics.jsonl").is_file() and len(_steps(out)) >= rows):
+        assert process.poll() is None, f"the run ended (rc {process.returncode}) before its row: {process.stderr.read()}"
+        assert time.monotonic() < deadline, f"no row within {bound_s} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_second_run_on_a_busy_output_dir_is_refused_and_sighup_saves(tmp_path):
+    """A running `agilerl train` holds its folder: a fresh run and a --resume beside it exit 2
+    naming the folder and the holder's pid, and write nothing. SIGHUP (the terminal closed)
+    then stops the first as Ctrl-C does: it saves and prints the resume command."""
+    manifest = _sft_manifest(tmp_path, max_steps=10_000)
+    out = tmp_path / "out"
+    first = _popen(manifest, out)
+    try:
+        _wait_for_rows(out, first)
+        for extra in ((), ("--resume",), ("--overwrite",)):
+            second = subprocess.run(
+                [sys.executable, "-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress", *extra],
+                capture_output=True, text=True, timeout=240,
+            )
+            assert second.returncode == 2, second.stderr
+            assert f"output_dir {out} is in use by another agilerl train (pid {first.pid})" in second.stderr
+        first.send_signal(signal.SIGHUP)
+        stdout, stderr = first.communicate(timeout=240)
+    finally:
+        first.kill()
+    assert first.returncode == 130, stderr
+    step = _steps(out)[-1]
+    assert f"checkpoint: {out / 'checkpoints' / f'step-{step:06d}'}" in stdout
+    assert f"resume with: agilerl train {manifest} --output-dir {out} --no-progress --resume" in stdout
+    assert not (out / ".agilerl-lock").exists()  # released and removed at exit
+    assert main(["train", str(manifest), "--output-dir", str(out), "--no-progress", "--resume",
+                 "--max-steps", str(step + 1)]) == 0  # the folder is free again
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_burst_of_ctrl_c_saves_once_and_prints_the_resume_command(tmp_path):
+    manifest = _sft_manifest(tmp_path, max_steps=10_000)
+    out = tmp_path / "out"
+    run = _popen(manifest, out)
+    try:
+        _wait_for_rows(out, run)
+        deadline = time.monotonic() + 240
+        while run.poll() is None and time.monotonic() < deadline:  # Ctrl-C held down, until it ends
+            run.send_signal(signal.SIGINT)
+            time.sleep(0.02)
+        stdout, stderr = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130, stderr
+    words = stdout + stderr
+    assert f"resume with: agilerl train {manifest} --output-dir {out} --no-progress --resume" in words, words
+    step = _steps(out)[-1]
+    saved = out / "checkpoints" / f"step-{step:06d}"
+    assert (saved / "trainer_state.json").is_file(), words  # the save on the way out was not cut
+    assert not list((out / "checkpoints").glob("*.partial"))
+    assert "Traceback" not in stderr
