@@ -73,9 +73,15 @@ def test_grpo_on_policy_loss_is_minus_the_mean_advantage():
 
 
 def test_grpo_clips_the_ratio_on_the_pessimistic_side():
-    loss, metrics = GRPO().loss(uniform(), pair(old_ratios=(1.5, 0.5)))
+    logprobs = torch.full((2, 2), -LOG4)
+    old = logprobs - torch.tensor([[math.log(1.5), 0.0], [math.log(0.5), 0.0]])
+    advantages = torch.tensor([[A, A], [-A, -A]])
+    objective, grad, metrics = surrogate_gradient(
+        GRPO(), logprobs, old, advantages, torch.ones(2, 2, dtype=torch.bool)
+    )
     # row 0 (A > 0): ratio 1.5 -> 1.2; row 1 (A < 0): ratio 0.5 -> 0.8; other tokens ratio 1
-    assert loss.item() == pytest.approx(-(1.2 * A + A - 0.8 * A - A) / 4, rel=1e-5)
+    assert objective.flatten().tolist() == pytest.approx([1.2 * A, A, -0.8 * A, -A], rel=1e-5)
+    assert grad[:, 0].tolist() == [0.0, 0.0]  # the clipped side won: no gradient
     assert metrics["clip_fraction"] == 0.5
 
 

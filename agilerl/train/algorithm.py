@@ -29,8 +29,11 @@ The trainer's side of the contract:
   :func:`~agilerl.train.compatibility.check_compatible` holds the collector to it.
 - ``needs_reference``: the trainer passes the frozen initial model as ``reference`` (a copy, or
   with LoRA the model with its adapters off); otherwise it passes None and keeps nothing.
-- ``loss`` returns the scalar to minimise and plain-float metrics to log. When a rollout batch has
-  no ``old_logprobs``, the current (detached) log-probs stand in: one on-policy step per batch.
+- ``loss`` returns the scalar to minimise and plain-float metrics to log. The trainer takes one
+  optimiser step per batch, so the current log-probs, detached, are the trainer's recomputed ones;
+  a rollout batch's ``old_logprobs`` are the sampler's (None when a rollout lacks them), which may
+  differ (another engine, older weights in async training): the built-in algorithms correct for
+  the gap (``agilerl.builtins.algorithms.off_policy``, docs/algorithms.md).
 """
 
 from __future__ import annotations

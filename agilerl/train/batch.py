@@ -21,8 +21,8 @@ class RolloutTensors:
     """A batch of rollouts, right-padded to the longest one.
 
     Per token ``[B, T]``: ``input_ids``, ``attention_mask``, ``action_mask`` (policy tokens),
-    ``turn_ids`` (-1 on the prompt and padding) and ``old_logprobs`` (sampling-time log-probs, or
-    None when any trajectory lacks them). Per turn ``[B, K]``: ``turn_rewards`` and ``turn_mask``.
+    ``turn_ids`` (-1 on the prompt and padding) and ``old_logprobs`` (the sampler's log-probs, or
+    None when any trajectory lacks them: the off-policy correction's denominator). Per turn ``[B, K]``: ``turn_rewards`` and ``turn_mask``.
     Per rollout ``[B]``: ``group`` and ``valid`` (false for a failed rollout: it keeps its row but
     never enters the loss, and its group is its own, ``-1 - row``, so it leaves its group's
     statistics: the rollouts that finished are compared with each other only).

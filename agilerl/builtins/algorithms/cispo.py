@@ -10,6 +10,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from agilerl.builtins.algorithms.off_policy import mask_bound
 from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
 from agilerl.train.logprobs import masked_mean
 
@@ -17,12 +18,16 @@ __all__ = ["CISPOConfig", "CISPO"]
 
 
 class CISPOConfig(GroupRelativeConfig):
-    """GRPO's options; by default only the upper side of the weight is bounded, as in the paper."""
+    """GRPO's options; by default only the upper side of the weight is bounded, as in the paper,
+    and no token is masked for its off-policy ratio (every token keeps its gradient: CISPO's
+    point); whole rollouts still are, past the sequence bounds."""
 
     epsilon_low: float = Field(
         1.0, ge=0, description="Lower clip range of the IS weight (1: none)."
     )
     epsilon_high: float = Field(0.28, ge=0, description="Upper clip range of the IS weight.")
+    token_mask_low: float | None = mask_bound(None, "low", "token")
+    token_mask_high: float | None = mask_bound(None, "high", "token")
 
 
 class CISPO(GroupRelative[CISPOConfig]):

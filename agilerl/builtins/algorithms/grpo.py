@@ -19,12 +19,12 @@ from agilerl.builtins.algorithms.advantages import (
     has_per_turn_rewards,
     per_turn_to_tokens,
 )
+from agilerl.builtins.algorithms.off_policy import Correction
 from agilerl.builtins.algorithms.policy_gradient import (
     GRANULARITY_KEYS,
     ClippedConfig,
     PolicyGradient,
     clipped_surrogate,
-    old_logprobs,
 )
 from agilerl.train.batch import RolloutTensors
 from agilerl.train.logprobs import masked_mean
@@ -70,16 +70,16 @@ class GroupRelative(PolicyGradient[ConfigT]):
     config_class = GroupRelativeConfig
 
     def policy_loss(
-        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors
+        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors, correction: Correction
     ) -> tuple[torch.Tensor, dict[str, float]]:
         granularity = self.granularity(batch)
         advantages = self.advantages(batch, granularity)
-        mask = batch.loss_mask
+        mask = correction.mask
         objective, metrics = self.surrogate(
-            logprobs, old_logprobs(batch, logprobs), advantages, mask
+            logprobs, logprobs.detach(), correction.weigh(advantages), mask
         )
         metrics["turn_level"] = float(granularity == "turn")
-        metrics["advantage_abs_mean"] = masked_mean(advantages.abs(), mask).item()
+        metrics["advantage_abs_mean"] = masked_mean(advantages.abs(), batch.loss_mask).item()
         return -self.aggregate(objective, mask), metrics
 
     def granularity(self, batch: RolloutTensors) -> Literal["trajectory", "turn"]:

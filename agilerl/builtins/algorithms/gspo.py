@@ -7,10 +7,13 @@ also admits per-turn advantages.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from pydantic import Field
 from torch import Tensor
 
+from agilerl.builtins.algorithms.off_policy import importance_level, mask_bound
 from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
 from agilerl.builtins.algorithms.policy_gradient import clipped_surrogate
 from agilerl.train.logprobs import masked_mean
@@ -19,10 +22,14 @@ __all__ = ["GSPOConfig", "GSPO"]
 
 
 class GSPOConfig(GroupRelativeConfig):
-    """GRPO's options with the paper's (much narrower) sequence-level clip ranges."""
+    """GRPO's options with the paper's (much narrower) sequence-level clip ranges; the
+    off-policy correction is per sequence too (one weight per rollout, no token masks)."""
 
     epsilon_low: float = Field(3e-4, ge=0, description="Lower clip range of the sequence ratio.")
     epsilon_high: float = Field(4e-4, ge=0, description="Upper clip range of the sequence ratio.")
+    importance_level: Literal["token", "sequence"] = importance_level("sequence")
+    token_mask_low: float | None = mask_bound(None, "low", "token")
+    token_mask_high: float | None = mask_bound(None, "high", "token")
 
 
 class GSPO(GroupRelative[GSPOConfig]):

@@ -1,7 +1,13 @@
-"""What every rollout algorithm shares: the forward pass, the loss mask and the KL to a reference.
+"""What every rollout algorithm shares: the forward pass, the loss mask, the off-policy
+correction and the KL to a reference.
 
-A subclass supplies ``policy_loss`` (advantages and objective); this base adds
+A subclass supplies ``policy_loss`` (advantages and objective), applying the
+:class:`~agilerl.builtins.algorithms.off_policy.Correction` it is handed; this base adds
 ``beta * KL(policy || reference)`` with the k3 estimator and the common metrics.
+
+The clipped ratios take the trainer's own log-probs, detached, as their denominator: the trainer
+takes one optimiser step per batch, so these are the log-probs it recomputes for the weights
+being updated. The sampler's log-probs enter through the correction only (``off_policy.py``).
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from typing import Any, Literal, TypeVar
 import torch
 from pydantic import AliasChoices, Field
 
+from agilerl.builtins.algorithms.off_policy import Correction, OffPolicyConfig, off_policy_correction
 from agilerl.errors import InvalidArgument
-from agilerl.train.algorithm import Algorithm, AlgorithmConfig
+from agilerl.train.algorithm import Algorithm
 from agilerl.train.batch import RolloutTensors
 from agilerl.train.logprobs import forward, masked_mean, policy_logprobs, token_logprobs
 
@@ -22,7 +29,6 @@ __all__ = [
     "PolicyGradientConfig",
     "ClippedConfig",
     "PolicyGradient",
-    "old_logprobs",
     "clipped_surrogate",
     "TurnOrTokenConfig",
 ]
@@ -31,8 +37,8 @@ GRANULARITY_KEYS = AliasChoices("advantage_granularity", "action_granularity")
 """``action_granularity`` is accepted as an alias of ``advantage_granularity``."""
 
 
-class PolicyGradientConfig(AlgorithmConfig):
-    """Options every rollout algorithm takes."""
+class PolicyGradientConfig(OffPolicyConfig):
+    """Options every rollout algorithm takes (the off-policy correction's among them)."""
 
     beta: float = Field(
         0.0,
@@ -77,7 +83,9 @@ class PolicyGradient(Algorithm[ConfigT]):
         logprobs = token_logprobs(
             outputs.logits, batch.input_ids, temperature=self.config.temperature
         )
-        loss, metrics = self.policy_loss(logprobs, outputs, batch)
+        correction = off_policy_correction(logprobs.detach(), batch.old_logprobs, batch.loss_mask, self.config)
+        loss, metrics = self.policy_loss(logprobs, outputs, batch, correction)
+        metrics.update(correction.metrics)
         if self.config.beta > 0:
             kl = masked_mean(self._kl(logprobs, batch, reference), batch.loss_mask)
             loss = loss + self.config.beta * kl
@@ -90,9 +98,11 @@ class PolicyGradient(Algorithm[ConfigT]):
 
     @abstractmethod
     def policy_loss(
-        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors
+        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors, correction: Correction
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The objective without the KL term; ``outputs`` is the policy's forward output."""
+        """The objective without the KL term; ``outputs`` is the policy's forward output. The
+        objective weighs its advantages with ``correction.weigh`` and averages over
+        ``correction.mask`` (the loss mask less the tokens the correction rejected)."""
 
     def _kl(
         self, logprobs: torch.Tensor, batch: RolloutTensors, reference: torch.nn.Module | None
@@ -113,11 +123,6 @@ class PolicyGradient(Algorithm[ConfigT]):
             )
         diff = ref - logprobs
         return torch.exp(diff) - diff - 1
-
-
-def old_logprobs(batch: RolloutTensors, logprobs: torch.Tensor) -> torch.Tensor:
-    """Sampling-time log-probs, or the current ones detached (ratio 1: an on-policy step)."""
-    return batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
 
 
 def clipped_surrogate(

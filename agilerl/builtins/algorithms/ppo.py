@@ -15,12 +15,12 @@ from agilerl.builtins.algorithms.advantages import (
     turn_action_bounds,
     whiten,
 )
+from agilerl.builtins.algorithms.off_policy import Correction
 from agilerl.builtins.algorithms.policy_gradient import (
     ClippedConfig,
     PolicyGradient,
     TurnOrTokenConfig,
     clipped_surrogate,
-    old_logprobs,
 )
 from agilerl.train.batch import RolloutTensors
 from agilerl.train.logprobs import masked_mean
@@ -83,7 +83,7 @@ class LLMPPO(PolicyGradient[LLMPPOConfig]):
         return ValueHeadModel(cast("PreTrainedModel", model))
 
     def policy_loss(
-        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors
+        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors, correction: Correction
     ) -> tuple[torch.Tensor, dict[str, float]]:
         config, mask = self.config, batch.loss_mask
         granularity = config.granularity_for(batch)
@@ -101,14 +101,14 @@ class LLMPPO(PolicyGradient[LLMPPOConfig]):
             advantages = per_turn_to_tokens(advantages, batch.turn_ids) * mask
         if config.whiten_advantages:
             advantages = whiten(advantages, mask)
-        ratio = torch.exp(logprobs - old_logprobs(batch, logprobs))
+        ratio = torch.exp(logprobs - logprobs.detach())
         objective, clipped = clipped_surrogate(
-            ratio, advantages, config.epsilon_low, config.epsilon_high
+            ratio, correction.weigh(advantages), config.epsilon_low, config.epsilon_high
         )
         value_loss = 0.5 * masked_mean((predicted - returns) ** 2, value_mask)
-        loss = -masked_mean(objective, mask) + config.value_coef * value_loss
+        loss = -masked_mean(objective, correction.mask) + config.value_coef * value_loss
         return loss, {
             "value_loss": value_loss.item(),
-            "clip_fraction": masked_mean(clipped.float(), mask).item(),
+            "clip_fraction": masked_mean(clipped.float(), correction.mask).item(),
             "turn_level": float(granularity == "turn"),
         }

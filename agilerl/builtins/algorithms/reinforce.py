@@ -14,6 +14,7 @@ from agilerl.builtins.algorithms.advantages import (
     rewards_at_turn_ends,
     turn_action_bounds,
 )
+from agilerl.builtins.algorithms.off_policy import Correction
 from agilerl.builtins.algorithms.policy_gradient import PolicyGradient, TurnOrTokenConfig
 from agilerl.train.batch import RolloutTensors
 from agilerl.train.logprobs import masked_mean
@@ -34,12 +35,13 @@ class LLMREINFORCEConfig(TurnOrTokenConfig):
 
 
 class LLMREINFORCE(PolicyGradient[LLMREINFORCEConfig]):
-    """REINFORCE: ``-(G - b) log p`` averaged over action tokens; on-policy, no ratio."""
+    """REINFORCE: ``-(G - b) log p`` averaged over action tokens; no ratio of its own (the
+    off-policy correction's weight is the importance weight)."""
 
     config_class = LLMREINFORCEConfig
 
     def policy_loss(
-        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors
+        self, logprobs: torch.Tensor, outputs: Any, batch: RolloutTensors, correction: Correction
     ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.loss_mask
         granularity = self.config.granularity_for(batch)
@@ -48,7 +50,7 @@ class LLMREINFORCE(PolicyGradient[LLMREINFORCEConfig]):
         if self.config.baseline == "leave_one_out":
             baseline = leave_one_out_mean(episode_return, batch.group)
         advantages = (returns - baseline[:, None]) * mask
-        loss = -masked_mean(advantages * logprobs, mask)
+        loss = -masked_mean(correction.weigh(advantages) * logprobs, correction.mask)
         return loss, {
             "advantage_abs_mean": masked_mean(advantages.abs(), mask).item(),
             "turn_level": float(granularity == "turn"),
