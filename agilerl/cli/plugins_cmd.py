@@ -1,4 +1,4 @@
-"""``agilerl plugins list|new`` and ``agilerl envs|processors|rubrics|algorithms|models|trackers|backends list``."""
+"""``agilerl plugins list|new`` and ``agilerl envs|processors|rubrics|algorithms|models|trackers|backends|tool-parsers list``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ _LISTED_KINDS = {
     "models": "model",
     "trackers": "tracker",
     "backends": "backend",
+    "tool-parsers": "tool_parser",
 }
 
 

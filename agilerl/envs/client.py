@@ -12,6 +12,7 @@ import inspect
 from typing import Any
 
 from agilerl.concurrency import EnvCaller, default_threads
+from agilerl.errors import EnvProtocolError
 from agilerl.protocol import (
     EnvInfo,
     StepResult,
@@ -60,6 +61,23 @@ class EnvClient:
     def state(self) -> dict[str, Any]:
         """The env's state as a dict ({} when it has none)."""
         raise NotImplementedError
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        """Run one parsed tool call (MCP ``call_tool``, or a text env's ``call_tool`` method); the
+        observation is the tool's result. See docs/tools.md."""
+        raise EnvProtocolError(f"{type(self).__name__} cannot run tool calls")
+
+    def list_tools(self) -> list[dict[str, Any]] | None:
+        """The env's tools (MCP ``tools/list``, else what it declares); None when it has none."""
+        return self.describe().tools
+
+    async def acall_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        """``call_tool`` for async code."""
+        return await default_threads_caller().in_thread(self.call_tool, name, arguments)
+
+    async def alist_tools(self) -> list[dict[str, Any]] | None:
+        """``list_tools`` for async code."""
+        return await default_threads_caller().in_thread(self.list_tools)
 
     def close(self) -> None:
         """Release the env; safe to call more than once."""
@@ -121,6 +139,27 @@ class InProcessEnvClient(EnvClient):
 
     def state(self) -> dict[str, Any]:
         return state_dict(read_state(self.env))
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        return check_step_result(self._tool_method()(name, arguments), self.name)
+
+    def list_tools(self) -> list[dict[str, Any]] | None:
+        listed = getattr(self.env, "list_tools", None)  # an OpenEnv MCP env lists its own
+        tools = listed() if callable(listed) else None
+        return tools if tools is not None else self.describe().tools
+
+    async def acall_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        return check_step_result(await self._calls().call(self._tool_method(), name, arguments), self.name)
+
+    def _tool_method(self) -> Any:
+        method = getattr(self.env, "call_tool", None)
+        if not callable(method):
+            raise EnvProtocolError(
+                f"{self.name} has no call_tool(name, arguments) method, so it cannot receive the "
+                "model's parsed tool calls: add one beside its tools (docs/tools.md), or leave "
+                "environment.tool_parser unset so it receives the model's text in step()."
+            )
+        return method
 
     def close(self) -> None:
         """Close the env exactly once, however often this is called."""

@@ -2,7 +2,8 @@
 
 An OpenEnv env takes its own pydantic ``Action`` and returns an ``Observation`` with ``done``,
 ``reward`` and env-specific fields. :class:`OpenEnvTextEnv` puts the model's text into one field
-of that Action (``action_field``), or into one MCP tool's argument (``mcp_tool``), and reads the
+of that Action (``action_field``; a field that is not ``str`` reads it as JSON, an Enum by name:
+``agilerl.envs.action_text``), or into one MCP tool's argument (``mcp_tool``), and reads the
 observation's text exactly as ``RemoteEnvClient`` reads a served one (``agilerl.envs.observations``).
 
 Nothing here imports openenv: an env object can only exist once its module imported openenv, so
@@ -18,6 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from agilerl.envs.action_text import ActionText
 from agilerl.envs.observations import ObservationProcessor, make_observation_reader
 from agilerl.errors import OpenEnvAdapterError
 from agilerl.protocol import declared_members, member_problem
@@ -98,40 +100,39 @@ def find_action_type(env_cls: type) -> type | None:
     return next(iter(found.values())) if len(found) == 1 else None
 
 
-def choose_action_field(action_type: type, requested: str | None) -> str:
+def choose_action_field(action_type: type, requested: str | None) -> str | None:
     """The Action field the text fills: ``requested``; by default ``message``, else the Action's
-    one required field. Any other required field is an error (text fills exactly one)."""
+    one required field, else its one field. None when no one field can take the text (several
+    fields, or several required): the text is then a JSON object of the Action's fields
+    (``agilerl.envs.action_text``). A requested field that cannot take it alone is an error."""
     fields = getattr(action_type, "model_fields", {})
     own = {name: info for name, info in fields.items() if name != "metadata"}
     listing = ", ".join(own) or "none"
+    required = [name for name, info in own.items() if info.is_required()]
     if requested and requested in own:
-        field = requested
-    elif requested not in (None, DEFAULT_ACTION_FIELD):
+        others = [name for name in required if name != requested]
+        if others:
+            raise OpenEnvAdapterError(
+                f"{action_type.__name__} also requires {', '.join(others)}, but the model's text fills "
+                f"one field ({requested!r}); give them defaults, or write a small text env around this one."
+            )
+        return requested
+    if requested not in (None, DEFAULT_ACTION_FIELD):
         raise OpenEnvAdapterError(
             f"action_field {requested!r}: {action_type.__name__} has no such field (its fields: "
             f"{listing}); set action_field to one of them."
         )
-    else:
-        required = [name for name, info in own.items() if info.is_required()]
-        candidates = required if required else list(own)
-        if len(candidates) != 1:
-            raise OpenEnvAdapterError(
-                f"{action_type.__name__} has no 'message' field and more than one field the text "
-                f"could go in ({listing}); set action_field (in a manifest's environment: section, "
-                f"action_field: {next(iter(own), 'name')})."
-            )
-        field = candidates[0]
-    others = [name for name, info in own.items() if info.is_required() and name != field]
-    if others:
-        raise OpenEnvAdapterError(
-            f"{action_type.__name__} also requires {', '.join(others)}, but the model's text fills "
-            f"one field ({field!r}); give them defaults, or write a small text env around this one."
-        )
-    return field
+    if DEFAULT_ACTION_FIELD in own and required in ([], [DEFAULT_ACTION_FIELD]):
+        return DEFAULT_ACTION_FIELD
+    candidates = required if required else list(own)
+    return candidates[0] if len(candidates) == 1 else None
 
 
-def text_action(env_cls: type, action_type: type | None = None, action_field: str | None = None) -> tuple[type, str]:
-    """The Action class the text becomes and the field it fills; an error says what to set."""
+def text_action(
+    env_cls: type, action_type: type | None = None, action_field: str | None = None
+) -> tuple[type, str | None]:
+    """The Action class the text becomes and the field it fills (None: the text is a JSON object
+    of the Action's fields); an error says what to set."""
     found = action_type or find_action_type(env_cls)
     if found is None:
         raise OpenEnvAdapterError(
@@ -192,6 +193,7 @@ class OpenEnvTextEnv:
         self.mcp = is_mcp_environment(env)
         self._read = make_observation_reader(observation_field, observation_processor, base_dir=base_dir)
         self._closed = False
+        self._fillers: dict[str, ActionText] = {}
         if self.mcp:
             self.mcp_tool = mcp_tool
             self.action_type: type | None = None
@@ -202,6 +204,10 @@ class OpenEnvTextEnv:
                     f"mcp_tool {mcp_tool!r}: {type(env).__name__} is not an MCPEnvironment, it has no tools."
                 )
             self.action_type, self.action_field = text_action(type(env), action_type, action_field)
+            own = [name for name in self.action_type.model_fields if name != "metadata"]  # type: ignore[attr-defined]
+            # an Action with more than the text's field also takes a JSON object of its fields,
+            # unless action_field says where the text goes
+            self._text = ActionText(self.action_type, self.action_field, whole=not action_field and len(own) > 1)
         max_turns = declared_members(env)["max_turns"]
         if max_turns is not None and member_problem("max_turns", max_turns) is None:
             self.max_turns = max_turns  # the OpenEnv env's own budget, declared by its adapter
@@ -222,7 +228,26 @@ class OpenEnvTextEnv:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Send the model's text as the env's own Action (or one MCP tool call)."""
-        observation = self.env.step(self._action(action))
+        return self._result(self.env.step(self._action(action)))
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """One parsed tool call as the MCP env's ``CallToolAction`` (``environment.tool_parser``)."""
+        if not self.mcp:
+            raise OpenEnvAdapterError(f"{type(self.env).__name__} is not an MCPEnvironment, it has no tools.")
+        from openenv.core.env_server.mcp_types import CallToolAction
+
+        return self._result(self.env.step(CallToolAction(tool_name=name, arguments=dict(arguments))))
+
+    def list_tools(self) -> list[dict[str, Any]] | None:
+        """The MCP env's tools (``ListToolsAction``) as JSON-schema tool specs; None for other envs."""
+        if not self.mcp:
+            return None
+        from openenv.core.env_server.mcp_types import ListToolsAction
+
+        tools = getattr(self.env.step(ListToolsAction()), "tools", None) or []
+        return [t.model_dump() if hasattr(t, "model_dump") else dict(t) for t in tools]
+
+    def _result(self, observation: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         reward = getattr(observation, "reward", None)
         truncated = getattr(observation, "truncated", False)
         return (
@@ -252,14 +277,20 @@ class OpenEnvTextEnv:
 
             tool, field = self._mcp_target()
             return CallToolAction(tool_name=tool, arguments={field: text})
-        assert self.action_type is not None and self.action_field is not None
-        try:
-            return self.action_type(**{self.action_field: text})
-        except ValueError as exc:  # pydantic's ValidationError
-            raise OpenEnvAdapterError(
-                f"{self.action_type.__name__} rejected the text {text!r:.80} as {self.action_field!r}: "
-                f"{str(exc).splitlines()[-1] if str(exc) else exc}"
-            ) from exc
+        return self.action(text)
+
+    def action(self, text: str, field: str | None = None) -> Any:
+        """The env's own Action for the model's text, into ``field`` when given (a served client's
+        ``{field: text}``), else where the adapter puts it; which text fills which field type:
+        ``agilerl.envs.action_text``."""
+        if self.mcp or self.action_type is None:
+            raise OpenEnvAdapterError(f"{type(self.env).__name__} is an MCP env: its text goes to a tool, not an Action.")
+        if field is None or field == self.action_field:
+            return self._text(text)
+        filler = self._fillers.get(field)
+        if filler is None:
+            filler = self._fillers[field] = ActionText(self.action_type, choose_action_field(self.action_type, field))
+        return filler(text)
 
     def _mcp_target(self) -> tuple[str, str]:
         """The tool and its argument: as configured, else the env's only tool and its only required one."""

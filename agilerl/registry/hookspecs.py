@@ -17,6 +17,7 @@ __all__ = [
     "register_models",
     "register_trackers",
     "register_generation_backends",
+    "register_tool_parsers",
 ]
 
 hookspec = pluggy.HookspecMarker("agilerl")
@@ -62,3 +63,8 @@ def register_trackers(register: Register) -> None:
 @hookspec
 def register_generation_backends(register: Register) -> None:
     """Register generation backends named by ``generation.backend``: ``(model, tokenizer, *, max_model_len, seed, **options) -> Policy``."""
+
+
+@hookspec
+def register_tool_parsers(register: Register) -> None:
+    """Register tool-call parsers named by ``environment.tool_parser``: ``ToolParser`` subclasses, built with the tokenizer."""

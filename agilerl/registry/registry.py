@@ -1,4 +1,5 @@
-"""The registry: for each kind (env, processor, rubric, algorithm, model, tracker, generation backend) a name -> target map that
+"""The registry: for each kind (env, processor, rubric, algorithm, model, tracker, generation backend,
+tool parser) a name -> target map that
 remembers which plugin and distribution registered each name.
 
 Plugins' hooks run one plugin at a time, so a hook that raises drops only that plugin.
@@ -35,7 +36,7 @@ __all__ = [
     "check_strict",
 ]
 
-Kind = Literal["env", "processor", "rubric", "algorithm", "model", "tracker", "backend"]
+Kind = Literal["env", "processor", "rubric", "algorithm", "model", "tracker", "backend", "tool_parser"]
 
 HOOK_OF_KIND: dict[Kind, str] = {
     "env": "register_envs",
@@ -45,6 +46,7 @@ HOOK_OF_KIND: dict[Kind, str] = {
     "model": "register_models",
     "tracker": "register_trackers",
     "backend": "register_generation_backends",
+    "tool_parser": "register_tool_parsers",
 }
 KIND_OF_HOOK = {hook: kind for kind, hook in HOOK_OF_KIND.items()}
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._/-]*\Z")

@@ -42,6 +42,8 @@ __all__ = [
     "FrameError",
     "parse_client_frame",
     "encode",
+    "encode_reply",
+    "unsendable",
     "decode",
     "INFO_QUERY",
     "observation_frame",
@@ -189,6 +191,24 @@ def parse_client_frame(raw: str | bytes) -> ResetFrame | StepFrame | StateFrame 
 def encode(frame: dict[str, Any]) -> bytes:
     """Encode a frame as JSON; unknown objects become strings, NaN/inf become null."""
     return pydantic_core.to_json(frame, serialize_unknown=True, inf_nan_mode="null")
+
+
+def encode_reply(reply: dict[str, Any]) -> bytes:
+    """A reply as JSON; one that JSON cannot carry (a lone surrogate in the env's ``info``) is
+    answered with ``EXECUTION_ERROR`` instead, and the session goes on (the env's text never gets
+    here unsendable: the protocol escapes it, ``valid_text``)."""
+    try:
+        return encode(reply)
+    except pydantic_core.PydanticSerializationError as exc:
+        return encode(unsendable(exc))
+
+
+def unsendable(exc: Exception) -> dict[str, Any]:
+    """The ``EXECUTION_ERROR`` frame for an env answer that cannot be encoded as JSON."""
+    return error_frame(
+        ErrorCode.EXECUTION_ERROR,
+        f"the env's answer cannot be sent as JSON ({valid_text(str(exc))}); the session goes on",
+    )
 
 
 def decode(raw: str | bytes) -> Any:

@@ -19,6 +19,7 @@ from agilerl.errors import AgileRLWarning, EpisodeError, InvalidArgument
 from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.tool_routing import ToolCallingClient, ToolRouting
 from agilerl.rollout.trajectory import Trajectory
+from agilerl.rollout.vision import VisionMedia, VisionTurns, text_only
 
 if TYPE_CHECKING:
     from agilerl.manifest.spec import EnvironmentSpec
@@ -29,11 +30,13 @@ __all__ = ["TokenView", "RolloutHarness"]
 class TokenView(Sequence[int]):
     """A read-only view of the first ``n`` conversation tokens: handing out a prompt copies nothing."""
 
-    __slots__ = ("_ids", "_n")
+    __slots__ = ("_ids", "_n", "media")
 
-    def __init__(self, ids: list[int], n: int) -> None:
+    def __init__(self, ids: list[int], n: int, media: VisionMedia | None = None) -> None:
         self._ids = ids
         self._n = n
+        self.media = media
+        """The episode's images (``agilerl.rollout.vision``), which a policy generates with; None for text."""
 
     def __len__(self) -> int:
         return self._n
@@ -113,6 +116,10 @@ class RolloutHarness:
         self.info: EnvInfo = self.client.describe()
         """What the env declares about itself."""
         self.max_turns = self.info.turn_budget(max_turns)
+        self.vision = VisionTurns.of(tokenizer)
+        """Renders image observations with the model's processor (a processor given as
+        ``tokenizer``, or carried by it); None: the model reads text only."""
+        tokenizer = tokenizer if self.vision is None else self.vision.tokenizer
         self.tokenizer = tokenizer
         self.defaults = EpisodeChat(
             system_prompt=system_prompt if system_prompt is not None else self.info.system_prompt,
@@ -187,7 +194,11 @@ class RolloutHarness:
         prompt, info = result
         self.chat = self.defaults.for_episode(info, self.info.name)
         self.renderer = self._renderers.with_tools(self.chat.tools)
-        ids = self.renderer.prompt_ids(self.chat.opening(prompt, info))
+        media = None if self.vision is None else VisionMedia()
+        if media is None:
+            ids = self.renderer.prompt_ids(self.chat.opening(text_only(prompt, self.info.name), info))
+        else:
+            ids = self.vision.opening(self.renderer, self.chat, prompt, info, media, f"{self.info.name}.reset()")
         self._trajectory = Trajectory(
             token_ids=ids,
             action_mask=[False] * len(ids),
@@ -195,11 +206,12 @@ class RolloutHarness:
             seed=seed,
             row_index=row_index,
             info=info,
+            media=media,
         )
         self._turn = 0
         self._done = False
         self._pending = None
-        return TokenView(ids, len(ids)), info
+        return TokenView(ids, len(ids), media), info
 
     def step(
         self, completion: Sequence[int] | str, *, logprobs: Sequence[float] | None = None, version: int | None = None
@@ -223,6 +235,8 @@ class RolloutHarness:
             action_text, action_ids = completion, self.renderer.encode(completion)
         else:
             action_ids = list(completion)
+            if self.vision is not None and (cut := self.vision.sampled_placeholder(action_ids)) is not None:
+                action_ids, logprobs = self.vision.end_at_placeholder(self.trajectory, action_ids, logprobs, cut)
             ended = bool(action_ids) and action_ids[-1] == self.renderer.end_of_turn_id
             body = action_ids[:-1] if ended else action_ids
             action_text = self.renderer.decode(body)
@@ -239,6 +253,8 @@ class RolloutHarness:
         traj = self.trajectory
         observation, reward, terminated, truncated, info = result
         self._turn += 1
+        if traj.media is not None and traj.media.ended:  # the model sampled an image placeholder
+            observation, truncated = "", True
         truncated = truncated or (not terminated and self._turn >= self.max_turns)
         self._done = terminated or truncated
         tail = None if self.tool_routing is None else self.tool_routing.tail_ids(self.renderer, info, final=self._done)
@@ -246,7 +262,7 @@ class RolloutHarness:
         traj.rewards.append(reward)
         _add_components(traj.info, info)
         traj.terminated, traj.truncated = terminated, truncated
-        return TokenView(traj.token_ids, len(traj.token_ids)), reward, terminated, truncated, info
+        return TokenView(traj.token_ids, len(traj.token_ids), traj.media), reward, terminated, truncated, info
 
     def close(self) -> None:
         """Close the env, exactly once."""
@@ -311,8 +327,11 @@ class RolloutHarness:
         rendered tool results) and the next opening."""
         traj = self.trajectory
         renderer = self.renderer
-        if tail is None:
-            tail = renderer.turn_tail_ids(role, observation, final=self._done)
+        if tail is None and self.vision is not None:
+            where = f"{self.info.name}.step()"
+            tail = self.vision.tail(renderer, role, observation, final=self._done, media=traj.media, where=where)
+        elif tail is None:
+            tail = renderer.turn_tail_ids(role, text_only(observation, self.info.name), final=self._done)
         if action_ids and action_ids[-1] == renderer.end_of_turn_id and tail and tail[0] == action_ids[-1]:
             tail = tail[1:]  # the model already closed its turn
         turn = self._turn - 1

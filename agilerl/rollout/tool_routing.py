@@ -1,0 +1,283 @@
+"""Tool calls between the harness and the env: a completion parsed into calls, each call run as
+the env's ``call_tool(name, arguments)``, the results rendered in the ``tool`` role.
+
+The harness owns one ``ToolRouting`` when ``tool_parser`` is set, and its client is wrapped in a
+``ToolCallingClient``, so every caller that steps the client (the harness, the collector's async
+slots) routes calls the same way without knowing about them. A completion without a call is a
+text ``step`` as before; a bad call (``unknown_tool``, ``invalid_json``, ...) is answered by an
+error in the ``tool`` role and the episode goes on. The step's info keeps one record per call
+(``info["tool_calls"]``: name, arguments, status, span, error, result): the transcript, the
+metrics and ``agilerl env check`` read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agilerl.chat import ChatRenderer
+from agilerl.envs.client import EnvClient
+from agilerl.errors import ChatTemplateError
+from agilerl.protocol import EnvInfo, StepResult
+from agilerl.tools import ParsedCompletion, ToolParser, ToolSet, function_tool, resolve_tool_parser
+
+__all__ = ["TOOL_CALLS_INFO", "ToolAction", "ToolRouting", "ToolCallingClient", "tool_tail_text"]
+
+TOOL_CALLS_INFO = "tool_calls"
+"""The step info key holding the records of the turn's calls."""
+
+_SENTINEL = "@@AGILERL_TOOL_RESULT_{}@@"
+_PROBE = " probe {}\n  text "
+_BASES = ([{"role": "user", "content": "u"}], [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+_KEPT = 256
+
+
+class ToolAction(str):
+    """What the env receives for one completion: as text, its content (reasoning removed unless
+    opted in); ``parsed`` holds the calls a ``ToolCallingClient`` runs instead."""
+
+    parsed: ParsedCompletion
+
+    def __new__(cls, text: str, parsed: ParsedCompletion) -> ToolAction:
+        action = super().__new__(cls, text)
+        action.parsed = parsed
+        return action
+
+
+class ToolRouting:
+    """One harness's parser and the memo of how its chat template renders tool results."""
+
+    def __init__(self, parser: ToolParser, *, send_reasoning: bool = False) -> None:
+        self.parser = parser
+        self.send_reasoning = send_reasoning
+        self._toolsets: dict[int, tuple[Any, ToolSet]] = {}
+        self._tails: dict[tuple[int, tuple[str, ...], bool], list[str] | None] = {}
+
+    @classmethod
+    def build(cls, setting: Any, tokenizer: Any, *, send_reasoning: bool = False) -> ToolRouting:
+        """From a ``tool_parser`` setting: a registered name, ``auto``, a class or a parser."""
+        return cls(resolve_tool_parser(setting, tokenizer), send_reasoning=send_reasoning)
+
+    def action(self, completion: Sequence[int] | str, tools: list[dict[str, Any]] | None) -> ToolAction:
+        """Parse one completion (ids, or text) and check its calls against the episode's tools."""
+        toolset = self._toolset(tools)
+        if isinstance(completion, str):
+            parsed = self.parser.parse_text(completion, toolset)
+        else:
+            parsed = self.parser.parse(completion, toolset)
+        text = parsed.text if self.send_reasoning else parsed.content
+        return ToolAction(text, parsed)
+
+    def tail_ids(self, renderer: ChatRenderer, info: dict[str, Any], *, final: bool) -> list[int] | None:
+        """The ids after a tool-calling completion: its close, one ``tool`` message per call (in
+        order) and, unless final, the next generation prompt; None when the step ran no call."""
+        records = info.get(TOOL_CALLS_INFO)
+        if not records or not isinstance(records, list):
+            return None
+        names = tuple(str(r.get("name") or "") for r in records)
+        results = [str(r.get("result", "")) for r in records]
+        key = (id(renderer), names, final)
+        if key not in self._tails:
+            if len(self._tails) >= _KEPT:
+                self._tails.clear()
+            self._tails[key] = _learn_tail(renderer, names, final, self.parser.calls_end)
+        pieces = self._tails[key]
+        if pieces is None:
+            text = tool_tail_text(renderer, names, results, final=final, calls_end=self.parser.calls_end)
+        else:
+            text = pieces[0] + "".join(result + piece for result, piece in zip(results, pieces[1:]))
+        return renderer.encode(text)
+
+    def _toolset(self, tools: list[dict[str, Any]] | None) -> ToolSet | None:
+        if tools is None:
+            return ToolSet(())  # no tools offered: every call is to an unknown tool
+        held = self._toolsets.get(id(tools))
+        if held is None or held[0] is not tools:
+            if len(self._toolsets) >= _KEPT:
+                self._toolsets.clear()
+            held = (tools, ToolSet(tools))
+            self._toolsets[id(tools)] = held
+        return held[1]
+
+
+def tool_tail_text(
+    renderer: ChatRenderer, names: Sequence[str], results: Sequence[str], *, final: bool, calls_end: str | None = None
+) -> str:
+    """What the chat template puts after an assistant turn that called ``names``, their
+    ``results`` in the ``tool`` role, and (unless ``final``) the generation prompt: the render of
+    the conversation from where the calls end, so the model's own call tokens stay as generated."""
+    calls = [
+        {"id": f"call{i:05d}", "type": "function", "function": {"name": name, "arguments": {}}}
+        for i, name in enumerate(names)
+    ]
+    answer = {"role": "assistant", "content": "", "tool_calls": calls}
+    messages = [
+        {"role": "tool", "tool_call_id": call["id"], "name": name, "content": result}
+        for call, name, result in zip(calls, names, results)
+    ]
+    refusals = []
+    for base in _BASES:
+        try:
+            prompt = renderer.render_text(base, add_generation_prompt=True)
+            after = renderer.render_text([*base, answer, *messages], add_generation_prompt=not final)
+        except ChatTemplateError as exc:
+            refusals.append(exc)
+            continue
+        start = _common_prefix(prompt, after)  # where the answer's rendering starts
+        if calls_end:  # the model writes it (Harmony's <|call|>): the tail starts after it
+            end = after.rfind(calls_end, start)
+            end = end + len(calls_end) if end >= 0 else -1
+        else:  # the template's close of the answer is the first thing of the tail
+            end = after.find(renderer.assistant_close, start) if renderer.assistant_close else -1
+        if end < 0:
+            raise ChatTemplateError(
+                "the chat template's render of a tool-calling answer holds no "
+                f"{calls_end or renderer.assistant_close!r}: where the calls end cannot be found"
+            )
+        return after[end:]
+    raise refusals[0]
+
+
+def _learn_tail(
+    renderer: ChatRenderer, names: tuple[str, ...], final: bool, calls_end: str | None
+) -> list[str] | None:
+    """The tail's text around each result, or None when the template alters results (then each
+    tail is rendered)."""
+    sentinels = [_SENTINEL.format(i) for i in range(len(names))]
+    text = tool_tail_text(renderer, names, sentinels, final=final, calls_end=calls_end)
+    pieces = []
+    for sentinel in sentinels:
+        before, found, text = text.partition(sentinel)
+        if not found or sentinel in text:
+            return None
+        pieces.append(before)
+    pieces.append(text)
+    probes = [_PROBE.format(i) for i in range(len(names))]
+    expected = pieces[0] + "".join(p + piece for p, piece in zip(probes, pieces[1:]))
+    return pieces if tool_tail_text(renderer, names, probes, final=final, calls_end=calls_end) == expected else None
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+class ToolCallingClient(EnvClient):
+    """An env client whose steps run parsed calls through the env's ``call_tool``; everything
+    else is the wrapped client's. ``reset`` adds the env's tools (MCP ``tools/list``) to the
+    episode's info when the env does not set its own, so the chat template shows them."""
+
+    def __init__(self, client: EnvClient) -> None:
+        self.inner = client
+        self.blocking = client.blocking
+        self.reconnects = client.reconnects
+        self.retry_budget_s = client.retry_budget_s
+        self._tools: list[dict[str, Any]] | None = None
+        self._listed = False
+
+    def __getattr__(self, name: str) -> Any:  # url, name, env, ...: the wrapped client's
+        return getattr(self.__dict__["inner"], name)
+
+    def describe(self) -> EnvInfo:
+        return self.inner.describe()
+
+    def reset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        prompt, info = self.inner.reset(seed, row_index=row_index, evaluation=evaluation)
+        if not self._listed:
+            self._tools, self._listed = self._specs(self.inner.list_tools()), True
+        return prompt, self._with_tools(info)
+
+    async def areset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        prompt, info = await self.inner.areset(seed, row_index=row_index, evaluation=evaluation)
+        if not self._listed:
+            self._tools, self._listed = self._specs(await self.inner.alist_tools()), True
+        return prompt, self._with_tools(info)
+
+    def step(self, action: str) -> StepResult:
+        calls = action.parsed.calls if isinstance(action, ToolAction) else ()
+        if not calls:
+            return self.inner.step(str(action))
+        results = []
+        for call in calls:
+            results.append((call, self.inner.call_tool(call.name, call.arguments) if call.ok else None))
+            if _ended(results[-1][1]):
+                break
+        return _combined(results)
+
+    async def astep(self, action: str) -> StepResult:
+        calls = action.parsed.calls if isinstance(action, ToolAction) else ()
+        if not calls:
+            return await self.inner.astep(str(action))
+        results = []
+        for call in calls:
+            results.append((call, await self.inner.acall_tool(call.name, call.arguments) if call.ok else None))
+            if _ended(results[-1][1]):
+                break
+        return _combined(results)
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        return self.inner.call_tool(name, arguments)
+
+    async def acall_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        return await self.inner.acall_tool(name, arguments)
+
+    def list_tools(self) -> list[dict[str, Any]] | None:
+        return self.inner.list_tools()
+
+    def state(self) -> dict[str, Any]:
+        return self.inner.state()
+
+    async def astate(self) -> dict[str, Any]:
+        return await self.inner.astate()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def _with_tools(self, info: dict[str, Any]) -> dict[str, Any]:
+        if self._tools and "tools" not in info and not self.inner.describe().tools:
+            info = {**info, "tools": self._tools}
+        return info
+
+    @staticmethod
+    def _specs(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        return [function_tool(t) for t in tools] if tools else None
+
+
+def _ended(result: StepResult | None) -> bool:
+    return result is not None and (result[2] or result[3])
+
+
+def _combined(results: list[tuple[Any, StepResult | None]]) -> StepResult:
+    """One step's result for the calls of one completion: rewards summed, the episode over when
+    a call ended it, each call's record (and result text) in ``info["tool_calls"]``."""
+    records = []
+    reward, terminated, truncated = 0.0, False, False
+    info: dict[str, Any] = {}
+    for call, result in results:
+        record = call.as_record()
+        if result is None:
+            record["result"] = f"Error: {call.error}"
+        else:
+            observation, r, terminated, truncated, step_info = result
+            record["result"] = observation
+            reward += r
+            info.update(step_info)
+        records.append(record)
+    info[TOOL_CALLS_INFO] = records
+    return "", reward, terminated, truncated, info

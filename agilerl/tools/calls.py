@@ -1,0 +1,116 @@
+"""What a parser finds in a completion: calls with a span and a status, the reasoning, the rest.
+
+A call's status says why it cannot run (``invalid_json``, ``unclosed``, ``missing_name``,
+``unknown_tool``, ``schema_violation``) or that it can (``ok``). The parser sets the first three;
+``ToolSet.check`` the last two, against the tools the episode offers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from agilerl.tools.schema import check_arguments
+
+__all__ = ["CallStatus", "CALL_STATUSES", "ToolCall", "ParsedCompletion", "ToolSet", "function_tool"]
+
+CallStatus = Literal["ok", "invalid_json", "unclosed", "missing_name", "unknown_tool", "schema_violation"]
+CALL_STATUSES: tuple[CallStatus, ...] = (
+    "ok",
+    "invalid_json",
+    "unclosed",
+    "missing_name",
+    "unknown_tool",
+    "schema_violation",
+)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model wrote: ``span`` is ``[start, end)`` in the completion's token ids (or in
+    its characters when only text was parsed, see ``ParsedCompletion.unit``)."""
+
+    name: str | None
+    arguments: dict[str, Any] | None
+    status: CallStatus = "ok"
+    span: tuple[int, int] = (0, 0)
+    raw: str = ""
+    error: str | None = None
+    id: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def as_record(self) -> dict[str, Any]:
+        """A JSON-able record (the transcript, ``info["tool_calls"]``, metrics)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "arguments": self.arguments,
+            "status": self.status,
+            "span": list(self.span),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class ParsedCompletion:
+    """A completion split into its parts: ``content`` (what a text env receives when there is no
+    call; reasoning and call markup removed), ``reasoning`` (None when there is none) and ``calls``
+    in the order they were written."""
+
+    content: str
+    reasoning: str | None = None
+    calls: tuple[ToolCall, ...] = ()
+    unit: Literal["token", "char"] = "token"
+    """What the calls' spans count."""
+    text: str = field(default="", repr=False)
+    """The whole completion as text (reasoning included): what an env that opted in receives."""
+
+    def checked(self, tools: ToolSet | None) -> ParsedCompletion:
+        """The same completion with each parsed call checked against ``tools``."""
+        if tools is None or not self.calls:
+            return self
+        return replace(self, calls=tuple(tools.check(call) for call in self.calls))
+
+
+def function_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool spec as chat templates take it (``{"type": "function", "function": {...}}``) from an
+    OpenAI-style spec, a bare function spec, or an MCP tool (``inputSchema``/``input_schema``)."""
+    if tool.get("type") == "function" and isinstance(tool.get("function"), Mapping):
+        return dict(tool)
+    schema = tool.get("parameters") or tool.get("inputSchema") or tool.get("input_schema")
+    function: dict[str, Any] = {"name": tool.get("name"), "description": tool.get("description") or ""}
+    function["parameters"] = dict(schema) if isinstance(schema, Mapping) else {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+class ToolSet:
+    """The tools an episode offers, by name, each with its parameters' JSON Schema."""
+
+    def __init__(self, tools: Sequence[Mapping[str, Any]] | None) -> None:
+        self.specs = [function_tool(t) for t in tools or ()]
+        self.schemas: dict[str, dict[str, Any]] = {
+            s["function"]["name"]: s["function"].get("parameters") or {} for s in self.specs
+        }
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.schemas
+
+    def __bool__(self) -> bool:
+        return bool(self.schemas)
+
+    def check(self, call: ToolCall) -> ToolCall:
+        """``call`` with status ``unknown_tool`` or ``schema_violation`` where it earns one, and
+        its arguments coerced where the schema says so (``"3"`` for an integer is 3)."""
+        if call.status != "ok":
+            return call
+        if call.name not in self.schemas:
+            known = ", ".join(sorted(self.schemas)) or "none"
+            return replace(call, status="unknown_tool", error=f"unknown tool {call.name!r}; the tools are: {known}")
+        arguments, problem = check_arguments(self.schemas[call.name], call.arguments or {})
+        if problem is not None:
+            return replace(call, status="schema_violation", error=f"{call.name}: {problem}")
+        return replace(call, arguments=arguments)
