@@ -93,3 +93,34 @@ def test_ordinary_aliases_still_work(tmp_path):
     result = _validate(path)
     assert result.returncode == 0, result.stderr
     assert "system_prompt: Reply with one number." in result.stdout
+
+
+SIZES = {
+    "batch_size": ("training: {batch_size: 1000000000}", "training.batch_size: 1,000,000,000 is past the bound of 65,536"),
+    "group_size": ("training: {group_size: 1000000000}", "training.group_size: 1,000,000,000 is past the bound of 4,096"),
+    "product": ("training: {batch_size: 60000, group_size: 4000}",
+                "batch_size 60,000 x group_size 4,000 is 240,000,000 rollouts held at once, past the bound of 1,048,576"),
+    "max_new_tokens": ("training: {max_new_tokens: 10000000000}",
+                       "training.max_new_tokens: 10,000,000,000 is past the bound of 1,048,576"),
+    "eval_episodes": ("training: {eval_episodes: 1000000000}", "training.eval_episodes: 1,000,000,000 is past the bound of"),
+}
+
+
+@pytest.mark.parametrize("training, said", SIZES.values(), ids=SIZES)
+def test_sizes_past_any_memory_are_refused_by_validate_and_by_train(tmp_path, training, said):
+    """A unit slip (10**9) used to pass validate and end the run with a bare MemoryError."""
+    path = tmp_path / "m.yaml"
+    path.write_text("environment: {env_type: rollout, entrypoint: guess}\n" + training + "\n")
+    result = _validate(path)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    train = subprocess.run([sys.executable, "-m", "agilerl", "train", str(path), "--output-dir", str(tmp_path / "out")],
+                           capture_output=True, text=True, timeout=120)
+    assert train.returncode == 2 and said in train.stderr and "MemoryError" not in train.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything was made
+
+
+def test_sizes_at_their_bound_are_accepted():
+    from agilerl.manifest.settings import MAX_BATCH_SIZE, MAX_NEW_TOKENS, TrainingSettings
+
+    settings = TrainingSettings(batch_size=MAX_BATCH_SIZE, group_size=16, max_new_tokens=MAX_NEW_TOKENS)
+    assert settings.batch_size * settings.group_size == 1_048_576

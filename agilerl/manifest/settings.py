@@ -14,6 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 __all__ = [
     "MAX_SEED",
+    "MAX_BATCH_SIZE",
+    "MAX_GROUP_SIZE",
+    "MAX_ROLLOUTS_PER_STEP",
+    "MAX_NEW_TOKENS",
+    "MAX_EVAL_EPISODES",
     "ManifestModel",
     "LoraSettings",
     "ModelSettings",
@@ -118,11 +123,30 @@ class GenerationSettings(BaseModel):
         return dict(self.model_extra or {})
 
 
+MAX_BATCH_SIZE = 65_536
+MAX_GROUP_SIZE = 4_096
+MAX_ROLLOUTS_PER_STEP = 1_048_576
+MAX_NEW_TOKENS = 1_048_576
+MAX_EVAL_EPISODES = 1_048_576
+_SIZE_BOUNDS = {
+    "batch_size": (MAX_BATCH_SIZE, "a larger step takes gradient_accumulation_steps or more processes"),
+    "group_size": (MAX_GROUP_SIZE, "group-relative algorithms compare tens of rollouts per task, not millions"),
+    "max_new_tokens": (MAX_NEW_TOKENS, "no model's context holds more (model.max_model_len bounds it further)"),
+    "eval_episodes": (MAX_EVAL_EPISODES, "an evaluation's episodes are held at once; lower it"),
+}
+"""Sizes that allocate in proportion (envs, token buffers, results): a value past its bound is a
+typo or a unit slip (10**9), refused by validation with its fix, never a ``MemoryError`` mid-run."""
+
+
 class TrainingSettings(_Strict):
     """The ``training:`` section: the loop's budget, optimiser and bookkeeping."""
 
-    batch_size: int = Field(8, ge=1, description="Tasks (rollout) or rows (dataset) per step.")
-    group_size: int = Field(8, ge=1, description="Rollouts per task (GRPO group); rollout only.")
+    batch_size: int = Field(
+        8, ge=1, le=MAX_BATCH_SIZE, description="Tasks (rollout) or rows (dataset) per step, per process."
+    )
+    group_size: int = Field(
+        8, ge=1, le=MAX_GROUP_SIZE, description="Rollouts per task (GRPO group); rollout only."
+    )
     max_steps: int = Field(100, ge=1, description="Optimiser steps in total (a resumed run counts on).")
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -142,14 +166,17 @@ class TrainingSettings(_Strict):
         description="accelerate's autocast for forward passes: 'bf16' (CPUs and recent GPUs), "
         "'fp16' (GPUs, with a gradient scaler) or 'no'. Weights stay in model.dtype.",
     )
-    max_new_tokens: int = Field(256, ge=1, description="Tokens generated per turn at most.")
+    max_new_tokens: int = Field(
+        256, ge=1, le=MAX_NEW_TOKENS, description="Tokens generated per turn at most."
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 disables.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables.")
     evaluation_interval: int = Field(
         10, ge=0, description="Evaluate every N steps (and at the end); 0 never."
     )
     eval_episodes: int = Field(
-        8, ge=1, description="Greedy episodes per evaluation of an env without a held-out split."
+        8, ge=1, le=MAX_EVAL_EPISODES,
+        description="Greedy episodes per evaluation of an env without a held-out split.",
     )
     checkpoint_interval: int = Field(
         0, ge=0,
@@ -205,6 +232,28 @@ class TrainingSettings(_Strict):
         description="async: every generated token that enters an update was produced by weights at "
         "most this many optimiser steps older than the weights being updated (0: on-policy).",
     )
+
+    @field_validator(*_SIZE_BOUNDS, mode="before")
+    @classmethod
+    def _size_fits(cls, value: Any, info: ValidationInfo) -> Any:
+        """A size past its bound allocates past any machine's memory (a bare ``MemoryError``
+        mid-run): refused here, with the bound and the way to a larger run."""
+        bound, fix = _SIZE_BOUNDS[info.field_name or ""]
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > bound:
+            raise ValueError(f"{value:,} is past the bound of {bound:,}; {fix}")
+        return value
+
+    @model_validator(mode="after")
+    def _rollouts_fit(self) -> TrainingSettings:
+        """Each collection holds ``batch_size x group_size`` rollouts (envs, token lists) at once."""
+        rollouts = self.batch_size * self.group_size
+        if rollouts > MAX_ROLLOUTS_PER_STEP:
+            raise ValueError(
+                f"batch_size {self.batch_size:,} x group_size {self.group_size:,} is {rollouts:,} "
+                f"rollouts held at once, past the bound of {MAX_ROLLOUTS_PER_STEP:,}; lower one of "
+                "them (gradient_accumulation_steps or more processes train on more per step)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _async_fits(self) -> TrainingSettings:
