@@ -32,8 +32,10 @@ Warnings are warnings, never errors: ``AgileRLWarning`` (UserWarning) → Manife
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 __all__ = [
     "AgileRLError",
@@ -43,6 +45,8 @@ __all__ = [
     "ConfigError",
     "MissingExtra",
     "is_missing_itself",
+    "validation_problems",
+    "error_line",
     "ManifestError",
     "PluginError",
     "RegistrationError",
@@ -167,6 +171,39 @@ def is_missing_itself(module: str, missing: str) -> bool:
     """True when ``missing`` (a ``ModuleNotFoundError``'s name) is ``module`` or a package above
     it: the module is not installed, rather than something it imports."""
     return module == missing or module.startswith(missing + ".")
+
+
+def validation_problems(exc: Any, prefix: str = "", *, hidden: Collection[str] = ()) -> list[str]:
+    """One ``field.path: message (got value)`` line per error of a pydantic ``ValidationError``.
+
+    The one way to show one: ``str(exc)`` ends in pydantic's "For further information visit"
+    line, and its first is a count; the messages are in ``exc.errors()``. ``hidden`` are path
+    parts left out (a tagged union's tags); a long value is cut."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"] if p not in hidden)
+        path = ".".join(p for p in (prefix, loc) if p) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        got = ""
+        if err["type"] not in ("missing", "value_error") and "input" in err:
+            shown = repr(err["input"])
+            got = f" (got {shown[:80]}{'...' if len(shown) > 80 else ''})"
+        lines.append(f"{path}: {msg}{got}")
+    return lines
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: message`` in one line: a pydantic ``ValidationError`` as its problems, any other
+    exception as its message's first line."""
+    if _is_validation_error(exc):
+        return f"{type(exc).__name__}: {'; '.join(validation_problems(exc))}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    core = sys.modules.get("pydantic_core")  # loaded whenever one can exist: pydantic stays unimported
+    return core is not None and isinstance(exc, core.ValidationError)
 
 
 class ManifestError(AgileRLError, ValueError):

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import yaml
 from pydantic import ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
-from agilerl.errors import ConfigError, ManifestError
+from agilerl.errors import ConfigError, ManifestError, validation_problems
 from agilerl.manifest.environment import VARIANT_TAGS, EnvironmentSection, EnvironmentSpec
 from agilerl.manifest.section import Section
 from agilerl.manifest.settings import AlgorithmSettings, GenerationSettings, ModelSettings, TrainingSettings
@@ -75,17 +75,8 @@ class Manifest(Section):
 
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> list[str]:
-    """One ``field.path: message (got value)`` line per pydantic error."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if p not in VARIANT_TAGS)
-        path = ".".join(p for p in (prefix, loc) if p) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        got = ""
-        if err["type"] not in ("missing", "value_error") and "input" in err:
-            got = f" (got {err['input']!r})"
-        lines.append(f"{path}: {msg}{got}")
-    return lines
+    """One ``field.path: message (got value)`` line per pydantic error (the env variants' tags left out)."""
+    return validation_problems(exc, prefix, hidden=VARIANT_TAGS)
 
 
 def parse_manifest(data: Any, *, base_dir: str | Path | None = None, source: str | None = None) -> Manifest:
