@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from agilerl.cli.args import json_object, positive_float, positive_int
-from agilerl.errors import EnvError, InvalidArgument
+from agilerl.errors import EnvError
 from agilerl.remote import limits
 
 __all__ = ["add_parser"]
@@ -70,8 +71,12 @@ def _serve(args: argparse.Namespace) -> int:
     from agilerl.remote.hosting import build_server
 
     kind = loop_kind(args.loop)  # a wrong --loop fails before anything is built
-    if args.token is not None and not args.token.strip():
-        raise InvalidArgument("--token is empty, which would turn authentication off; give a real token or leave --token out.")
+    # checked (and a trailing newline stripped) before anything is built: a token that no
+    # client could send must not start a server that refuses everyone
+    if args.token is not None:
+        args.token = limits.clean_token(args.token, "--token")
+    else:
+        args.token = limits.clean_token(os.environ.get(limits.TOKEN_ENV_VAR) or None, f"${limits.TOKEN_ENV_VAR}")
     args.max_concurrent_envs = _build_one_env(args)
 
     server = build_server(
@@ -120,7 +125,7 @@ async def _run_until_signal(server: Any, loop_name: str) -> None:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a closed terminal stops it cleanly too
         loop.add_signal_handler(sig, stop.set)
     url = await server.start()
     # Everything alive now (modules, the env class) lives as long as the process: frozen, it is

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.concurrency import LoopThread
-from agilerl.remote.limits import DEFAULT_MAX_CONCURRENT_ENVS, TOKEN_ENV_VAR
+from agilerl.remote.limits import DEFAULT_MAX_CONCURRENT_ENVS, TOKEN_ENV_VAR, clean_token
 from agilerl.remote.server import EnvServer
 
 __all__ = ["RunningServer", "resolve_env", "build_server"]
@@ -90,4 +90,6 @@ def build_server(
 
     factory = entrypoint_factory(entrypoint, env_config, base_dir=base_dir, install=env_packages)
     name = entrypoint if isinstance(entrypoint, str) else getattr(entrypoint, "__qualname__", repr(entrypoint))
-    return EnvServer(factory, name=name, token=token or os.environ.get(TOKEN_ENV_VAR) or None, **options)
+    if not token:
+        token = clean_token(os.environ.get(TOKEN_ENV_VAR) or None, f"${TOKEN_ENV_VAR}")
+    return EnvServer(factory, name=name, token=token, **options)

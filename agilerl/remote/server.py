@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from itertools import count
 from typing import Any, TypeVar
 
+import pydantic_core
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from agilerl.concurrency import EnvCaller, WorkerThreads
@@ -40,9 +41,11 @@ from agilerl.remote.frames import (
     RpcCode,
     decode,
     encode,
+    encode_reply,
     error_frame,
     rpc_error,
     schema,
+    unsendable,
 )
 from agilerl.remote.guard import ConnectionGuard, credential_matches, is_loopback, quiet_bad_requests, url_host
 from agilerl.remote.lifecycle import EnvLifecycle, concurrency_limit, served_class
@@ -56,6 +59,7 @@ from agilerl.remote.limits import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
     TOKEN_ENV_VAR,
+    clean_token,
 )
 from agilerl.remote.openenv_host import hosts_natively, native_schema
 from agilerl.remote.watchdog import Link, Watchdog, send_quietly
@@ -96,6 +100,7 @@ class EnvServer:
         self.host, self.port = host, port
         self.max_concurrent_envs = max_concurrent_envs
         self.session_timeout_s = session_timeout_s or None
+        token = clean_token(token, "token=")
         self._expected = f"Bearer {token}".encode() if token else None
         self._max_message_bytes = max_message_bytes
         self._keepalive_timeout_s = keepalive_timeout_s
@@ -114,6 +119,7 @@ class EnvServer:
         self._links: set[Link] = set()
         self._closing: set[asyncio.Task[Any]] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._sessions: set[asyncio.Task[Any]] = set()  # every /ws handler, until it returns
         self.watchdog = Watchdog(
             self._links, self._spawn, session_timeout_s=self.session_timeout_s, heartbeat_s=heartbeat_s,
             send_timeout_s=send_timeout_s, close_timeout_s=close_timeout_s,
@@ -195,10 +201,18 @@ class EnvServer:
     async def stop(self, grace_s: float = 10.0) -> None:
         """Close every session and the listener, then close each env exactly once; no env call
         delays this: a call still in flight is abandoned at once (its session is closed, so its
-        reply could go nowhere) and its env closed. ``grace_s`` bounds the env closes (one still
-        hung after it is left to its thread); a client bounds nothing (``close_timeout_s``)."""
+        reply could go nowhere) and its env closed. ``grace_s`` bounds the whole stop: an env
+        close still hung near its end is left to its (daemon) thread, and the sessions waiting
+        on it are ended; a client bounds nothing (``close_timeout_s``)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_s
+        # what is left once the closes' share of the grace is spent: ending what still waits
+        reserve = min(self._close_timeout_s, grace_s / 4)
+        deadline = loop.time() + grace_s - reserve
+
+        def left(cap: float | None = None) -> float:
+            remaining = max(0.01, deadline - loop.time())
+            return remaining if cap is None else min(cap, remaining)
+
         self._stopping = True
         if self._watcher is not None:
             self._watcher.cancel()
@@ -211,13 +225,19 @@ class EnvServer:
         for task in self._handlers - unwinding:  # in an env call, or building its env
             task.cancel()
         if self._handlers:
-            _, late = await asyncio.wait(self._handlers, timeout=self._close_timeout_s)
+            _, late = await asyncio.wait(self._handlers, timeout=left(self._close_timeout_s))
             for task in late:  # a close handshake that hangs
                 task.cancel()
         if self._closing:
-            await asyncio.wait(self._closing, timeout=max(0.01, deadline - loop.time()))
+            await asyncio.wait(self._closing, timeout=left())
+        for task in self._sessions:  # still waiting on an env close that hangs: it is abandoned
+            task.cancel()
+        if self._sessions:
+            await asyncio.wait(self._sessions, timeout=reserve / 2)
         self.guard.abort_all()  # keep-alive and half-sent connections
         if self._runner is not None:
+            # aiohttp's own wait for handlers (an HTTP route in a hung env call) gets what is left
+            self._runner._shutdown_timeout = max(0.01, deadline + reserve - loop.time())
             await self._runner.cleanup()
         self._spare.release()
 
@@ -306,7 +326,11 @@ class EnvServer:
             reply = error_frame(ErrorCode.FACTORY_ERROR, f"the env factory failed: {type(exc).__name__}: {exc}")
         if reply is None or reply["type"] == "error":
             return _http_error(reply)
-        return web.Response(body=encode(reply["data"]), content_type="application/json")
+        try:
+            body = encode(reply["data"])
+        except pydantic_core.PydanticSerializationError as exc:
+            return _http_error(unsendable(exc))
+        return web.Response(body=body, content_type="application/json")
 
     async def _with_fresh_env(self, use: Callable[[Session], Awaitable[T]]) -> T:
         """``use`` a session on a fresh env (its own thread), closed right after."""
@@ -386,6 +410,17 @@ class EnvServer:
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
+        self._sessions.add(task)
+        try:
+            return await self._hold(request, ws, task)
+        finally:
+            self._sessions.discard(task)
+
+    async def _hold(
+        self, request: web.Request, ws: web.WebSocketResponse, task: asyncio.Task[Any]
+    ) -> web.WebSocketResponse:
+        """One session from its env's build to its close (the slot taken by ``_ws`` is freed
+        when the env is closed)."""
         caller = self._own_thread()
         env: Any = None
         link: Link | None = None
@@ -463,7 +498,7 @@ class EnvServer:
                 return
             link.sending = True  # the watchdog aborts a send the peer does not take in time
             try:
-                if not await send_quietly(ws, encode(reply)):
+                if not await send_quietly(ws, encode_reply(reply)):
                     return
             finally:
                 link.sending = False

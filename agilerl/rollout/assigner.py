@@ -12,7 +12,12 @@ from typing import NamedTuple
 
 from agilerl.errors import InvalidArgument
 
-__all__ = ["Task", "TaskAssigner"]
+__all__ = ["MAX_SHUFFLED_ROWS", "Task", "TaskAssigner"]
+
+MAX_SHUFFLED_ROWS = 10_000_000
+"""The most rows a ``TaskAssigner`` shuffles (about 400 MB for the epoch's order): a larger
+``dataset_size`` (a server may publish any number) is refused with a clear error, never a
+``MemoryError``."""
 
 
 class Task(NamedTuple):
@@ -35,6 +40,13 @@ class TaskAssigner:
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise InvalidArgument(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
+        if dataset_size is not None and dataset_size > MAX_SHUFFLED_ROWS:
+            raise InvalidArgument(
+                f"dataset_size {dataset_size} is more rows than a run deals out "
+                f"(at most {MAX_SHUFFLED_ROWS:,}: every epoch's shuffled order is held in memory); an "
+                "env with that many tasks (generated ones) should declare no dataset_size and pick "
+                "its task from reset's seed, or declare the rows it really has"
+            )
         if dataset_size is not None and dataset_size < world_size:
             raise InvalidArgument(
                 f"dataset_size {dataset_size} is smaller than world_size {world_size}: some ranks "

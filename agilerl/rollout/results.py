@@ -7,7 +7,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
-from agilerl.errors import CollectionError, EnvProtocolError, ObservationError, RemoteEnvTimeout
+from agilerl.errors import CollectionError, EnvProtocolError, ObservationError
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.trajectory import Trajectory
 
@@ -98,9 +98,12 @@ ENV_CHECK_HINT = (
     "does wrong"
 )
 
-_NOT_REPLAYED = (TimeoutError, RemoteEnvTimeout, EnvProtocolError, ObservationError)
-"""Failures a replay would only repeat: a timeout costs the whole wait again, and a protocol or
-observation error is the env's code or its configuration, the same on every attempt."""
+_NOT_REPLAYED = (TimeoutError, EnvProtocolError, ObservationError)
+"""Failures a replay would only repeat: the collector's own ``env_timeout_s`` costs the whole
+wait again, and a protocol or observation error is the env's code or its configuration, the same
+on every attempt. A remote ``RemoteEnvTimeout`` is replayed (up to ``episode_retries``): a peer
+that vanished without closing its socket is an outage like one that closed it, and the replay's
+reset reconnects (another replica, or the server back up)."""
 
 
 class Run:

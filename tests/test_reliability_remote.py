@@ -1,0 +1,344 @@
+"""Issue 34 (round 3): what a foreign or broken server says is held to the protocol's rules and
+bounded; outages at the first /metadata and silent peers are ridden out; tokens and lone
+surrogates are carried the same way on both sides. Real servers on 127.0.0.1: ours
+(``resolve_env``) and small hand-written aiohttp ones that answer badly."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from aiohttp import WSMsgType, web
+
+from agilerl.concurrency import LoopThread
+from agilerl.envs.client import InProcessEnvClient
+from agilerl.errors import EnvProtocolError, InvalidArgument, RemoteEnvError
+from agilerl.remote.client import MAX_METADATA_BYTES, RemoteEnvClient
+from agilerl.remote.hosting import resolve_env
+from agilerl.rollout.collector import RolloutCollector
+from agilerl.rollout.policy import ScriptedPolicy
+
+WsReply = Callable[[dict[str, Any], int], str | None]
+"""``(frame, session number) -> raw text`` sent back (None: send nothing, hold the socket)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def foreign() -> Iterator[Callable[..., str]]:
+    """A hand-written OpenEnv-style server: ``ws(frame, session) -> raw reply text`` answers
+    ``/ws``; ``routes`` adds HTTP handlers (``/metadata``). Returns its ``http://`` URL."""
+    started: list[tuple[LoopThread, web.AppRunner]] = []
+
+    def start(ws: WsReply | None = None, routes: dict[str, Callable[[web.Request], Awaitable[Any]]] | None = None) -> str:
+        sessions = iter(range(1_000_000))
+
+        async def ws_handler(request: web.Request) -> web.WebSocketResponse:
+            sock = web.WebSocketResponse()
+            await sock.prepare(request)
+            number = next(sessions)
+            async for msg in sock:
+                if msg.type is not WSMsgType.TEXT:
+                    break
+                frame = json.loads(msg.data)
+                if frame["type"] == "close":
+                    break
+                raw = ws(frame, number) if ws is not None else None
+                if raw is not None:
+                    await sock.send_str(raw)
+            return sock
+
+        async def boot() -> tuple[str, web.AppRunner]:
+            app = web.Application()
+            app.router.add_get("/ws", ws_handler)
+            for path, handler in (routes or {}).items():
+                app.router.add_get(path, handler)
+            runner = web.AppRunner(app, shutdown_timeout=1)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            return f"http://127.0.0.1:{runner.addresses[0][1]}", runner
+
+        thread = LoopThread("foreign-server")
+        url, runner = thread.run(boot())
+        started.append((thread, runner))
+        return url
+
+    yield start
+    for thread, runner in started:
+        thread.run(runner.cleanup())
+        thread.stop()
+
+
+def observation(data: dict[str, Any]) -> str:
+    return json.dumps({"type": "observation", "data": data})
+
+
+# -- replies held to the protocol's rules ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step_data", "field", "said"),
+    [
+        ('{"observation": {"text": "t"}, "reward": NaN, "done": false}', "data.reward", "must be finite, got nan"),
+        ('{"observation": {"text": "t"}, "reward": Infinity, "done": false}', "data.reward", "must be finite, got inf"),
+        ('{"observation": {"text": "t"}, "reward": "nan", "done": false}', "data.reward", "must be a number"),
+        ('{"observation": {"text": "t"}, "reward": true, "done": false}', "data.reward", "must be a number"),
+        ('{"observation": {"text": "t"}, "reward": 1, "done": "false"}', "data.done", "must be a JSON boolean, got 'false'"),
+        ('{"observation": {"text": "t", "truncated": "no"}, "reward": 1, "done": false}', "data.observation.truncated", "must be a JSON boolean, got 'no'"),
+        ('{"observation": {"text": "t", "reward": "1"}, "done": false}', "data.observation.reward", "must be a number"),
+    ],
+    ids=["nan", "infinity", "nan-string", "bool", "done-string", "truncated-string", "nested-reward-string"],
+)
+def test_a_foreign_reply_that_breaks_the_protocol_is_refused_naming_server_and_field(
+    foreign: Any, step_data: str, field: str, said: str
+) -> None:
+    def ws(frame: dict[str, Any], session: int) -> str:
+        if frame["type"] == "reset":
+            return observation({"observation": {"text": "start"}, "reward": None, "done": False})
+        return '{"type": "observation", "data": ' + step_data + "}"
+
+    url = foreign(ws)
+    with RemoteEnvClient(url) as client:
+        client.reset()
+        with pytest.raises(EnvProtocolError) as caught:
+            client.step("x")
+        assert url in str(caught.value) and f"{field} {said}" in str(caught.value)
+        # the session is still in step with the server: the next episode plays
+        assert client.reset()[0] == "start"
+
+
+def test_well_formed_foreign_replies_still_read_as_before(foreign: Any) -> None:
+    """Ints are rewards, null rewards and absent flags are 0 / false (OpenEnv's reset sends a
+    null reward), ``done`` may sit in the observation."""
+    replies = iter([
+        observation({"observation": {"text": "a"}, "reward": None}),
+        observation({"observation": {"text": "b", "done": True}, "reward": 3}),
+    ])
+    url = foreign(lambda frame, session: next(replies))
+    with RemoteEnvClient(url) as client:
+        assert client.reset() == ("a", {})
+        assert client.step("x") == ("b", 3.0, True, False, {})
+
+
+def test_a_run_on_a_server_sending_nan_rewards_fails_those_episodes_never_logs_them(
+    foreign: Any, chatml_tokenizer: Any
+) -> None:
+    """A NaN reward never reaches a trajectory: each episode that got one is lost with an error
+    naming the field (a run then says why every episode failed, rather than training on null)."""
+
+    def ws(frame: dict[str, Any], session: int) -> str:
+        if frame["type"] == "reset":
+            return observation({"observation": {"text": "go"}, "done": False})
+        return '{"type": "observation", "data": {"observation": {"text": "t"}, "reward": NaN, "done": true}}'
+
+    url = foreign(ws)
+    with RolloutCollector(lambda: RemoteEnvClient(url), chatml_tokenizer, batch_size=1, group_size=2, max_turns=2, seed=0) as c:
+        run = c._play(dict(enumerate(c.assigner.assign(1, 2))), ScriptedPolicy(chatml_tokenizer, reply="1"), c.sampling)
+    assert all(t.error is not None and "data.reward must be finite" in t.error for t in run.trajectories.values())
+    assert not any(f.retried for f in run.failures)  # a protocol error is the env's, as in process
+
+
+# -- sizes bounded -----------------------------------------------------------------------------
+
+
+def test_a_servers_error_text_is_bounded_and_its_control_bytes_escaped(foreign: Any) -> None:
+    message = "\x1b[2J\x1b]0;owned\x07" + "boom " * 400_000  # 2 MB with terminal control sequences
+    error = json.dumps({"type": "error", "data": {"code": "EXECUTION_ERROR", "message": message}})
+    url = foreign(lambda frame, session: error if frame["type"] == "step" else observation({"observation": {"text": "a"}}))
+    with RemoteEnvClient(url) as client:
+        client.reset()
+        with pytest.raises(RemoteEnvError) as caught:
+            client.step("x")
+    text = str(caught.value)
+    assert caught.value.code == "EXECUTION_ERROR"
+    assert len(text) < 3000 and "more characters)" in text
+    assert "\x1b" not in text and "\x07" not in text and "\\x1b[2J" in text
+
+
+def test_a_huge_metadata_is_refused_after_reading_its_bound(foreign: Any) -> None:
+    sent = [0]
+
+    async def metadata(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})  # chunked: no length
+        await resp.prepare(request)
+        chunk = b" " * (1024 * 1024)
+        try:
+            for _ in range(256):  # 256 MB, written as the client reads
+                await resp.write(chunk)
+                sent[0] += len(chunk)
+        except (ConnectionError, RuntimeError):
+            pass
+        return resp
+
+    url = foreign(routes={"/metadata": metadata})
+    with pytest.raises(RemoteEnvError, match=rf"{url}/metadata is over the {MAX_METADATA_BYTES}-byte bound"):
+        RemoteEnvClient(url, retry_budget_s=0).describe()
+    assert sent[0] < 64 * 1024 * 1024  # the rest was never read
+
+
+def test_a_dataset_size_of_10_to_the_12_is_a_clear_error_not_a_memory_error(
+    foreign: Any, chatml_tokenizer: Any
+) -> None:
+    async def metadata(request: web.Request) -> web.Response:
+        return web.json_response({"name": "huge", "dataset_size": 10**12, "max_turns": 2})
+
+    url = foreign(routes={"/metadata": metadata})
+    with pytest.raises(InvalidArgument, match=r"dataset_size 1000000000000 is more rows than a run deals out"):
+        RolloutCollector(lambda: RemoteEnvClient(url), chatml_tokenizer, batch_size=1, group_size=2, seed=0)
+
+
+# -- outages: the first /metadata, and peers that go silent -----------------------------------
+
+
+class TwoTurns:
+    """A remote env for the outage tests."""
+
+    max_turns = 2
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.turn = 0
+        return f"seed {seed}", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        self.turn += 1
+        return "again", 1.0, self.turn >= 2, False, {}
+
+
+def test_the_first_metadata_rides_out_a_blip_at_start() -> None:
+    """No server on the port for 1.5 s, then one: ``describe()`` (what building a collector does
+    first) waits for it within retry_budget_s instead of failing at once (issue 34.7)."""
+    port = _free_port()
+    servers: list[Any] = []
+
+    def later() -> None:
+        threading.Event().wait(1.5)
+        servers.append(resolve_env(TwoTurns, port=port)[1])
+
+    starter = threading.Thread(target=later, daemon=True)
+    starter.start()
+    try:
+        client = RemoteEnvClient(f"127.0.0.1:{port}", retry_budget_s=60)
+        assert client.describe().max_turns == 2
+        client.close()
+    finally:
+        starter.join(30)
+        for server in servers:
+            server.stop()
+
+
+def test_a_silent_peer_costs_request_timeout_and_the_episode_is_replayed(foreign: Any, chatml_tokenizer: Any) -> None:
+    """The first session's step is never answered (a peer gone without closing its socket): it
+    times out after request_timeout_s and the collector replays the episode on a new session."""
+
+    def ws(frame: dict[str, Any], session: int) -> str | None:
+        if frame["type"] == "reset":
+            return observation({"observation": {"text": "go"}, "done": False})
+        if session == 0:
+            return None  # silence
+        return observation({"observation": {"text": "t"}, "reward": 1.0, "done": True})
+
+    url = foreign(ws)
+    with RolloutCollector(
+        lambda: RemoteEnvClient(url, request_timeout_s=0.5, retry_budget_s=10), chatml_tokenizer,
+        batch_size=1, group_size=1, max_turns=2, seed=0,
+    ) as c:
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="1"))
+    [traj] = batch.trajectories
+    assert traj.error is None and traj.total_reward == 1.0
+    [failure] = batch.stats.failures
+    assert failure.retried and "request_timeout_s=0.5" in failure.error
+
+
+# -- tokens ------------------------------------------------------------------------------------
+
+
+def test_a_wrong_or_missing_token_is_named_as_such_not_as_a_server_that_is_down() -> None:
+    url, server = resolve_env(TwoTurns, token="right-token")
+    with server:
+        for client_token, said in (("wrong", "refused the token this client sent"), (None, "requires a token")):
+            client = RemoteEnvClient(url, token=client_token, retry_budget_s=30)
+            for call in (client.describe, client.reset):
+                with pytest.raises(RemoteEnvError) as caught:
+                    call()
+                message = str(caught.value)
+                assert said in message and "AGILERL_ENV_TOKEN" in message and "--token" in message
+                assert "running" not in message
+
+
+def test_a_token_with_a_trailing_newline_works_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$(cat token.txt)``-style values: the server's and the client's tokens are stripped
+    alike, so a server started with ``tok\\n`` admits a client sending ``tok``."""
+    url, server = resolve_env(TwoTurns, token="tok\n")
+    with server:
+        with RemoteEnvClient(url, token="tok") as client:
+            assert client.reset()[0] == "seed None"
+        monkeypatch.setenv("AGILERL_ENV_TOKEN", "tok\r\n")
+        with RemoteEnvClient(url) as client:
+            assert client.reset()[0] == "seed None"
+
+
+@pytest.mark.parametrize("token", ["to\nk", "tok en", "   "])
+def test_a_token_no_header_can_carry_is_refused_naming_where_it_came_from(
+    token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(InvalidArgument, match="token="):
+        RemoteEnvClient("127.0.0.1:1", token=token)
+    monkeypatch.setenv("AGILERL_ENV_TOKEN", token)
+    with pytest.raises(InvalidArgument, match=r"\$AGILERL_ENV_TOKEN"):
+        RemoteEnvClient("127.0.0.1:1")
+    with pytest.raises(InvalidArgument, match="token="):
+        resolve_env(TwoTurns, token=token)
+
+
+# -- lone surrogates ---------------------------------------------------------------------------
+
+
+class Surrogates:
+    """An env whose text (and, when asked, info) holds a lone surrogate."""
+
+    max_turns = 5
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        return "start \ud800", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        info = {"note": "\udfff"} if action == "info" else {}
+        return f"got {action} \udc80", 1.0, False, False, info
+
+
+def test_lone_surrogates_are_carried_escaped_in_process() -> None:
+    client = InProcessEnvClient(Surrogates())
+    assert client.reset()[0] == "start \\ud800"
+    assert client.step("x")[0] == "got x \\udc80"
+
+
+def test_lone_surrogates_are_carried_escaped_when_served_and_the_session_goes_on() -> None:
+    """The text arrives as in process; an ``info`` JSON cannot carry is that step's
+    ``EXECUTION_ERROR``, and the session goes on (it used to close, and the client saw
+    ConnectionError)."""
+    url, server = resolve_env(Surrogates)
+    with server, RemoteEnvClient(url) as client:
+        assert client.reset()[0] == "start \\ud800"
+        assert client.step("x")[0] == "got x \\udc80"
+        with pytest.raises(RemoteEnvError) as caught:
+            client.step("info")
+        assert caught.value.code == "EXECUTION_ERROR" and "cannot be sent as JSON" in str(caught.value)
+        assert client.step("y")[0] == "got y \\udc80"  # same session
+        assert server.server.envs_created == 1
+
+
+def test_a_foreign_servers_escaped_surrogate_is_read_not_refused(foreign: Any) -> None:
+    """Python's json writes a lone surrogate as the escape ``\\ud800``, which pydantic-core's
+    parser refuses: the client reads it, as the same escaped text."""
+    url = foreign(lambda frame, session: json.dumps({"type": "observation", "data": {"observation": {"text": "a\ud800"}}}))
+    with RemoteEnvClient(url) as client:
+        assert client.reset()[0] == "a\\ud800"
