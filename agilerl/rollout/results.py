@@ -19,6 +19,7 @@ __all__ = [
     "ENV_CHECK_HINT",
     "Run",
     "end_of_last_action",
+    "merge_batches",
 ]
 
 
@@ -225,6 +226,44 @@ class Run:
         return f"{head}; the first, {self.first_loss()}. {ENV_CHECK_HINT}."
 
 
+def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
+    """One batch of the groups of ``batches`` (one group each in the async pipeline), renumbered
+    ``0..n-1`` in the given order; costs add up, rewards are over all finished rollouts."""
+    if not batches:
+        raise CollectionError("no group to train on")
+    trajectories: list[Trajectory] = []
+    group_size = batches[0].group_size
+    offset = 0
+    for batch in batches:
+        renumber = {g: offset + i for i, g in enumerate(sorted({t.group for t in batch.trajectories}))}
+        offset += len(renumber)
+        for traj in batch.trajectories:
+            traj.group = renumber[traj.group]
+        trajectories += batch.trajectories
+    stats = [b.stats for b in batches]
+    finished = [t.total_reward for t in trajectories if t.error is None]
+    merged = CollectStats(
+        reward_mean=statistics.fmean(finished) if finished else 0.0,
+        reward_std=_pstdev(finished) if finished else 0.0,
+        group_reward_mean=[m for s in stats for m in s.group_reward_mean],
+        group_reward_std=[m for s in stats for m in s.group_reward_std],
+        turns_mean=statistics.fmean(t.num_turns for t in trajectories if t.error is None) if finished else 0.0,
+        generated_tokens=sum(s.generated_tokens for s in stats),
+        generation_calls=sum(s.generation_calls for s in stats),
+        generation_time_s=sum(s.generation_time_s for s in stats),
+        env_time_s=sum(s.env_time_s for s in stats),
+        wall_time_s=max(s.wall_time_s for s in stats),
+        truncated=sum(s.truncated for s in stats),
+        retries=sum(s.retries for s in stats),
+        lost=sum(s.lost for s in stats),
+        groups_dropped=sum(s.groups_dropped for s in stats),
+        context_truncated=sum(s.context_truncated for s in stats),
+        informative_groups=sum(s.informative_groups for s in stats),
+        failures=[f for s in stats for f in s.failures],
+    )
+    return RolloutBatch(trajectories, group_size, merged)
+
+
 def _drop_small_groups(trajectories: list[Trajectory], min_finished: int) -> int:
     """Mark the finished rollouts of groups too small to compare as lost; how many groups went."""
     by_group: dict[int, list[Trajectory]] = {}
@@ -268,6 +307,7 @@ def _cut(traj: Trajectory, num_tokens: int) -> Trajectory:
         turn_ids=traj.turn_ids[:num_tokens],
         logprobs=None if traj.logprobs is None else traj.logprobs[:num_tokens],
         versions=None if traj.versions is None else traj.versions[:num_tokens],
+        media=None if traj.media is None else traj.media.cut(traj.token_ids[:num_tokens], traj.action_mask[:num_tokens]),
         rewards=traj.rewards[:turns],
         info=dict(traj.info),
     )

@@ -1,0 +1,358 @@
+"""RolloutPipeline: collection as a producer of finished groups, the trainer as their consumer.
+
+``take()`` hands the trainer one batch of ``batch_size`` groups. In ``sync`` mode the queue has
+depth zero: ``take`` plays the batch itself (``RolloutCollector.collect``) with the weights of
+the step it feeds. In ``async`` mode lanes (threads, one group each at a time) play groups
+without pause: each draws its task when its group starts, plays it to the end, and puts the
+finished group in the queue; the trainer takes groups in the order they finish, so a straggler
+holds back only its own group. Weights move forward between two generate calls
+(``VersionedPolicy.publish``); an episode in flight goes on across an update, its later tokens
+carrying the new version.
+
+The bound (``max_staleness`` N): every generated token entering the update of the weights at
+version v was produced by version >= v - N. A lane starts a group only when the group can be
+trained within the bound, counting the groups ahead of it (so generation pauses, on a
+condition, when it would only produce stale samples or the queue is full). A group whose oldest
+token is already past the bound (a straggler overtaken by later groups) is dropped, as soon as
+that is known, even mid-episode, and its task is played again from the start: a multi-turn
+episode cannot regenerate a stale prefix without replaying the env. Every drop is counted.
+
+Every wait has a bound: a lane that fails ends the run with its error at the next ``take``; no
+progress from any lane for ``stall_timeout_s`` is an error naming what each lane was doing.
+See docs/async.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from agilerl.errors import CollectionError, InvalidArgument
+from agilerl.rollout.results import Run, merge_batches
+from agilerl.rollout.versioned import VersionedPolicy
+
+if TYPE_CHECKING:
+    from agilerl.rollout.assigner import Task
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.results import RolloutBatch
+    from agilerl.rollout.trajectory import Trajectory
+
+__all__ = ["RolloutPipeline", "staleness"]
+
+log = logging.getLogger(__name__)
+
+RolloutMode = Literal["sync", "async"]
+
+
+@dataclass
+class _Group:
+    number: int  # its task's place in the task stream (what a resume replays by)
+    task: Task
+    batch: RolloutBatch | None = None
+    oldest: int | None = None  # the version of its first generation
+
+
+@dataclass
+class _Lane:
+    index: int
+    doing: str = "starting"
+    since: float = 0.0
+    thread: threading.Thread | None = None
+
+
+class RolloutPipeline:
+    """Batches of finished groups for the trainer (see the module doc)."""
+
+    def __init__(
+        self,
+        collector: RolloutCollector,
+        policy: VersionedPolicy,
+        *,
+        mode: RolloutMode = "sync",
+        max_staleness: int = 1,
+        groups_per_step: int | None = None,
+        lanes: int | None = None,
+        stall_timeout_s: float | None = None,
+    ) -> None:
+        if max_staleness < 0:
+            raise InvalidArgument(f"max_staleness must be >= 0, got {max_staleness}")
+        self.collector, self.policy, self.mode, self.max_staleness = collector, policy, mode, max_staleness
+        self.batch_size = collector.batch_size
+        self.groups_per_step = groups_per_step or self.batch_size
+        self.stall_timeout_s = stall_timeout_s or _stall_bound(collector)
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Group] = collections.deque()
+        self._replays: collections.deque[tuple[int, Task]] = collections.deque()
+        self._taken = 0  # groups handed to the trainer
+        self._outstanding = 0  # groups started and not yet taken or dropped
+        self._drawn = 0  # the next task number
+        self._done_below = 0  # every task number below is trained (or lost)
+        self._done: set[int] = set()  # task numbers trained (or lost) above it
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._lost_in_a_row = 0
+        self._progress_at = time.monotonic()
+        self._since_take = self._interval()
+        self._lanes: list[_Lane] = []
+        if mode == "async":
+            wanted = lanes or self.batch_size * min(max_staleness + 1, 2)
+            have = collector.num_slots // collector.group_size
+            collector.add_groups(wanted - have)
+            self._lanes = [_Lane(i) for i in range(wanted)]
+
+    # -- the consumer -----------------------------------------------------------------------------
+
+    def take(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """The next batch (``batch_size`` groups) for the update of the weights at the policy's
+        current version, and its pipeline metrics (docs/async.md, "Metrics")."""
+        if self.mode == "sync":
+            return self._take_inline()
+        self._start()
+        t0 = time.perf_counter()
+        version = self.policy.version
+        groups: list[_Group] = []
+        with self._cond:
+            depth = len(self._queue)
+            while len(groups) < self.batch_size:
+                self._raise_failure()
+                if not self._queue:
+                    self._cond.wait(timeout=1.0)
+                    self._check_stall()
+                    continue
+                group = self._queue.popleft()
+                self._outstanding -= 1
+                if group.oldest is not None and version - group.oldest > self.max_staleness:
+                    self._drop_stale(group, group.batch)
+                    continue
+                groups.append(group)
+                self._taken += 1
+                self._finish_task(group.number)
+            self._cond.notify_all()  # room in the queue: paused lanes may start
+        batch = merge_batches([g.batch for g in groups if g.batch is not None])
+        return batch, self._metrics(batch, version, depth, time.perf_counter() - t0)
+
+    def _take_inline(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """Depth zero: the batch is played now, with the weights it trains."""
+        t0 = time.perf_counter()
+        batch = self.collector.collect(self.policy)
+        waited = time.perf_counter() - t0
+        self._since_take["tokens"] += batch.stats.generated_tokens
+        return batch, self._metrics(batch, self.policy.version, 0, waited)
+
+    def skip(self, steps: int) -> None:
+        """A resumed sync run passes over the tasks of the steps already trained (async runs
+        restore their exact task stream with ``load_state``)."""
+        if self.mode == "sync":
+            self.collector.skip(steps * self.groups_per_step // self.batch_size)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: which task numbers were trained, so a resume replays the rest
+        (the groups in flight are dropped) and none twice."""
+        with self._cond:
+            return {"trained_below": self._done_below, "trained": sorted(self._done), "taken": self._taken}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue the task stream of a checkpoint: tasks drawn but never trained come first."""
+        if self.mode == "sync" or not state:
+            return
+        below, trained = int(state["trained_below"]), set(state["trained"])
+        end = max(trained, default=below - 1) + 1
+        for number in range(end):
+            task = self.collector.assigner.assign(1, self.collector.group_size)[0]
+            if number >= below and number not in trained:
+                self._replays.append((number, task))
+        self._drawn, self._done_below, self._done = end, below, trained
+        self._taken = int(state.get("taken", 0))
+
+    def close(self) -> None:
+        """Stop the lanes (groups in flight are dropped); waits a bounded time for them."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        deadline = time.monotonic() + 10.0
+        for lane in self._lanes:
+            if lane.thread is not None:
+                lane.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> RolloutPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the lanes --------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        for lane in self._lanes:
+            if lane.thread is None:
+                lane.since = time.monotonic()
+                lane.thread = threading.Thread(
+                    target=self._lane, args=(lane,), name=f"agilerl-lane-{lane.index}", daemon=True
+                )
+                lane.thread.start()
+
+    def _lane(self, lane: _Lane) -> None:
+        try:
+            while True:
+                group = self._admit(lane)
+                if group is None:
+                    return
+                self._play(lane, group)
+        except BaseException as exc:  # the trainer raises it at its next take
+            with self._cond:
+                exc.add_note(f"in rollout lane {lane.index} (slot-group {lane.index}), while it was {lane.doing}")
+                self._error = self._error or exc
+                self._cond.notify_all()
+
+    def _admit(self, lane: _Lane) -> _Group | None:
+        """The lane's next group, once it can be trained within the bound; None when stopping."""
+        paused_at = time.perf_counter()
+        with self._cond:
+            self._set(lane, "waiting for the bound or queue room")
+            while not self._stopping and not self._admissible():
+                self._cond.wait(timeout=1.0)
+            self._since_take["paused_s"] += time.perf_counter() - paused_at
+            if self._stopping:
+                return None
+            self._outstanding += 1
+            if self._replays:
+                number, task = self._replays.popleft()
+            else:
+                number, task = self._drawn, self.collector.assigner.assign(1, self.collector.group_size)[0]
+                self._drawn += 1
+            self._set(lane, f"playing task {number}")
+            return _Group(number, task)
+
+    def _admissible(self) -> bool:
+        """A group started now would enter the update of version ``(taken + ahead) // P``
+        (P groups per step, all groups ahead of it first); the generator's version must be
+        within ``max_staleness`` of it."""
+        target = (self._taken + self._outstanding) // self.groups_per_step
+        return target - self.policy.version <= self.max_staleness
+
+    def _play(self, lane: _Lane, group: _Group) -> None:
+        def stop(run: Run) -> bool:
+            self._progress_at = time.monotonic()
+            if self._stopping:
+                return True
+            return run.oldest_version is not None and self.policy.version - run.oldest_version > self.max_staleness
+
+        run = self.collector.play_group(lane.index, group.task, self.policy, stop=stop)
+        group.oldest = run.oldest_version
+        with self._cond:
+            self._since_take["tokens"] += run.generated_tokens
+            self._progress_at = time.monotonic()
+            if self._stopping:
+                return
+            if len(run.trajectories) < len(run.tasks):  # stopped early: past the bound already
+                self._outstanding -= 1
+                self._drop_stale(group, None, tokens=run.generated_tokens)
+                return
+            try:
+                group.batch = run.batch(0.0, min_finished=min(2, self.collector.group_size))
+            except CollectionError as exc:  # every rollout of the group was lost
+                self._lost(group, exc)
+                return
+            self._lost_in_a_row = 0
+            self._queue.append(group)
+            self._set(lane, "queued its group")
+            self._cond.notify_all()
+
+    def _lost(self, group: _Group, exc: CollectionError) -> None:
+        """A group with no finished rollout leaves the run (as in sync mode); many in a row end it."""
+        self._outstanding -= 1
+        self._finish_task(group.number)
+        self._since_take["lost_groups"] += 1
+        self._lost_in_a_row += 1
+        if self._lost_in_a_row >= 2 * max(1, len(self._lanes)):
+            self._error = CollectionError(f"the last {self._lost_in_a_row} groups were all lost; the last: {exc}")
+        self._cond.notify_all()
+
+    def _drop_stale(self, group: _Group, batch: RolloutBatch | None, *, tokens: int | None = None) -> None:
+        """Past the bound: dropped, counted, and its task played again (it keeps its number)."""
+        if tokens is None and batch is not None:
+            tokens = sum(sum(t.action_mask) for t in batch.trajectories)
+        self._since_take["dropped_stale"] += 1
+        self._since_take["dropped_stale_tokens"] += tokens or 0
+        self._replays.appendleft((group.number, group.task))
+        self._cond.notify_all()
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def _finish_task(self, number: int) -> None:
+        self._done.add(number)
+        while self._done_below in self._done:
+            self._done.remove(self._done_below)
+            self._done_below += 1
+
+    def _set(self, lane: _Lane, doing: str) -> None:
+        lane.doing, lane.since = doing, time.monotonic()
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            self._stopping = True
+            self._cond.notify_all()
+            raise self._error
+
+    def _check_stall(self) -> None:
+        """No lane finished a turn for ``stall_timeout_s``: a hung generator or env; name it."""
+        quiet = time.monotonic() - self._progress_at
+        if quiet < self.stall_timeout_s:
+            return
+        now = time.monotonic()
+        lanes = "; ".join(f"lane {lane.index}: {lane.doing} for {now - lane.since:.0f} s" for lane in self._lanes)
+        self._error = CollectionError(
+            f"no rollout lane made progress for {quiet:.0f} s (stall_timeout_s={self.stall_timeout_s:.0f}): "
+            f"{lanes}. A generator or env that hangs is the usual cause; the last checkpoint is the one to resume from."
+        )
+        self._raise_failure()
+
+    def _interval(self) -> dict[str, float]:
+        return dict.fromkeys(("tokens", "paused_s", "dropped_stale", "dropped_stale_tokens", "lost_groups"), 0.0) | {
+            "t0": time.perf_counter()
+        }
+
+    def _metrics(self, batch: RolloutBatch, version: int, depth: int, waited: float) -> dict[str, float]:
+        with self._cond:
+            since, self._since_take = self._since_take, self._interval()
+        mean, most = staleness(batch.trajectories, version)
+        elapsed = max(time.perf_counter() - since["t0"], 1e-9)
+        return {
+            "train/reward": batch.stats.reward_mean,
+            **batch.stats.metrics(),
+            "rollout/staleness_mean": mean,
+            "rollout/staleness_max": most,
+            "rollout/queue_depth": float(depth),
+            "rollout/dropped_stale": since["dropped_stale"],
+            "rollout/dropped_stale_tokens": since["dropped_stale_tokens"],
+            "rollout/tokens_per_s": since["tokens"] / elapsed,
+            "rollout/wait_s": since["paused_s"] / max(1, len(self._lanes)),
+            "train/wait_s": waited,
+        }
+
+
+def staleness(trajectories: list[Trajectory], version: int) -> tuple[float, float]:
+    """Mean and max, over the generated tokens of rollouts that enter the update, of how many
+    versions older than ``version`` their weights were (0, 0 when none carries versions)."""
+    total = count = most = 0
+    for traj in trajectories:
+        if traj.error is not None or traj.versions is None:
+            continue
+        for made, generated in zip(traj.versions, traj.action_mask):
+            if generated:
+                lag = version - made
+                total += lag
+                count += 1
+                most = max(most, lag)
+    return (total / count if count else 0.0), float(most)
+
+
+def _stall_bound(collector: RolloutCollector) -> float:
+    """Long enough for the slowest legitimate turn (an env call up to its timeout, retried, and
+    a generation), short enough that a hang is named within minutes."""
+    env = collector.env_timeout_s or 300.0
+    return env * (collector.episode_retries + 1) + 300.0
