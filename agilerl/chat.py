@@ -277,7 +277,7 @@ class ChatRenderer:
                 prompts[key] = self._opening_text(messages, key)
         bodies: dict[tuple[str, str], str] = {}
         for role, observation in observations:
-            if (role, observation) not in self._bodies:
+            if type(observation) is str and (role, observation) not in self._bodies:  # images: not here
                 bodies[role, observation] = self._body_text(role, observation)
         if len(prompts) + len(bodies) < 2 or self._backend is None:
             return  # nothing to share a call with
@@ -300,6 +300,11 @@ class ChatRenderer:
             return False
         _remember(self._bodies, key, ids)
         return True
+
+    def appended_text(self, message: dict[str, Any]) -> str:
+        """The text one appended message adds, by one template render: for content the learned
+        wrappers cannot hold (a list of image and text parts)."""
+        return self._appended(message)
 
     def message_text(self, role: str, content: str) -> str:
         """The text one appended message adds to any conversation."""

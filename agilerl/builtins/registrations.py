@@ -29,6 +29,7 @@ __all__ = [
 # (name, target, description); one list per kind.
 ENVS: list[tuple[str, str, str]] = [
     ("guess", "agilerl.builtins.guess:GuessEnv", "Guess a number from too high / too low hints (the docs' example)."),
+    ("colors", "agilerl.builtins.colors:ColorsEnv", "Name the colour of a square shown as an image (needs a vision model)."),
 ]
 OBSERVATION_PROCESSORS: list[tuple[str, str, str]] = [
     ("json", "agilerl.builtins.processors:json_text", "The whole observation as compact JSON."),
@@ -93,6 +94,11 @@ MODELS: list[tuple[str, str, str]] = [
         "tiny",
         "agilerl.train.tiny_model:tiny_model_and_tokenizer",
         "A randomly initialised 2-layer Qwen2 with a ChatML BPE tokenizer, built offline.",
+    ),
+    (
+        "tiny-vlm",
+        "agilerl.train.tiny_model:tiny_vlm_and_tokenizer",
+        "A randomly initialised tiny Qwen2-VL (vision tower + 2-layer LM) and its processor, built offline.",
     ),
 ]
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from agilerl.errors import InvalidArgument
 from agilerl.rollout.shared_prefix import shared_prefix_cache
+from agilerl.rollout.vision import BatchMedia
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +125,8 @@ class TransformersPolicy:
             raise InvalidArgument("the tokenizer has neither a pad token nor an eos token to pad prompts with")
         self.pad_id: int = pad
         self.eos_id: int | None = tokenizer.eos_token_id
-        self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", None)
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.max_model_len = max_model_len or getattr(text_config, "max_position_embeddings", None)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         import torch
@@ -144,15 +146,19 @@ class TransformersPolicy:
             input_ids[r, width - n :] = torch.tensor(list(prompts[i]), dtype=torch.long)
             attention[r, width - n :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
+        images = BatchMedia.for_prompts([getattr(prompts[i], "media", None) for i in rows], self.pad_id)
         chooser = _TokenChooser(params)
         was_training = self.model.training
         self.model.eval()  # no dropout: the log-probs must be those the tokens were sampled from
         try:
             with torch.no_grad():
                 # all but each row's last prompt token, each distinct prompt once (a GRPO group's)
-                cache = shared_prefix_cache(self.model, input_ids, attention, width - 1)
+                if images is None:
+                    cache, inputs = shared_prefix_cache(self.model, input_ids, attention, width - 1), {"input_ids": input_ids}
+                else:  # a prefix cache would need the images' prefill: the rows run whole
+                    cache, inputs = {}, images.to(device).model_inputs(input_ids)
                 sequences = self.model.generate(
-                    input_ids=input_ids,
+                    **inputs,
                     attention_mask=attention,
                     **cache,
                     logits_processor=[chooser],

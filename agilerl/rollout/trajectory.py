@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agilerl.rollout.vision import VisionMedia
 
 __all__ = ["Trajectory"]
 
@@ -34,6 +37,9 @@ class Trajectory:
     truncated: bool = False
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    media: VisionMedia | None = None
+    """The images the episode showed and their processor tensors (a vision model's harness);
+    None for a text model."""
 
     @property
     def num_turns(self) -> int:

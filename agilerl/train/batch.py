@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from agilerl.rollout.trajectory import Trajectory
+    from agilerl.rollout.vision import BatchMedia
 
 __all__ = ["RolloutTensors", "collate_trajectories"]
 
@@ -37,6 +38,8 @@ class RolloutTensors:
     group: torch.Tensor
     valid: torch.Tensor
     old_logprobs: torch.Tensor | None = None
+    media: BatchMedia | None = None
+    """The rows' images (``pixel_values``, ...; ``agilerl.rollout.vision``), None without any."""
 
     @property
     def loss_mask(self) -> torch.Tensor:
@@ -89,7 +92,13 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Rol
         turn_mask[row, :k] = True
         if traj.error is None:
             turn_rewards[row, :k] = torch.tensor(traj.rewards, dtype=torch.float)
+    media = None
+    if any(t.media is not None for t in trajectories):
+        from agilerl.rollout.vision import BatchMedia
+
+        media = BatchMedia.collate([t.media for t in trajectories], input_ids, action_mask, pad_id)
     return RolloutTensors(
+        media=media,
         input_ids=input_ids,
         attention_mask=attention_mask,
         action_mask=action_mask,

@@ -50,24 +50,35 @@ def policy_logprobs(
     *,
     temperature: float = 1.0,
     mask: torch.Tensor | None = None,
+    media: Any = None,
 ) -> torch.Tensor:
     """Run ``model`` over a right-padded batch and return :func:`token_logprobs` ``[B, T]``.
 
     With ``mask`` only the positions it selects are scored (the rest are 0), which skips the
     vocabulary projection over prompts.
     """
-    return token_logprobs(forward(model, input_ids, attention_mask, mask).logits, input_ids, temperature=temperature)
+    logits = forward(model, input_ids, attention_mask, mask, media=media).logits
+    return token_logprobs(logits, input_ids, temperature=temperature)
 
 
 def forward(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor | None
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    media: Any = None,
 ) -> Any:
     """The model's forward output, with logits only for what ``mask`` needs scored.
 
     The rows' common unscored start (a GRPO group's prompt, a DPO pair's) runs once per distinct
     prefix (:mod:`agilerl.rollout.shared_prefix`); the logits then cover the rest of the rows.
+    ``media`` (a batch's ``BatchMedia``) adds the rows' images (``pixel_values``, ...).
     """
     keep = logits_to_keep(mask) if mask is not None and _takes_logits_to_keep(model) else 0
+    if media is not None:  # images (``BatchMedia``): every row runs whole, with its pixels
+        extra = {"logits_to_keep": keep} if keep else {}
+        return model(**media.model_inputs(input_ids), attention_mask=attention_mask, **extra)
     if keep:
         prefix = input_ids.shape[1] - keep  # right-padded: every row's first ``prefix`` tokens are real
         cache = shared_prefix_cache(model, input_ids, attention_mask, prefix)

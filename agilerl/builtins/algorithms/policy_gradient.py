@@ -79,7 +79,7 @@ class PolicyGradient(Algorithm[ConfigT]):
         batch: RolloutTensors,
         reference: torch.nn.Module | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        outputs = forward(policy, batch.input_ids, batch.attention_mask, batch.loss_mask)
+        outputs = forward(policy, batch.input_ids, batch.attention_mask, batch.loss_mask, media=batch.media)
         logprobs = token_logprobs(
             outputs.logits, batch.input_ids, temperature=self.config.temperature
         )
@@ -120,6 +120,7 @@ class PolicyGradient(Algorithm[ConfigT]):
                 batch.attention_mask,
                 temperature=self.config.temperature,
                 mask=batch.loss_mask,
+                media=batch.media,
             )
         diff = ref - logprobs
         return torch.exp(diff) - diff - 1

@@ -45,20 +45,23 @@ class ValueHeadModel(torch.nn.Module):
         super().__init__()
         self.model = model
         parameter = next(model.parameters())
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.value_head = torch.nn.Linear(
-            model.config.hidden_size, 1, device=parameter.device, dtype=parameter.dtype
+            text_config.hidden_size, 1, device=parameter.device, dtype=parameter.dtype
         )
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int = 0
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int = 0, **images: Any
     ) -> ValueHeadOutput:
+        """``images``: a vision model's image inputs (``pixel_values``, ...), passed on."""
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             output_hidden_states=True,
             logits_to_keep=logits_to_keep,
+            **images,
         )
         values = self.value_head(out.hidden_states[-1]).squeeze(-1).float()
         return ValueHeadOutput(

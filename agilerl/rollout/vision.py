@@ -1,0 +1,381 @@
+"""Image turns in token space: what the harness does with an observation that shows pictures.
+
+A vision-language model's processor owns two facts the harness must not guess: the text its chat
+template writes for an image (Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``,
+LLaVA's and SmolVLM's ``<image>``), and how many tokens that placeholder becomes for one image
+of a given size. So an image turn is rendered by the template (the message with image parts) and
+tokenized by the processor itself, on that turn's text and images only: the ids are the
+processor's expansion, token for token, and the turn costs the same at turn 200 as at turn 1.
+Its tensors (``pixel_values``, plus ``image_grid_thw`` for the Qwen2-VL family) ride on the
+trajectory as ``VisionMedia``, earlier turns' kept in place; a batch of trajectories hands the
+model one concatenation (``BatchMedia``).
+
+Text an env writes can contain a placeholder's characters: they are escaped (a zero-width space
+after the first character), so the model reads them as text and no image slot is forged. A
+placeholder the model samples ends its episode (``RolloutHarness``): there is no picture for it.
+
+The model's processor travels with its tokenizer (``attach_processor``), so every part that needs
+only token facts (pad ids, stop tokens, decoding) keeps the tokenizer it had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from agilerl.errors import EnvProtocolError, InvalidArgument
+from agilerl.images import EnvImage, ImageLimits, ImageObservation, observation_images, observation_text
+
+if TYPE_CHECKING:
+    import torch
+
+    from agilerl.chat import ChatRenderer
+
+__all__ = [
+    "attach_processor",
+    "processor_of",
+    "split_processor",
+    "VisionMedia",
+    "BatchMedia",
+    "VisionTurns",
+    "ESCAPE",
+    "text_only",
+]
+
+_ATTRIBUTE = "vision_processor"
+ESCAPE = "\u200b"
+"""Put after the first character of a placeholder an env wrote: the text stays readable, and no
+longer matches the special token."""
+_TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
+
+
+def _is_processor(obj: Any) -> bool:
+    return hasattr(obj, "image_processor") and hasattr(obj, "tokenizer")
+
+
+def attach_processor(processor: Any) -> Any:
+    """The processor's tokenizer, carrying the processor (read back by ``processor_of``): what a
+    vision model's loader returns as its tokenizer."""
+    if not _is_processor(processor):
+        raise InvalidArgument(f"{type(processor).__name__} is not a multimodal processor (no image_processor)")
+    tokenizer = processor.tokenizer
+    if getattr(tokenizer, "chat_template", None) is None and getattr(processor, "chat_template", None):
+        tokenizer.chat_template = processor.chat_template
+    setattr(tokenizer, _ATTRIBUTE, processor)
+    return tokenizer
+
+
+def processor_of(tokenizer: Any) -> Any | None:
+    """The multimodal processor a tokenizer carries (``attach_processor``), or None."""
+    return getattr(tokenizer, _ATTRIBUTE, None)
+
+
+def split_processor(tokenizer_or_processor: Any) -> tuple[Any, Any | None]:
+    """``(tokenizer, processor or None)`` of what a harness was given: a tokenizer (carrying a
+    processor or not) or a processor itself."""
+    if _is_processor(tokenizer_or_processor):
+        return attach_processor(tokenizer_or_processor), tokenizer_or_processor
+    return tokenizer_or_processor, processor_of(tokenizer_or_processor)
+
+
+def _image_axis(key: str, value: Any) -> int:
+    """The axis a processor output's images lie along: 0 (Qwen2-VL's patches and grids, LLaVA's
+    images), or 1 for outputs with a batch axis first (Idefics3/SmolVLM's pixel_values and
+    pixel_attention_mask: the model flattens that axis into its images)."""
+    return 1 if value.ndim == 5 or key == "pixel_attention_mask" else 0
+
+
+@dataclass
+class VisionMedia:
+    """An episode's images and their processor tensors, in the order their placeholders appear."""
+
+    images: list[EnvImage] = field(default_factory=list)
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    """One processor output per image turn (its tensors without the text's)."""
+    image_token_ids: tuple[int, ...] = ()
+    """Image tokens, for models that take per-token modality types (``mm_token_type_ids``:
+    transformers 5's Qwen2-VL family), rebuilt from the ids for any batch; empty otherwise."""
+    placeholder_counts: list[int] = field(default_factory=list)
+    """Placeholder tokens each chunk's turn holds (to cut an episode between turns)."""
+    placeholder_ids: tuple[int, ...] = ()
+    ended: bool = False
+    """The model sampled a placeholder: the episode ends at that turn."""
+
+    def cut(self, token_ids: Sequence[int], action_mask: Sequence[bool]) -> VisionMedia:
+        """The media of an episode cut to ``token_ids``: the image turns whose placeholders it
+        still holds (a cut falls between turns, after an action)."""
+        placeholders = frozenset(self.placeholder_ids)
+        kept = sum(1 for t, generated in zip(token_ids, action_mask) if t in placeholders and not generated)
+        n, total = 0, 0
+        for count in self.placeholder_counts:
+            if total + count > kept:
+                break
+            total += count
+            n += 1
+        images = sum(_images_in(chunk) for chunk in self.chunks[:n])
+        return replace(
+            self, images=self.images[:images], chunks=self.chunks[:n], placeholder_counts=self.placeholder_counts[:n]
+        )
+
+    @property
+    def num_images(self) -> int:
+        return len(self.images)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The model's image inputs for this episode alone (``pixel_values``, ...)."""
+        return _concatenated([self])
+
+    def checksums(self) -> list[str]:
+        """Each image's pixel checksum: equal in process and over the wire."""
+        return [image.checksum() for image in self.images]
+
+
+def _images_in(chunk: dict[str, Any]) -> int:
+    grid = chunk.get("image_grid_thw")
+    if grid is not None:
+        return int(grid.shape[0])
+    values = chunk["pixel_values"]
+    return int(values.shape[_image_axis("pixel_values", values)])
+
+
+def _concatenated(media: Sequence[VisionMedia | None]) -> dict[str, Any]:
+    import torch
+
+    parts: dict[str, list[Any]] = {}
+    for item in media:
+        for chunk in item.chunks if item is not None else ():
+            for key, value in chunk.items():
+                parts.setdefault(key, []).append(value)
+    return {key: torch.cat(values, dim=_image_axis(key, values[0])) for key, values in parts.items()}
+
+
+class BatchMedia:
+    """The images of a batch's rows (None for a text row): sliced by rows like the batch's tensors,
+    moved with it, and handed to the model as one concatenation (``model_inputs``).
+
+    ``sampled`` marks placeholder ids the policy generated: the model reads them as padding (they
+    have no picture), while their log-probs are still scored and trained.
+    """
+
+    def __init__(self, rows: Sequence[VisionMedia | None], sampled: torch.Tensor, pad_id: int, device: Any = None) -> None:
+        self.rows = list(rows)
+        self.sampled = sampled
+        self.pad_id = pad_id
+        self.device = device
+        self.image_token_ids = next((m.image_token_ids for m in self.rows if m is not None and m.image_token_ids), ())
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.rows),)
+
+    def __getitem__(self, index: slice) -> BatchMedia:
+        return BatchMedia(self.rows[index], self.sampled[index], self.pad_id, self.device)
+
+    def to(self, device: Any) -> BatchMedia:
+        return BatchMedia(self.rows, self.sampled.to(device), self.pad_id, device)
+
+    def model_inputs(self, input_ids: torch.Tensor) -> dict[str, Any]:
+        """The keywords of the model's forward for these rows: ``input_ids`` (sampled placeholders
+        read as padding) and the image tensors."""
+        import torch
+
+        tensors = _concatenated(self.rows)
+        if self.device is not None:
+            tensors = {key: value.to(self.device) for key, value in tensors.items()}
+        if self.sampled.shape == input_ids.shape and self.sampled.any():
+            input_ids = input_ids.masked_fill(self.sampled, self.pad_id)
+        if self.image_token_ids:
+            ids = torch.tensor(self.image_token_ids, dtype=input_ids.dtype, device=input_ids.device)
+            tensors["mm_token_type_ids"] = torch.isin(input_ids, ids).long()
+        return {"input_ids": input_ids, **tensors}
+
+    @classmethod
+    def for_prompts(cls, media: Sequence[VisionMedia | None], pad_id: int) -> BatchMedia | None:
+        """The media of a batch of prompts to generate from (None when none shows an image)."""
+        import torch
+
+        if all(m is None or not m.chunks for m in media):
+            return None
+        return cls(media, torch.zeros((len(media), 1), dtype=torch.bool), pad_id)
+
+    @classmethod
+    def collate(
+        cls, media: Sequence[VisionMedia | None], input_ids: torch.Tensor, action_mask: torch.Tensor, pad_id: int
+    ) -> BatchMedia | None:
+        """The batch's media (None when no row shows an image and none sampled a placeholder)."""
+        import torch
+
+        placeholder_ids = sorted({i for m in media if m is not None for i in m.placeholder_ids})
+        sampled = action_mask & torch.isin(input_ids, torch.tensor(list(placeholder_ids), dtype=input_ids.dtype))
+        if all(m is None or not m.chunks for m in media) and not sampled.any():
+            return None
+        return cls(media, sampled, pad_id)
+
+
+class VisionTurns:
+    """Renders and tokenizes image turns for one model (its processor), within ``limits``.
+
+    Shared by every harness over the same renderer; it holds no episode state (that lives on the
+    trajectory's ``VisionMedia``).
+    """
+
+    def __init__(self, processor: Any, tokenizer: Any, limits: ImageLimits | None = None) -> None:
+        self.processor = processor
+        self.tokenizer = tokenizer
+        self.limits = limits or ImageLimits()
+        self.image_token: str = _image_token(processor)
+        self.placeholder_strings, self.placeholder_ids = self._learn_placeholders()
+        """Every special token an image's expansion uses: escaped in env text, and ending the
+        episode when the model samples one."""
+        self._placeholder_set = frozenset(self.placeholder_ids)
+        self._first_chars = frozenset(p[0] for p in self.placeholder_strings)
+
+    @classmethod
+    def of(cls, tokenizer_or_processor: Any) -> VisionTurns | None:
+        """The renderer of image turns for a processor (given, or carried by a tokenizer), made
+        once per processor; None for a text-only tokenizer."""
+        tokenizer, processor = split_processor(tokenizer_or_processor)
+        if processor is None:
+            return None
+        turns = getattr(processor, "_agilerl_vision_turns", None)
+        if turns is None:
+            turns = cls(processor, tokenizer, getattr(processor, "agilerl_image_limits", None))
+            processor._agilerl_vision_turns = turns
+        return turns
+
+    def opening(
+        self, renderer: ChatRenderer, chat: Any, prompt: str | ImageObservation, info: dict[str, Any],
+        media: VisionMedia, where: str,
+    ) -> list[int]:
+        """Ids of a reset's opening (``EpisodeChat.opening``), its images in the user's message."""
+        if isinstance(prompt, str):
+            return renderer.prompt_ids(chat.opening(self.escaped(prompt), info))
+        return self.opening_ids(renderer, chat.opening(prompt.text, info), prompt, media, where)
+
+    def tail(
+        self, renderer: ChatRenderer, role: str, observation: str | ImageObservation, *, final: bool,
+        media: VisionMedia, where: str,
+    ) -> list[int]:
+        """Ids after a completion: ``ChatRenderer.turn_tail_ids`` for text (escaped), the
+        processor's for images."""
+        if isinstance(observation, str):
+            return renderer.turn_tail_ids(role, self.escaped(observation), final=final)
+        return self.tail_ids(renderer, role, observation, final=final, media=media, where=where)
+
+    def end_at_placeholder(
+        self, trajectory: Any, ids: list[int], logprobs: Sequence[float] | None, at: int
+    ) -> tuple[list[int], Sequence[float] | None]:
+        """A completion cut after the placeholder it sampled at ``at`` (kept: it is trained); the
+        episode ends with this turn."""
+        trajectory.media.ended = True
+        trajectory.info["ended_by"] = "sampled image placeholder"
+        return ids[: at + 1], None if logprobs is None else list(logprobs)[: at + 1]
+
+    # -- what the env wrote ---------------------------------------------------------------------
+
+    def escaped(self, text: str) -> str:
+        """``text`` with every placeholder it contains escaped (``ESCAPE``)."""
+        if not any(first in text for first in self._first_chars):
+            return text
+        for placeholder in self.placeholder_strings:
+            if placeholder in text:
+                text = text.replace(placeholder, placeholder[0] + ESCAPE + placeholder[1:])
+        return text
+
+    def content(self, observation: str | ImageObservation) -> str | list[dict[str, Any]]:
+        """A message's content: escaped text, or image parts then the escaped text's part."""
+        text = self.escaped(observation_text(observation))
+        images = observation_images(observation)
+        if not images:
+            return text
+        return [*({"type": "image"} for _ in images), {"type": "text", "text": text}]
+
+    def sampled_placeholder(self, ids: Sequence[int]) -> int | None:
+        """The index of the first placeholder id among generated ``ids``, or None."""
+        placeholders = self._placeholder_set
+        return next((i for i, token in enumerate(ids) if token in placeholders), None)
+
+    # -- tokens -----------------------------------------------------------------------------------
+
+    def opening_ids(
+        self, renderer: ChatRenderer, messages: list[dict[str, Any]], observation: str | ImageObservation,
+        media: VisionMedia, where: str,
+    ) -> list[int]:
+        """Ids of an opening whose last user message shows ``observation``'s images."""
+        messages = [dict(m) for m in messages]
+        for message in reversed(messages):
+            if message.get("role") == "user":
+                message["content"] = self.content(observation)
+                break
+        text = renderer.render_text(messages, add_generation_prompt=True)
+        return self.tokens(text, observation_images(observation), media, where)
+
+    def tail_ids(
+        self, renderer: ChatRenderer, role: str, observation: str | ImageObservation, *, final: bool,
+        media: VisionMedia, where: str,
+    ) -> list[int]:
+        """Ids after a completion (as ``ChatRenderer.turn_tail_ids``) for an observation with images."""
+        body = renderer.assistant_close + renderer.appended_text({"role": role, "content": self.content(observation)})
+        ids = self.tokens(body, observation_images(observation), media, where)
+        return ids if final else ids + renderer.encode(renderer.generation_prompt)
+
+    def tokens(self, text: str, images: Sequence[EnvImage], media: VisionMedia, where: str) -> list[int]:
+        """``text`` (holding one placeholder per image) tokenized by the processor with
+        ``images``: their tensors are appended to ``media``. Limits are checked first."""
+        for image in images:
+            self.limits.check_image(image, where)
+        self.limits.check_count(media.num_images + len(images), where)
+        if not images:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        out = self.processor(
+            text=[text], images=[image.pil() for image in images], add_special_tokens=False, return_tensors="pt"
+        )
+        ids = out["input_ids"][0].tolist()
+        media.images.extend(images)
+        media.chunks.append({key: value for key, value in out.items() if key not in _TEXT_KEYS and hasattr(value, "ndim")})
+        media.placeholder_counts.append(sum(1 for t in ids if t in self._placeholder_set))
+        media.placeholder_ids = self.placeholder_ids
+        if "mm_token_type_ids" in out and not media.image_token_ids:
+            media.image_token_ids = (self.tokenizer.convert_tokens_to_ids(self.image_token),)
+        return ids
+
+    def _learn_placeholders(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The special tokens one image expands to (found by expanding a probe), longest first."""
+        from PIL import Image
+
+        probe = Image.new("RGB", (32, 32), (127, 127, 127))
+        out = self.processor(text=[self.image_token], images=[probe], add_special_tokens=False)
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        added = {i for i in getattr(self.tokenizer, "added_tokens_decoder", {}) or {}}
+        ids = {int(i) for i in out["input_ids"][0]} & (special | added)
+        ids |= {i for name in ("image_token", "video_token", "audio_token")
+                if isinstance(token := getattr(self.processor, name, None), str)
+                and (i := self.tokenizer.convert_tokens_to_ids(token)) is not None and i >= 0}
+        strings = {self.tokenizer.convert_ids_to_tokens(i) for i in ids}
+        for name in ("image_token", "video_token", "audio_token", "boi_token", "eoi_token"):
+            value = getattr(self.processor, name, None)
+            if isinstance(value, str) and value:
+                strings.add(value)
+        return tuple(sorted(strings, key=len, reverse=True)), tuple(sorted(ids))
+
+
+def _image_token(processor: Any) -> str:
+    token = getattr(processor, "image_token", None)
+    if not isinstance(token, str) or not token:
+        raise InvalidArgument(f"{type(processor).__name__} names no image_token: it cannot render image turns")
+    return token
+
+
+def text_only(observation: str | ImageObservation, env_name: str) -> str:
+    """``observation`` when it is text; an error naming the env when it shows images to a model
+    that has no image processor."""
+    if type(observation) is str:
+        return observation
+    if isinstance(observation, str):
+        return str(observation)
+    raise EnvProtocolError(
+        f"{env_name} returned an image observation, but the model has no image processor: train a "
+        "vision-language model (model.name_or_path: tiny-vlm, or a hub VLM loaded with its "
+        "AutoProcessor), or pass the processor as the harness's tokenizer"
+    )
