@@ -33,6 +33,7 @@ __all__ = [
     "describe_env",
     "reset_kwargs",
     "reward_problem",
+    "MAX_ABS_REWARD",
     "valid_text",
     "reset_problems",
     "step_problems",
@@ -210,13 +211,22 @@ def reset_kwargs(row_index: int | None = None, evaluation: bool | None = None) -
     return kwargs
 
 
+MAX_ABS_REWARD = 1e15
+"""Rewards lie within +-1e15: a group's rewards are summed and squared in float32 by the losses
+and in float64 by the statistics; past this a sum overflows to inf and the loss turns NaN (a
+reward of 1e308 ended a run with ``OverflowError``). Real rewards are many orders below it."""
+
+
 def reward_problem(value: Any) -> str | None:
-    """Why ``value`` cannot be a step's reward (a finite real number, not a bool): the rule a
-    local env's result and a server's reply are both read by; None when it can."""
+    """Why ``value`` cannot be a step's reward (a finite real number within ``MAX_ABS_REWARD``,
+    not a bool): the rule a local env's result and a server's reply are both read by; None when
+    it can. A step breaking it is a protocol error: that rollout is lost, the run goes on."""
     if not isinstance(value, numbers.Real) or _is_bool(value):
         return f"must be a number (int or float), got {_short_repr(value)}"
     if not math.isfinite(value):
         return f"must be finite, got {value!r}"
+    if abs(value) > MAX_ABS_REWARD:
+        return f"must lie within +-{MAX_ABS_REWARD:.0e} (training sums and squares rewards), got {value!r}; scale the env's rewards"
     return None
 
 
@@ -286,7 +296,7 @@ def check_step_result(result: Any, env_name: str) -> StepResult:
         and len(result) == 5
         and type(result[0]) is str
         and type(result[1]) is float
-        and math.isfinite(result[1])
+        and -MAX_ABS_REWARD <= result[1] <= MAX_ABS_REWARD  # false for NaN and the infinities too
         and type(result[2]) is bool
         and type(result[3]) is bool
         and type(result[4]) is dict

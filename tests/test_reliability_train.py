@@ -165,3 +165,72 @@ def test_a_burst_of_ctrl_c_saves_once_and_prints_the_resume_command(tmp_path):
     assert (saved / "trainer_state.json").is_file(), words  # the save on the way out was not cut
     assert not list((out / "checkpoints").glob("*.partial"))
     assert "Traceback" not in stderr
+
+
+HUGE_REWARDS = '''
+class HugeRewards:
+    """Every third episode is rewarded 1e308 (a finite float whose sums and squares overflow)."""
+
+    max_turns = 1
+    episodes = 0
+
+    def reset(self, seed=None):
+        return "Say hi.", {}
+
+    def step(self, action):
+        HugeRewards.episodes += 1
+        return "", 1e308 if HugeRewards.episodes % 3 == 0 else float(len(action) % 2), True, False, {}
+'''
+
+
+@pytest.mark.slow
+def test_a_reward_of_1e308_on_some_steps_loses_those_rollouts_and_the_run_goes_on(tmp_path, capsys):
+    """The documented rule (protocol.MAX_ABS_REWARD): a step's reward is a finite number within
+    +-1e15, in process and from a server alike; a step breaking it loses its rollout (counted in
+    rollout/failures), never the run. It used to end with OverflowError in fsum."""
+    (tmp_path / "env.py").write_text(HUGE_REWARDS)
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "environment": {"env_type": "rollout", "entrypoint": "env.py:HugeRewards"},
+        "training": {"max_steps": 2, "batch_size": 2, "group_size": 4, "max_new_tokens": 2, "lr": 1e-3,
+                     "evaluation_interval": 0, "checkpoint_minutes": None},
+    }))
+    out = tmp_path / "out"
+    assert main(["train", str(manifest), "--output-dir", str(out), "--no-progress"]) == 0, capsys.readouterr().err
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sum(r["rollout/lost"] for r in rows) >= 2  # every third episode's rollout
+    assert all(r["train/loss"] is not None and abs(r["train/reward"]) <= 1 for r in rows)
+    from safetensors.torch import load_file
+
+    weights = load_file(out / "checkpoints" / "step-000002" / "model.safetensors")
+    assert all(bool(t.isfinite().all()) for t in weights.values())  # nothing non-finite reached them
+
+
+def test_the_reward_rule_refuses_past_the_bound_and_non_finite_and_takes_the_bound():
+    from agilerl.errors import EnvProtocolError
+    from agilerl.protocol import MAX_ABS_REWARD, check_step_result
+
+    for reward in (1e308, -1e16, float("inf"), float("nan")):
+        with pytest.raises(EnvProtocolError, match="reward must"):
+            check_step_result(("", reward, True, False, {}), "env")
+    assert check_step_result(("", -MAX_ABS_REWARD, True, False, {}), "env")[1] == -MAX_ABS_REWARD
+
+
+def test_sys_exit_in_a_rubric_is_that_rubric_s_error():
+    import sys as system
+
+    from agilerl.data.rubric import Rubric
+    from agilerl.errors import RubricError
+
+    def quits(completion):
+        system.exit(3)
+
+    with pytest.raises(RubricError, match=r"rubric 'quits' raised SystemExit: 3 \(on train row 4\)"):
+        Rubric.bind(quits, name="quits").score("hi", {}, {}, "train row 4")
+
+    def overflows(completion):
+        return {"a": 1e308, "b": 1e308}
+
+    with pytest.raises(RubricError, match="components sum past the largest float on train row 4"):
+        Rubric.bind(overflows, name="overflows").score("hi", {}, {}, "train row 4")

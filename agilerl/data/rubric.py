@@ -112,7 +112,7 @@ class Rubric:
             result = resolve_awaitable(self.fn(**kwargs))
         except EnvUnavailable:  # an outage (a judge down for good) stops the run, unwrapped
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a rubric is its error, not the run's end
             raise RubricError(
                 f"rubric {self.name!r} raised {type(exc).__name__}: {exc} (on {where})."
             ) from exc
@@ -142,7 +142,12 @@ def _as_reward(result: Any, name: str, where: str) -> tuple[float, dict[str, flo
         components = {
             str(k): _as_number(v, name, where, f"component {k!r}") for k, v in result.items()
         }
-        return math.fsum(components.values()), components
+        try:
+            return math.fsum(components.values()), components
+        except OverflowError:  # finite parts whose sum is not (1e308 + 1e308)
+            raise RubricError(
+                f"rubric {name!r}'s components sum past the largest float on {where}: {components}."
+            ) from None
     return _as_number(result, name, where, "result"), {}
 
 
@@ -184,7 +189,7 @@ def load_rubric(
             target = target(**config)
         except RubricError:
             raise
-        except Exception as exc:  # the values may hold what must not be printed: name the keys only
+        except (Exception, SystemExit) as exc:  # the values may hold what must not be printed: name the keys only
             raise RubricError(
                 f"rubric {ref!r}: building it with config keys {sorted(config)} failed: "
                 f"{type(exc).__name__}: {exc}"
