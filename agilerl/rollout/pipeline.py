@@ -61,6 +61,7 @@ class _Lane:
     index: int
     doing: str = "starting"
     since: float = 0.0
+    paused_at: float | None = None  # waiting on the bound or the queue since (perf_counter)
     thread: threading.Thread | None = None
 
 
@@ -210,12 +211,13 @@ class RolloutPipeline:
 
     def _admit(self, lane: _Lane) -> _Group | None:
         """The lane's next group, once it can be trained within the bound; None when stopping."""
-        paused_at = time.perf_counter()
         with self._cond:
             self._set(lane, "waiting for the bound or queue room")
+            lane.paused_at = time.perf_counter()
             while not self._stopping and not self._admissible():
                 self._cond.wait(timeout=1.0)
-            self._since_take["paused_s"] += time.perf_counter() - paused_at
+            self._since_take["paused_s"] += time.perf_counter() - lane.paused_at
+            lane.paused_at = None
             if self._stopping:
                 return None
             self._outstanding += 1
@@ -319,11 +321,17 @@ class RolloutPipeline:
     def _metrics(self, batch: RolloutBatch, version: int, depth: int, waited: float) -> dict[str, float]:
         with self._cond:
             since, self._since_take = self._since_take, self._interval()
+            now = time.perf_counter()
+            for lane in self._lanes:  # pauses still going on count up to now
+                if lane.paused_at is not None:
+                    since["paused_s"] += now - lane.paused_at
+                    lane.paused_at = now
         mean, most = staleness(batch.trajectories, version)
         elapsed = max(time.perf_counter() - since["t0"], 1e-9)
         return {
             "train/reward": batch.stats.reward_mean,
             **batch.stats.metrics(),
+            "rollout/groups_dropped": batch.stats.groups_dropped + since["lost_groups"],
             "rollout/staleness_mean": mean,
             "rollout/staleness_max": most,
             "rollout/queue_depth": float(depth),

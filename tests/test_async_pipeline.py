@@ -1,0 +1,241 @@
+"""RolloutPipeline in async mode with real envs in this process and a scripted policy: versions
+on every token, the staleness bound under random env latencies, bounded waits, exact resumes."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from agilerl.errors import CollectionError
+from agilerl.rollout.collector import RolloutCollector
+from agilerl.rollout.pipeline import RolloutPipeline, staleness
+from agilerl.rollout.policy import ScriptedPolicy, TransformersPolicy
+from agilerl.rollout.versioned import InferenceCopy, VersionedPolicy
+
+
+class LatencyEnv:
+    """Plays ``seed % 4 + 1`` turns (a long tail when ``tail``), each step sleeping a random
+    0 to ``latency_s`` seconds drawn from the seed; reward: the seed's parity per turn."""
+
+    max_turns = 8
+    dataset_size = 200
+
+    def __init__(self, latency_s: float = 0.0, tail: bool = False, gate: threading.Event | None = None) -> None:
+        self.latency_s, self.tail, self.gate = latency_s, tail, gate
+        self.resets: list[int] = []
+
+    def reset(self, seed=None, *, row_index=None, evaluation=None):
+        self.resets.append(seed)
+        self.rng = random.Random(seed)
+        self.turn = 0
+        self.length = 1 + (seed % 7 if self.tail else seed % 4)
+        return f"task {seed} row {row_index}", {}
+
+    def step(self, action):
+        self.turn += 1
+        if self.gate is not None and self.turn == 2:
+            self.gate.wait(10)
+        time.sleep(self.rng.uniform(0, self.latency_s))
+        return f"you said {action}", float(self.rng.random() < 0.5), self.turn >= self.length, False, {}
+
+    def close(self):
+        pass
+
+
+def make(tokenizer, *, batch_size=3, group_size=2, seed=0, env=None, **kwargs):
+    factory = env or (lambda: LatencyEnv())
+    return RolloutCollector(factory, tokenizer, batch_size=batch_size, group_size=group_size, seed=seed, **kwargs)
+
+
+def trainer_steps(pipeline, policy, steps, *, update_s=0.0, rng=None):
+    """What the trainer does: take a batch, "update" (sleep), publish the next version."""
+    batches = []
+    for _ in range(steps):
+        batch, metrics = pipeline.take()
+        batches.append((policy.version, batch, metrics))
+        time.sleep(rng.uniform(0, update_s) if rng else update_s)
+        policy.publish(policy.version + 1)
+    return batches
+
+
+def test_every_generated_token_carries_its_version_and_episodes_span_updates(chatml_tokenizer):
+    gate = threading.Event()
+    with make(chatml_tokenizer, env=lambda: LatencyEnv(gate=gate), batch_size=2) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"))
+        with RolloutPipeline(collector, policy, mode="async", max_staleness=2) as pipeline:
+            pipeline._start()
+            time.sleep(0.3)  # every lane's first turn is generated under version 0, then waits at its env
+            policy.publish(1)
+            gate.set()
+            taken = trainer_steps(pipeline, policy, 3)
+    mixed = 0
+    for version, batch, _ in taken:
+        for traj in batch.trajectories:
+            assert len(traj.versions) == len(traj.token_ids)
+            for made, generated in zip(traj.versions, traj.action_mask):
+                assert (made >= 0) == generated  # every generated token has a version, no other token
+                assert not generated or version - made <= 2
+            versions = {v for v in traj.versions if v >= 0}
+            mixed += len(versions) > 1
+    assert mixed > 0  # an episode in flight went on across the update: its later tokens are version 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bound_holds_on_every_token_under_random_env_latencies(chatml_tokenizer, seed):
+    rng = random.Random(seed)
+    max_staleness = seed % 3  # 0, 1, 2, 0
+    env = lambda: LatencyEnv(latency_s=0.02, tail=True)  # noqa: E731
+    with make(chatml_tokenizer, env=env, batch_size=3, seed=seed) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, lambda p: str(rng.randrange(100))))
+        with RolloutPipeline(collector, policy, mode="async", max_staleness=max_staleness) as pipeline:
+            taken = trainer_steps(pipeline, policy, 6, update_s=0.05, rng=rng)
+    for version, batch, metrics in taken:
+        assert len(batch.groups) == 3
+        mean, most = staleness(batch.trajectories, version)
+        assert most <= max_staleness and metrics["rollout/staleness_max"] == most
+        for traj in batch.trajectories:  # checked on tokens, not on groups
+            assert all(version - v <= max_staleness for v, m in zip(traj.versions, traj.action_mask) if m)
+        groups = [tuple(t.seed for t in g) for g in batch.groups]
+        assert all(len(set(g)) == 1 for g in groups)  # a group is one task
+
+
+def test_sync_is_the_same_pipeline_at_depth_zero(chatml_tokenizer):
+    with make(chatml_tokenizer) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"), version=5)
+        pipeline = RolloutPipeline(collector, policy)  # sync: played inline, with this step's weights
+        batch, metrics = pipeline.take()
+    assert len(batch.trajectories) == 6
+    assert metrics["rollout/queue_depth"] == 0 and metrics["rollout/staleness_max"] == 0
+    assert all(v == 5 for t in batch.trajectories for v, m in zip(t.versions, t.action_mask) if m)
+
+
+def test_a_full_queue_pauses_generation_without_spinning(chatml_tokenizer):
+    with make(chatml_tokenizer) as collector:
+        scripted = ScriptedPolicy(chatml_tokenizer, "42")
+        policy = VersionedPolicy(scripted)
+        with RolloutPipeline(collector, policy, mode="async", max_staleness=1) as pipeline:
+            pipeline._start()
+            time.sleep(1.0)  # the trainer is slow: lanes fill what the bound allows, then wait
+            calls = scripted.calls
+            queued = len(pipeline._queue)
+            time.sleep(1.0)
+            assert scripted.calls == calls  # paused, no busy generation
+            assert queued == 2 * 3  # (max_staleness + 1) x batch_size groups, no more
+            batch, metrics = pipeline.take()
+            assert metrics["rollout/queue_depth"] == 6 and metrics["rollout/wait_s"] > 0.5
+            policy.publish(1)
+            trainer_steps(pipeline, policy, 2)  # and it goes on
+
+
+def test_a_group_whose_every_rollout_fails_leaves_the_run_and_the_rest_goes_on(chatml_tokenizer):
+    class Broken(LatencyEnv):
+        def step(self, action):
+            if self.resets[-1] % 2:  # odd seeds: every attempt fails
+                raise RuntimeError("the env broke")
+            return super().step(action)
+
+    with make(chatml_tokenizer, env=Broken, episode_retries=0) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"))
+        with RolloutPipeline(collector, policy, mode="async") as pipeline:
+            taken = trainer_steps(pipeline, policy, 3)
+    for _, batch, metrics in taken:
+        assert all(t.seed % 2 == 0 for t in batch.trajectories)  # only the groups that finished
+    assert sum(m["rollout/groups_dropped"] for *_, m in taken) > 0  # the lost ones are counted
+
+
+def test_a_hung_env_step_is_cut_by_the_env_timeout_and_the_run_goes_on(chatml_tokenizer):
+    hang = threading.Event()
+
+    class Hangs(LatencyEnv):
+        def step(self, action):
+            if self.resets[-1] % 3 == 0:
+                hang.wait(30)
+            return super().step(action)
+
+    with make(chatml_tokenizer, env=Hangs, env_timeout_s=0.5, episode_retries=0) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"))
+        with RolloutPipeline(collector, policy, mode="async") as pipeline:
+            taken = trainer_steps(pipeline, policy, 2)
+    hang.set()
+    assert all(len(b.groups) == 3 for _, b, _ in taken)
+
+
+def test_a_hung_generator_is_named_within_the_stall_bound(chatml_tokenizer):
+    release = threading.Event()
+
+    class Hangs(ScriptedPolicy):
+        def generate(self, prompts, params):
+            release.wait(60)
+            return super().generate(prompts, params)
+
+    with make(chatml_tokenizer) as collector:
+        policy = VersionedPolicy(Hangs(chatml_tokenizer, "42"))
+        pipeline = RolloutPipeline(collector, policy, mode="async", stall_timeout_s=1.5)
+        t0 = time.monotonic()
+        with pytest.raises(CollectionError, match="no rollout lane made progress") as error:
+            pipeline.take()
+        assert time.monotonic() - t0 < 10
+        assert "lane 0: playing task" in str(error.value)
+        release.set()
+        pipeline.close()
+
+
+def test_a_lane_that_fails_ends_the_run_at_the_next_take_with_its_error(chatml_tokenizer):
+    class Fails(ScriptedPolicy):
+        def generate(self, prompts, params):
+            raise RuntimeError("CUDA error: device-side assert")
+
+    with make(chatml_tokenizer) as collector:
+        with RolloutPipeline(collector, VersionedPolicy(Fails(chatml_tokenizer)), mode="async") as pipeline:
+            with pytest.raises(RuntimeError, match="device-side assert") as error:
+                pipeline.take()
+    assert any("rollout lane" in note for note in error.value.__notes__)
+
+
+def test_resume_replays_the_groups_in_flight_and_never_a_trained_one(chatml_tokenizer):
+    env = lambda: LatencyEnv(latency_s=0.02, tail=True)  # noqa: E731
+
+    def tasks_of(batches):
+        return [g[0].seed for _, b, _ in batches for g in b.groups]
+
+    with make(chatml_tokenizer, env=env) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"))
+        with RolloutPipeline(collector, policy, mode="async", max_staleness=2) as first:
+            before = trainer_steps(first, policy, 2)
+            state = first.state()  # what the checkpoint of step 2 keeps; the groups in flight are lost
+    with make(chatml_tokenizer, env=env) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"), version=2)
+        with RolloutPipeline(collector, policy, mode="async", max_staleness=2) as second:
+            second.load_state(state)
+            replayed = len(second._replays)
+            after = trainer_steps(second, policy, 4)
+    with make(chatml_tokenizer, env=env) as collector:  # the task stream the run draws from
+        stream = [t.seed for t in (collector.assigner.assign(1, 2)[0] for _ in range(40))]
+    trained = tasks_of(before) + tasks_of(after)
+    assert len(trained) == len(set(trained))  # none twice
+    end = state["trained_below"] + replayed + len(state["trained"])
+    assert set(stream[:end]) <= set(trained)  # none skipped: every task drawn before the save is trained
+    assert replayed > 0
+
+
+def test_the_inference_copy_generates_as_the_model_and_follows_pushed_weights(tiny_model, chatml_tokenizer):
+    import torch
+
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.rollout.weights import hf_weights
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    prompts = [chatml_tokenizer.encode("hello there")] * 2
+    copy = InferenceCopy.of(tiny_model, chatml_tokenizer)
+    assert copy.model is not tiny_model
+    assert copy.nbytes == sum(p.numel() * p.element_size() for p in tiny_model.parameters())
+    own = TransformersPolicy(tiny_model, chatml_tokenizer)
+    assert [g.token_ids for g in copy.generate(prompts, params)] == [g.token_ids for g in own.generate(prompts, params)]
+    changed = {n: t * 1.5 + 0.1 if t.is_floating_point() else t for n, t in hf_weights(tiny_model)}  # tied stay tied
+    policy = VersionedPolicy(copy)
+    policy.publish(1, changed.items())
+    assert all(torch.equal(copy.model.state_dict()[n], t) for n, t in changed.items())
+    assert policy.generate(prompts, params)[0].version == 1
