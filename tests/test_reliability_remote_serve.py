@@ -102,10 +102,12 @@ def test_a_hung_env_close_keeps_a_sigterm_stop_within_the_grace(tmp_path: Path) 
 
 def test_serve_refuses_a_token_it_could_never_match_and_strips_a_trailing_newline(tmp_path: Path) -> None:
     (tmp_path / "marked.py").write_text(ENV)
+    (tmp_path / "marks").mkdir()
     done = subprocess.run(
         [sys.executable, "-m", "agilerl", "serve", f"{tmp_path / 'marked.py'}:Marked", "--port", "0", "--token", "to ken"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env={**os.environ, "MARK_DIR": str(tmp_path / "marks")},
     )
+    assert not list((tmp_path / "marks").iterdir())  # refused before any env was built
     assert done.returncode == 2 and "--token holds ' '" in done.stderr and "Traceback" not in done.stderr
 
 
