@@ -35,8 +35,8 @@ def add_parser(subparsers: Any) -> None:
     check.add_argument("--episodes", type=int, default=1, help="Episodes to play (default: 1).")
     check.add_argument(
         "--actions",
-        help='Comma-separated scripted actions, one per turn: "5,9,7" (the last one repeats; '
-        "default: random numbers and words).",
+        help='Comma-separated scripted actions, one per turn: "5,9,7" or JSON ones, "[0.5, -0.5],[1, 0]" '
+        "(the last one repeats; the check's step plays the first; default: random numbers and words).",
     )
     check.add_argument("--max-turns", type=int, help="Turn budget (default: the env's max_turns).")
     check.add_argument("--seed", type=int, default=0, help="Seed of episode 0; episode i uses seed+i (default: 0).")
@@ -101,7 +101,12 @@ def _check(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--episodes must be >= 0, got {args.episodes}")
     spec, base_dir = _spec_for(args)
     factory = make_env_factory(spec, base_dir=base_dir)
-    report = check_env(factory(), seed=args.seed, raise_on_error=False, strict=args.strict)
+    # the protocol's step plays the first scripted action: an env that takes no "1" (an Enum, a
+    # list of floats) is checked with what it does take
+    first = _policy(args)(0) if args.actions else "1"
+    report = check_env(
+        factory(), seed=args.seed, action=first, raise_on_error=False, strict=args.strict, max_turns=spec.max_turns
+    )
     summary: dict[str, Any] = {
         "env": report.env_name,
         "problems": report.problems,
@@ -110,6 +115,7 @@ def _check(args: argparse.Namespace) -> int:
         "episodes": 0,
         "turns": [],
         "rewards": [],
+        "turn_rewards": [],
         "terminated": 0,
         "truncated": 0,
         "errors": [],
@@ -139,7 +145,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace) -> Any:
-    scripted = [a.strip() for a in args.actions.split(",")] if args.actions else None
+    scripted = _split_actions(args.actions) if args.actions else None
     rng = random.Random(args.seed)
 
     def act(turn: int) -> str:
@@ -148,6 +154,25 @@ def _policy(args: argparse.Namespace) -> Any:
         return str(rng.randint(0, 100)) if rng.random() < 0.8 else rng.choice(_RANDOM_WORDS)
 
     return act
+
+
+def _split_actions(text: str) -> list[str]:
+    """``--actions``' actions: split at the commas outside brackets, braces and quotes, so JSON
+    actions keep theirs ("[0.5, -0.5],[1, 0]" is two; "5,9,7" three)."""
+    actions, depth, quote, start = [], 0, "", 0
+    for i, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote and text[i - 1] != "\\" else quote
+        elif char == '"':
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            actions.append(text[start:i].strip())
+            start = i + 1
+    return [*actions, text[start:].strip()]
 
 
 def _load_tokenizer(name: str, base_dir: Path | None) -> Any:
@@ -177,7 +202,7 @@ class _TextPlayer:
             self.lines.append(f"[tools] {', '.join(_tool_name(t) for t in self.chat.tools)}")
         self.lines += [f"[{m.get('role')}] {m.get('content')}" for m in self.chat.opening(prompt, info)]
 
-    def step(self, action: str) -> tuple[float, bool, bool]:
+    def step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
         observation, reward, terminated, truncated, info = self.client.step(action)
         self.turn += 1
         truncated = truncated or (not terminated and self.turn >= self.max_turns)
@@ -185,7 +210,7 @@ class _TextPlayer:
         self.lines.append(f"[assistant] {action}")
         if observation or not (terminated or truncated):  # the harness renders no empty last one
             self.lines.append(f"[{role}] {observation}")
-        return reward, terminated, truncated
+        return reward, terminated, truncated, info
 
     def transcript(self) -> str:
         return "\n".join(self.lines)
@@ -211,9 +236,9 @@ class _TemplatedPlayer:
     def reset(self, seed: int) -> None:
         self.harness.reset(seed=seed)
 
-    def step(self, action: str) -> tuple[float, bool, bool]:
-        _, reward, terminated, truncated, _ = self.harness.step(action)
-        return reward, terminated, truncated
+    def step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
+        _, reward, terminated, truncated, info = self.harness.step(action)
+        return reward, terminated, truncated, info
 
     def transcript(self) -> str:
         return str(self.harness.tokenizer.decode(self.harness.trajectory.token_ids))
@@ -229,14 +254,20 @@ def _play(player: Any, episode: int, args: argparse.Namespace, act: Any, summary
     summary["episodes"] += 1
     total, turn, done = 0.0, 0, False
     lines = []
+    scored: list[dict[str, Any]] = []  # each turn's reward and its components (--json)
+    summary["turn_rewards"].append(scored)
     while not done:
         action = act(turn)
-        reward, terminated, truncated = player.step(action)
+        reward, terminated, truncated, info = player.step(action)
         turn += 1
         total += reward
         done = terminated or truncated
+        components = info.get("reward_components") if isinstance(info, dict) else None
+        components = components if isinstance(components, dict) else {}
+        scored.append({"reward": reward, "reward_components": components})
+        parts = "  " + " ".join(f"{k}={v:g}" for k, v in components.items()) if components else ""
         lines.append(
-            f"[turn {turn}] reward={reward:g} terminated={terminated} truncated={truncated}"
+            f"[turn {turn}] reward={reward:g} terminated={terminated} truncated={truncated}{parts}"
         )
         summary["terminated"] += int(terminated)
         summary["truncated"] += int(truncated)

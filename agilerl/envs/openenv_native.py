@@ -21,6 +21,7 @@ from typing import Any
 
 from agilerl.envs.action_text import ActionText
 from agilerl.envs.observations import ObservationProcessor, make_observation_reader
+from agilerl.envs.openenv_rubrics import RubricRecorder, is_openenv_rubric
 from agilerl.errors import OpenEnvAdapterError
 from agilerl.protocol import declared_members, member_problem
 
@@ -190,6 +191,7 @@ class OpenEnvTextEnv:
                 "interfaces.Environment); a text env needs no adapter."
             )
         self.env = env
+        self._recorder: RubricRecorder | None = None  # the env's own OpenEnv rubric's, once it steps
         self.mcp = is_mcp_environment(env)
         self._read = make_observation_reader(observation_field, observation_processor, base_dir=base_dir)
         self._closed = False
@@ -228,7 +230,7 @@ class OpenEnvTextEnv:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Send the model's text as the env's own Action (or one MCP tool call)."""
-        return self._result(self.env.step(self._action(action)))
+        return self._result(*self._env_step(self._action(action)))
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """One parsed tool call as the MCP env's ``CallToolAction`` (``environment.tool_parser``)."""
@@ -236,7 +238,7 @@ class OpenEnvTextEnv:
             raise OpenEnvAdapterError(f"{type(self.env).__name__} is not an MCPEnvironment, it has no tools.")
         from openenv.core.env_server.mcp_types import CallToolAction
 
-        return self._result(self.env.step(CallToolAction(tool_name=name, arguments=dict(arguments))))
+        return self._result(*self._env_step(CallToolAction(tool_name=name, arguments=dict(arguments))))
 
     def list_tools(self) -> list[dict[str, Any]] | None:
         """The MCP env's tools (``ListToolsAction``) as JSON-schema tool specs; None for other envs."""
@@ -247,15 +249,30 @@ class OpenEnvTextEnv:
         tools = getattr(self.env.step(ListToolsAction()), "tools", None) or []
         return [t.model_dump() if hasattr(t, "model_dump") else dict(t) for t in tools]
 
-    def _result(self, observation: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def _env_step(self, action: Any) -> tuple[Any, dict[str, float]]:
+        """``env.step(action)``, and the scores the named parts of the env's own OpenEnv
+        ``rubric`` (RFC 004) gave in it: each is a reward component (``reward/<name>``)."""
+        rubric = getattr(self.env, "rubric", None)
+        if not is_openenv_rubric(rubric):
+            return self.env.step(action), {}
+        if self._recorder is None or self._recorder.rubric is not rubric:
+            self._recorder = RubricRecorder(rubric)
+        with self._recorder.recording() as scores:
+            observation = self.env.step(action)
+        return observation, self._recorder.components(scores)
+
+    def _result(self, observation: Any, components: dict[str, float] | None = None) -> tuple[str, float, bool, bool, dict[str, Any]]:
         reward = getattr(observation, "reward", None)
         truncated = getattr(observation, "truncated", False)
+        info = _info(observation)
+        if components:
+            info["reward_components"] = {**components, **info.get("reward_components", {})}
         return (
             self._read(observation_payload(observation)),
             0.0 if reward is None else float(reward),
             bool(getattr(observation, "done", False)),
             truncated if isinstance(truncated, bool) else False,
-            _info(observation),
+            info,
         )
 
     def state(self) -> dict[str, Any]:
