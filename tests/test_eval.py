@@ -82,6 +82,28 @@ def test_resume_keeps_finished_rows_drops_a_torn_line_and_plays_the_rest(tmp_pat
     assert again["played"] == 0 and again["reward_mean"] == summary["reward_mean"] and out.read_text() == text
 
 
+@pytest.mark.parametrize("tail", [b'{"task": 1, "sa\xff\xfe', b"\xc3\x28\x80garbage\n"], ids=["torn", "with-newline"])
+def test_resume_drops_a_non_utf8_tail_with_a_warning_and_keeps_every_earlier_row(tmp_path, capsys, tail):
+    """Bytes no UTF-8 decoder takes at the end (a kill mid-write on a damaged disk) are a torn
+    last line: dropped with a warning, never a bare UnicodeDecodeError; the same bytes before
+    other rows are an error naming the line, the file left as it was."""
+    out = tmp_path / "r.jsonl"
+    _eval_json(capsys, "guess", *TINY, "-n", "2", "-k", "1", "--output", str(out))
+    kept = out.read_bytes()
+    out.write_bytes(kept + tail)
+    assert main(["eval", "guess", *TINY, "-n", "2", "-k", "1", "--output", str(out), "--resume", "--json"]) == 0
+    printed = capsys.readouterr()
+    assert f"warning: results file {out}: dropped its damaged last line" in printed.err
+    assert (json.loads(printed.out)["resumed"], json.loads(printed.out)["played"]) == (2, 0)
+    assert out.read_bytes() == kept  # the earlier rows, unchanged
+
+    damaged = kept.replace(b"\n", b"\n\xff\xfe\n", 1)  # the same bytes between two rows
+    out.write_bytes(damaged)
+    assert main(["eval", "guess", *TINY, "-n", "2", "-k", "1", "--output", str(out), "--resume"]) == 2
+    assert f"results file {out}, line 2: not an eval row" in capsys.readouterr().err
+    assert out.read_bytes() == damaged
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import statistics
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -255,18 +256,25 @@ class ResultsFile:
         os.replace(tmp, path)  # all kept rows or none: a kill here leaves the old file whole
 
     def _load(self, label: dict[str, Any]) -> None:
-        lines = self.path.read_text().split("\n")
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
+        lines = self.path.read_bytes().split(b"\n")  # decoded line by line: one bad byte spoils one line
+        while lines and not lines[-1].strip():
+            lines.pop()
+        for number, data in enumerate(lines, 1):
+            if not data.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(data.decode("utf-8"))  # UnicodeDecodeError is a ValueError
                 key = (int(row["task"]), int(row["sample"]))
             except (ValueError, KeyError, TypeError):
-                if number == len(lines):  # torn by a kill mid-write: that episode is played again
+                shown = data[:80].decode("utf-8", "replace")
+                if number == len(lines):  # torn or corrupted by a kill mid-write: played again
+                    print(
+                        f"warning: results file {self.path}: dropped its damaged last line ({shown!r}); "
+                        "the episode it held is played again", file=sys.stderr, flush=True,
+                    )
                     break
                 raise InvalidArgument(
-                    f"results file {self.path}, line {number}: not an eval row ({line[:80]!r}); "
+                    f"results file {self.path}, line {number}: not an eval row ({shown!r}); "
                     "resume only a file agilerl eval wrote, or pick another --output"
                 ) from None
             other = {k: row.get(k) for k in label if row.get(k) != label[k]}
