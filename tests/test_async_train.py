@@ -1,0 +1,144 @@
+"""Async training through the real loop: the lag-0 step equals the sync step, a resumed run
+trains each task once, the main job learns, and two ranks (DDP, FSDP2) train asynchronously."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agilerl.manifest.spec import load_manifest
+from agilerl.rollout.policy import Generation
+from tests.test_train_distributed import GRPO, _launch, _rows
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+class ByPlaceInGroup:
+    """A deterministic policy: the i-th prompt of a call answers ``REPLIES[i % group_size]``, so
+    a group's rollouts differ (their rewards too) and the answer never depends on which other
+    groups share the call (every group's prompts arrive together, in sync and async alike)."""
+
+    REPLIES = ("5", "7", "9", "x")
+
+    def __init__(self, tokenizer, group_size):
+        self.tokenizer, self.group_size = tokenizer, group_size
+
+    def generate(self, prompts, params):
+        stop = list(params.stop_token_ids[:1])
+        out = []
+        for i, _ in enumerate(prompts):
+            text = self.REPLIES[i % self.group_size % len(self.REPLIES)]
+            out.append(Generation(self.tokenizer.encode(text, add_special_tokens=False) + stop, None, "stop"))
+        return out
+
+
+def _one_step(tmp_path, mode):
+    from agilerl.assembly.models import load_model_and_tokenizer
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.train.loops import train_llm_rollout
+
+    manifest = load_manifest(EXAMPLES / "guess" / "manifest.yaml")
+    training = manifest.training.model_copy(update={
+        "batch_size": 4, "group_size": 4, "max_steps": 1, "evaluation_interval": 0, "rollout_mode": mode,
+        "output_dir": str(tmp_path / mode), **({"max_staleness": 0} if mode == "async" else {}),
+    })
+    model, tokenizer = load_model_and_tokenizer(manifest.model, seed=training.seed)
+    with RolloutCollector.from_spec(
+        manifest.environment, tokenizer, base_dir=manifest.base_dir, seed=training.seed,
+        batch_size=4, group_size=4, max_turns=1,
+    ) as collector:
+        result = train_llm_rollout(
+            model, tokenizer, collector, "grpo", training, show_progress=False,
+            generation=ByPlaceInGroup(tokenizer, 4),
+        )
+    return result, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_at_max_staleness_0_an_async_step_equals_the_sync_step(tmp_path):
+    """The same tasks and weights: the same loss, and the same update of every weight (Adam's
+    first step moves a weight by about lr * sign(gradient): any gradient that differed shows)."""
+    import torch
+
+    sync, sync_weights = _one_step(tmp_path, "sync")
+    lagged, async_weights = _one_step(tmp_path, "async")
+    assert sync.metrics["train/loss"] != 0.0  # the groups' rewards differ: there is a gradient
+    assert lagged.metrics["train/loss"] == pytest.approx(sync.metrics["train/loss"], rel=1e-5, abs=1e-7)
+    assert lagged.metrics["algo/grad_norm"] == pytest.approx(sync.metrics["algo/grad_norm"], rel=1e-5)
+    assert lagged.metrics["rollout/staleness_max"] == 0.0
+    for name, weight in sync_weights.items():
+        torch.testing.assert_close(async_weights[name], weight, rtol=0, atol=3e-4 * 0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_async_run_resumed_trains_every_task_once(tmp_path):
+    """2 steps, saved (the groups in flight are dropped), resumed to 4: the checkpoints' task
+    streams show 4 x batch_size distinct tasks trained, none twice, none skipped."""
+    from agilerl.cli.main import main
+
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        (EXAMPLES / "guess" / "manifest.yaml").read_text()
+        .replace("max_steps: 100", "max_steps: 2\n  rollout_mode: async\n  max_staleness: 1")
+        .replace("evaluation_interval: 10", "evaluation_interval: 0")
+    )
+    out = tmp_path / "run"
+    assert main(["train", str(manifest), "--output-dir", str(out), "--no-progress"]) == 0
+    first = json.loads((out / "checkpoints" / "step-000002" / "trainer_state.json").read_text())["rollout"][0]
+    assert first["taken"] == 16
+    assert main(["train", str(manifest), "--output-dir", str(out), "--no-progress", "--resume", "--max-steps", "4"]) == 0
+    final = json.loads((out / "checkpoints" / "step-000004" / "trainer_state.json").read_text())["rollout"][0]
+    assert final["taken"] == 32
+    trained = set(range(final["trained_below"])) | set(final["trained"])
+    assert len(trained) == 32  # 32 groups trained, each on its own task number: none twice
+    earlier = set(range(first["trained_below"])) | set(first["trained"])
+    assert earlier <= trained
+    assert final["trained_below"] >= max(earlier)  # every task drawn before the save was trained since
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_grpo_learns_the_guess_example_in_async_mode(tmp_path):
+    from agilerl.assembly.models import load_model_and_tokenizer
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.train.loops import train_llm_rollout
+    from agilerl.train.metrics import read_metrics
+
+    manifest = load_manifest(EXAMPLES / "guess" / "manifest.yaml")
+    training = manifest.training.model_copy(update={
+        "max_steps": 90, "evaluation_interval": 90, "output_dir": str(tmp_path),
+        "rollout_mode": "async", "max_staleness": 1,
+    })
+    model, tokenizer = load_model_and_tokenizer(manifest.model, seed=training.seed)
+    with RolloutCollector.from_spec(
+        manifest.environment, tokenizer, base_dir=manifest.base_dir, seed=training.seed,
+        batch_size=training.batch_size, group_size=training.group_size,
+        sampling=SamplingParams(max_new_tokens=training.max_new_tokens),
+    ) as collector:
+        result = train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False)
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/reward" in r]
+    rewards = [r["train/reward"] for r in records]
+    assert max(r["rollout/staleness_max"] for r in records) <= 1
+    assert max(rewards) > 0.9, rewards
+    assert result.metrics["eval/reward"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_two_ranks_train_asynchronously_each_with_its_own_pipeline(tmp_path, engine):
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        GRPO.replace("MODEL", "{name_or_path: tiny}").replace("seed: 0}", "seed: 0, rollout_mode: async, max_staleness: 1}")
+    )
+    out = tmp_path / "run"
+    _launch(engine, manifest, out)
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["rollout/staleness_max"] <= 1 for r in rows[1:])
+    state = json.loads((out / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    assert [s["taken"] for s in state["rollout"]] == [4, 4]  # one pipeline per rank, 2 groups a step each
