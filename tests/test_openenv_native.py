@@ -219,7 +219,7 @@ def test_a_manifest_entrypoint_with_adapter_options(side_python: Path, envs_dir:
         "or write a small text env around this one.",
         "env_config.action_field: env_config holds WordEnv's own arguments and it takes no action_field; the "
         "adapter's options are fields of the manifest's environment: section (action_field: word), keywords of "
-        "entrypoint_factory(), or --action-field for agilerl env check.",
+        "entrypoint_factory(), or --action-field for agilerl env check and agilerl serve.",
     ]
 
 

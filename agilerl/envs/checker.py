@@ -30,10 +30,19 @@ class CheckReport:
 
 
 def check_env(
-    env: Any, *, seed: int = 0, action: str = "1", raise_on_error: bool = True, strict: bool = False
+    env: Any,
+    *,
+    seed: int = 0,
+    action: str = "1",
+    raise_on_error: bool = True,
+    strict: bool = False,
+    max_turns: int | None = None,
 ) -> CheckReport:
     """Run one reset (twice, for reproducibility) and one step, and check every shape and type.
 
+    ``action`` is the step's text: one the env takes (``agilerl env check`` passes the first
+    scripted one; an env whose Action is an Enum or a list takes no "1"). ``max_turns`` is a
+    budget given from outside (a manifest, ``--max-turns``): then the env need not declare one.
     An OpenEnv env need not honour seeds (OpenEnv does not ask it to): a reset that does not
     reproduce is a warning for one, unless ``strict``; for a text env it is a problem."""
     report = CheckReport(type(env).__name__)
@@ -43,7 +52,7 @@ def check_env(
             problems.append(f"missing method {name}()")
     if problems:
         return _finish(report, raise_on_error)
-    _check_optional_members(env, report)
+    _check_optional_members(env, report, budget_given=max_turns is not None)
     if isinstance(env, OpenEnvTextEnv) and not env.takes_seed:
         report.notes.append("reset() takes no seed: OpenEnv allows that, but episodes cannot be replayed by seed")
     first = _call(report, "reset", env.reset, seed=seed)
@@ -93,7 +102,7 @@ def _check_step_result(result: Any, report: CheckReport) -> None:
     report.problems += step_problems(result)
 
 
-def _check_optional_members(env: Any, report: CheckReport) -> None:
+def _check_optional_members(env: Any, report: CheckReport, *, budget_given: bool) -> None:
     """Each declared member against the protocol's rule (a client's are its ``describe()``)."""
     members = env.describe().metadata() if isinstance(env, EnvClient) else declared_members(env)
     for name, value in members.items():
@@ -109,5 +118,5 @@ def _check_optional_members(env: Any, report: CheckReport) -> None:
             report.problems.append(
                 f"env has dataset_size, so reset() must accept {', '.join(missing)} as keywords"
             )
-    if members["max_turns"] is None:
+    if members["max_turns"] is None and not budget_given:
         report.notes.append("no max_turns attribute: manifests must set max_turns")

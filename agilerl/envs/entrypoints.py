@@ -33,13 +33,16 @@ def entrypoint_factory(
     *,
     base_dir: str | Path | None = None,
     install: list[str] | None = None,
+    options_in_config: bool = False,
     **openenv_options: Any,
 ) -> EnvFactory:
     """A factory calling ``entrypoint(**env_config)``; ``system_prompt`` is set after construction.
 
     For an OpenEnv env, ``openenv_options`` (``action_field``, ``observation_field``,
     ``observation_processor``, ``mcp_tool``, ``action_type``: a manifest's top-level fields)
-    configure the text adapter; ``env_config`` holds only the env's own arguments.
+    configure the text adapter; ``env_config`` holds only the env's own arguments, unless
+    ``options_in_config`` (``agilerl serve --env-config``, which has no other place): then an
+    adapter option there that the env's constructor does not take is the adapter's.
     """
     unknown = set(openenv_options) - set(ADAPTER_OPTIONS)
     if unknown:
@@ -65,7 +68,7 @@ def entrypoint_factory(
             "env gets the text in step() directly, so remove them."
         )
     if openenv and isinstance(target, type):
-        _refuse_adapter_options_in_env_config(target, config)
+        given = {**_adapter_options_in_env_config(target, config, given, take=options_in_config), **given}
     options.update(given)
     if options.get("action_type") is None:
         options.pop("action_type", None)
@@ -85,20 +88,33 @@ def entrypoint_factory(
     return build
 
 
-def _refuse_adapter_options_in_env_config(env_cls: type, config: dict[str, Any]) -> None:
+def _adapter_options_in_env_config(
+    env_cls: type, config: dict[str, Any], given: dict[str, Any], *, take: bool
+) -> dict[str, Any]:
     """``env_config`` is the env's constructor arguments: an adapter option there that the
-    constructor does not take is misplaced, and the error says where it goes."""
+    constructor does not take is misplaced. With ``take`` it is moved out of ``config`` and
+    returned (an option given both ways, differently, is an error); else the error says where it goes."""
     takes = AcceptedKeywords(env_cls)
     misplaced = [k for k in ADAPTER_OPTIONS if k in config and k not in takes]
-    if misplaced:
-        names = ", ".join(misplaced)
-        moves = ", ".join(f"{k}: {config[k]}" for k in misplaced)
-        raise InvalidArgument(
-            f"env_config.{misplaced[0]}: env_config holds {env_cls.__name__}'s own arguments and it "
-            f"takes no {names}; the adapter's options are fields of the manifest's environment: "
-            f"section ({moves}), keywords of entrypoint_factory(), or --{misplaced[0].replace('_', '-')} "
-            "for agilerl env check."
-        )
+    if not misplaced:
+        return {}
+    if take:
+        clashes = [k for k in misplaced if k in given and given[k] != config[k]]
+        if clashes:
+            k = clashes[0]
+            raise InvalidArgument(
+                f"{k} is given twice, as --{k.replace('_', '-')} {given[k]} and in --env-config as "
+                f"{config[k]!r}; keep one."
+            )
+        return {k: config.pop(k) for k in misplaced}
+    names = ", ".join(misplaced)
+    moves = ", ".join(f"{k}: {config[k]}" for k in misplaced)
+    raise InvalidArgument(
+        f"env_config.{misplaced[0]}: env_config holds {env_cls.__name__}'s own arguments and it "
+        f"takes no {names}; the adapter's options are fields of the manifest's environment: "
+        f"section ({moves}), keywords of entrypoint_factory(), or --{misplaced[0].replace('_', '-')} "
+        "for agilerl env check and agilerl serve."
+    )
 
 
 def _resolve(entrypoint: str | Callable[..., Any], base_dir: str | Path | None, install: list[str] | None) -> Any:

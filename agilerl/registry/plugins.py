@@ -276,6 +276,7 @@ def _register(pm: pluggy.PluginManager, ep: Any, info: PluginInfo) -> None:
 
 
 def one_line(exc: BaseException) -> str:
-    """``Type: first line of the message``: the cause as one table cell."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    """``Type: message`` as one table cell (a pydantic error as its field, value and message)."""
+    from agilerl.errors import error_line
+
+    return error_line(exc)

@@ -83,12 +83,17 @@ def build_server(
     base_dir: str | Path | None = None,
     env_packages: list[str] | None = None,
     token: str | None = None,
+    adapter: dict[str, Any] | None = None,
     **options: Any,
 ) -> EnvServer:
-    """An ``EnvServer`` for ``entrypoint``; the token defaults to ``$AGILERL_ENV_TOKEN``."""
+    """An ``EnvServer`` for ``entrypoint``; the token defaults to ``$AGILERL_ENV_TOKEN``.
+    ``adapter``: an OpenEnv env's adapter options (``action_field``, ...; also taken from
+    ``env_config`` where the env's constructor has no such argument)."""
     from agilerl.envs.entrypoints import entrypoint_factory
 
-    factory = entrypoint_factory(entrypoint, env_config, base_dir=base_dir, install=env_packages)
+    factory = entrypoint_factory(
+        entrypoint, env_config, base_dir=base_dir, install=env_packages, options_in_config=True, **(adapter or {})
+    )
     name = entrypoint if isinstance(entrypoint, str) else getattr(entrypoint, "__qualname__", repr(entrypoint))
     if not token:
         token = clean_token(os.environ.get(TOKEN_ENV_VAR) or None, f"${TOKEN_ENV_VAR}")

@@ -10,6 +10,9 @@ exactly as ``openenv.core.env_server.http_server`` answers:
 - an MCP env's ``mcp_session()`` is held open for the whole session (one MCP client session per
   WebSocket session, not one per step);
 - ``metadata`` stays off the wire (``serialize_observation`` leaves it out);
+- a step whose data is one text (an agilerl client's ``{action_field: text}``) that does not
+  validate as the Action is read as the model's text, as in process (``agilerl.envs.action_text``):
+  an Action needs a text field only when text arrives;
 - the ``mcp`` frame and ``POST /mcp`` answer JSON-RPC ``tools/list`` and ``tools/call``.
 
 :class:`NativeSession` answers one session's frames; :func:`native_schema` is its ``GET /schema``.
@@ -25,6 +28,7 @@ from pydantic import ValidationError
 
 from agilerl.concurrency import EnvCaller
 from agilerl.envs.openenv_native import AcceptedKeywords, OpenEnvTextEnv, is_mcp_environment
+from agilerl.errors import OpenEnvAdapterError
 from agilerl.remote.frames import (
     ErrorCode,
     RpcCode,
@@ -126,6 +130,8 @@ class NativeSession:
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_context=False)
             return error_frame(ErrorCode.VALIDATION_ERROR, "Invalid message", errors=errors)
+        except OpenEnvAdapterError as exc:  # text that fits no reading of the Action
+            return error_frame(ErrorCode.VALIDATION_ERROR, str(exc))
         except Exception as exc:  # noqa: BLE001 - the env's failure is the client's error frame
             return error_frame(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}")
 
@@ -160,7 +166,22 @@ class NativeSession:
 
             mcp = CallToolAction if data["type"] == "call_tool" else ListToolsAction
             return mcp.model_validate(data)
-        return self.action_type.model_validate(data)
+        try:
+            return self.action_type.model_validate(data)
+        except ValidationError:
+            text = _text_of(data)
+            if text is None or self.mcp_env:
+                raise
+        # one text in the frame (an agilerl client's {action_field: text}): read as in process
+        key, value = text
+        return self.adapter.action(value, key if key in self.action_type.model_fields else None)
+
+
+def _text_of(data: dict[str, Any]) -> tuple[str, str] | None:
+    """``(key, text)`` when the frame's data is one text (besides ``metadata``): the model's text
+    sent by a text client, to be read into the Action's fields; None for anything else."""
+    items = [(k, v) for k, v in data.items() if k != "metadata"]
+    return items[0] if len(items) == 1 and isinstance(items[0][1], str) else None
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,238 @@
+"""OpenEnv Actions that are not one text field, on openenv-core's real base classes (the side venv
+of tests/test_openenv_native.py): an Enum (by value and by name), an IntEnum, a list of floats, a
+Literal, all fields defaulted, a name plus arguments.
+
+In process, the model's text fills each by the field's type (JSON for what is not ``str``), and a
+text that fits none gets pydantic's own message. ``agilerl env check`` steps with the first
+scripted action. ``agilerl serve`` hosts every one of them: OpenEnv's client sends the fields, an
+agilerl client sends text, read as in process; ``--action-field`` and ``action_field`` in
+``--env-config`` say where a text goes.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.test_openenv_native import run_agilerl, run_script, side_python  # noqa: F401 - the side venv fixture
+from tests.test_remote_openenv import openenv_python  # noqa: F401 - side_python's own fixture
+
+LAYOUTS = textwrap.dedent('''
+    import enum
+    from typing import Literal
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+
+
+    class Move(str, enum.Enum):  # OpenEnv's grid world
+        UP = "UP"
+        DOWN = "DOWN"
+
+
+    class Turn(enum.IntEnum):
+        LEFT = 0
+        RIGHT = 1
+
+
+    class GridAction(Action):
+        direction: Move
+
+
+    class TurnAction(Action):
+        turn: Turn
+
+
+    class ControlAction(Action):  # dm_control
+        vector: list[float]
+
+
+    class DriveAction(Action):  # carla's action type
+        action_type: Literal["brake", "accelerate", "steer"]
+
+
+    class CarlaAction(Action):  # several fields, all defaulted
+        throttle: float = 0.0
+        steer: float = 0.0
+        brake: bool = False
+
+
+    class ToolAction(Action):  # a name plus arguments
+        name: str
+        arguments: dict = {}
+
+
+    class Echo(Observation):
+        seen: str = ""
+
+
+    def _env(action_cls):
+        class Env(Environment):
+            SUPPORTS_CONCURRENT_SESSIONS = True
+
+            def reset(self, seed=None, episode_id=None, **kwargs):
+                return Echo(seen="start")
+
+            def step(self, action: action_cls, timeout_s=None, **kwargs):
+                return Echo(seen=action.model_dump_json(exclude={"metadata"}), reward=1.0)
+
+            @property
+            def state(self):
+                return State()
+
+        Env.__name__ = Env.__qualname__ = action_cls.__name__.replace("Action", "Env")
+        return Env
+
+
+    GridEnv, TurnEnv, ControlEnv = _env(GridAction), _env(TurnAction), _env(ControlAction)
+    DriveEnv, CarlaEnv, ToolEnv = _env(DriveAction), _env(CarlaAction), _env(ToolAction)
+''')
+
+TEXTS = {
+    "GridEnv": ["UP", "down", '"DOWN"', "SIDEWAYS"],
+    "TurnEnv": ["LEFT", "1", "right", "5"],
+    "ControlEnv": ["[0.5, -0.5]", " [1, 2]\n", "fast"],
+    "DriveEnv": ["brake", "fly"],
+    "CarlaEnv": ['{"throttle": 0.5, "brake": true}', "go", '{"throttle": "x"}'],
+    "ToolEnv": ["move", '{"name": "move", "arguments": {"x": 1}}'],
+}
+
+
+@pytest.fixture
+def layouts(tmp_path: Path) -> Path:
+    (tmp_path / "layouts.py").write_text(LAYOUTS)
+    return tmp_path
+
+
+def test_text_fills_each_action_shape_by_its_field_type(side_python: Path, layouts: Path) -> None:  # noqa: F811
+    seen = run_script(side_python, f'''
+        import json
+        from agilerl.envs.entrypoints import entrypoint_factory
+
+        seen = {{}}
+        for name, texts in {TEXTS!r}.items():
+            env = entrypoint_factory(f"layouts.py:{{name}}")()
+            env.reset()
+            for text in texts:
+                try:
+                    seen[f"{{name}} {{text}}"] = json.loads(env.step(text)[0])
+                except ValueError as exc:  # OpenEnvAdapterError
+                    seen[f"{{name}} {{text}}"] = str(exc)
+        print(json.dumps(seen))
+    ''', layouts)
+    assert seen["GridEnv UP"] == {"direction": "UP"}
+    assert seen["GridEnv down"] == {"direction": "DOWN"}  # a member's name, any case
+    assert seen['GridEnv "DOWN"'] == {"direction": "DOWN"}
+    assert seen["GridEnv SIDEWAYS"] == (
+        "GridAction rejected the text 'SIDEWAYS': direction: Input should be 'UP' or 'DOWN' (got 'SIDEWAYS'); "
+        "'direction' takes Move: one of UP, DOWN, written as JSON or a member's name."
+    )
+    assert [seen[f"TurnEnv {t}"] for t in ("LEFT", "1", "right")] == [{"turn": 0}, {"turn": 1}, {"turn": 1}]
+    assert "turn: Input should be 0 or 1 (got 5)" in seen["TurnEnv 5"]
+    assert seen["ControlEnv [0.5, -0.5]"] == {"vector": [0.5, -0.5]}
+    assert seen["ControlEnv  [1, 2]\n"] == {"vector": [1.0, 2.0]}
+    # pydantic's own message, not its "For further information visit" line
+    assert seen["ControlEnv fast"] == (
+        "ControlAction rejected the text 'fast': vector: Input should be a valid list (got 'fast'); "
+        "'vector' takes list[float], written as JSON."
+    )
+    assert seen["DriveEnv brake"] == {"action_type": "brake"}
+    assert "action_type: Input should be 'brake', 'accelerate' or 'steer' (got 'fly')" in seen["DriveEnv fly"]
+    # no one field takes the text: a JSON object of the fields is the whole Action
+    assert seen['CarlaEnv {"throttle": 0.5, "brake": true}'] == {"throttle": 0.5, "steer": 0.0, "brake": True}
+    assert "must be a JSON object of them" in seen["CarlaEnv go"] and "--action-field" in seen["CarlaEnv go"]
+    assert "throttle: Input should be a valid number" in seen['CarlaEnv {"throttle": "x"}']
+    assert seen["ToolEnv move"] == {"name": "move", "arguments": {}}
+    assert seen['ToolEnv {"name": "move", "arguments": {"x": 1}}'] == {"name": "move", "arguments": {"x": 1}}
+    assert not any("further information" in str(v) for v in seen.values())
+
+
+@pytest.mark.slow
+def test_env_check_steps_with_the_first_scripted_action(side_python: Path, layouts: Path) -> None:  # noqa: F811
+    grid = run_agilerl(side_python, "env", "check", "layouts.py:GridEnv", "--actions", "UP,DOWN",
+                       "--max-turns", "2", "--json", cwd=layouts)
+    assert grid.returncode == 0, grid.stdout + grid.stderr
+    summary = json.loads(grid.stdout)
+    assert summary["problems"] == [] and summary["rewards"] == [2.0]
+    assert not any("max_turns" in note for note in summary["notes"])  # --max-turns sets it
+    control = run_agilerl(side_python, "env", "check", "layouts.py:ControlEnv", "--actions", "[0.5, -0.5],[1, 0]",
+                          "--max-turns", "2", "--json", cwd=layouts)
+    assert control.returncode == 0, control.stdout + control.stderr
+    assert json.loads(control.stdout)["turns"] == [2]
+
+
+SERVED = textwrap.dedent('''
+    import json, subprocess, sys
+    from openenv.core.generic_client import GenericEnvClient
+    from agilerl.remote.client import RemoteEnvClient
+
+    def start(*args):
+        return subprocess.Popen([sys.executable, "-m", "agilerl", "serve", *args, "--port", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def url_of(proc):
+        line = next((l for l in proc.stdout if l.startswith("serving ")), None)
+        assert line is not None, proc.stderr.read()
+        return line.split(" at ")[1].split()[0]
+
+    def text_steps(url, texts, **options):
+        out = []
+        with RemoteEnvClient(url, observation_field="seen", request_timeout_s=60, **options) as client:
+            client.reset()
+            for text in texts:
+                try:
+                    out.append(json.loads(client.step(text)[0]))
+                except Exception as exc:  # the server's VALIDATION_ERROR
+                    out.append(f"{type(exc).__name__}: {exc}")
+        return out
+
+    seen = {}
+    procs = {  # all started at once: each start imports agilerl and openenv
+        "carla": start("layouts.py:CarlaEnv"), "tool": start("layouts.py:ToolEnv"),
+        "control": start("layouts.py:ControlEnv"), "grid": start("layouts.py:GridEnv"),
+        "flag": start("layouts.py:CarlaEnv", "--action-field", "steer"),
+        "config": start("layouts.py:CarlaEnv", "--env-config", '{"action_field": "throttle"}'),
+    }
+    bad = subprocess.Popen([sys.executable, "-m", "agilerl", "serve", "layouts.py:CarlaEnv", "--action-field", "gas"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        servers = {key: url_of(proc) for key, proc in procs.items()}
+        with GenericEnvClient(base_url=servers["carla"]).sync() as client:
+            client.reset()
+            seen["openenv_carla"] = json.loads(client.step({"throttle": 0.5, "brake": True}).observation["seen"])
+        with GenericEnvClient(base_url=servers["tool"]).sync() as client:
+            client.reset()
+            seen["openenv_tool"] = json.loads(client.step({"name": "move", "arguments": {"x": 1}}).observation["seen"])
+        seen["text_carla"] = text_steps(servers["carla"], ['{"brake": true}', "go"])
+        seen["text_control"] = text_steps(servers["control"], ["[0.5, -0.5]"], action_field="vector")
+        seen["text_grid"] = text_steps(servers["grid"], ["down"])
+        seen["flag"] = text_steps(servers["flag"], ["0.25"])
+        seen["config"] = text_steps(servers["config"], ["0.75"])
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(30)
+    seen["bad"] = [bad.wait(120), bad.stderr.read()]
+    print(json.dumps(seen))
+''')
+
+
+@pytest.mark.slow
+def test_serve_hosts_actions_with_no_text_field(side_python: Path, layouts: Path) -> None:  # noqa: F811
+    (layouts / "served.py").write_text(SERVED)
+    seen = run_script(side_python, "exec(open('served.py').read())", layouts)
+    # OpenEnv's own client sends the fields: no text field is needed
+    assert seen["openenv_carla"] == {"throttle": 0.5, "steer": 0.0, "brake": True}
+    assert seen["openenv_tool"] == {"name": "move", "arguments": {"x": 1}}
+    # an agilerl client sends text ({"message": text}), read as in process
+    carla_ok, carla_bad = seen["text_carla"]
+    assert carla_ok == {"throttle": 0.0, "steer": 0.0, "brake": True}
+    assert "CarlaAction has several fields (throttle, steer, brake)" in carla_bad and "--action-field" in carla_bad
+    assert seen["text_control"] == [{"vector": [0.5, -0.5]}]
+    assert seen["text_grid"] == [{"direction": "DOWN"}]
+    assert seen["flag"] == [{"throttle": 0.0, "steer": 0.25, "brake": False}]
+    assert seen["config"] == [{"throttle": 0.75, "steer": 0.0, "brake": False}]
+    code, stderr = seen["bad"]
+    assert code == 2 and "action_field 'gas': CarlaAction has no such field (its fields: throttle, steer, brake)" in stderr
