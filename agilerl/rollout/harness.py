@@ -257,7 +257,9 @@ class RolloutHarness:
             observation, truncated = "", True
         truncated = truncated or (not terminated and self._turn >= self.max_turns)
         self._done = terminated or truncated
-        tail = None if self.tool_routing is None else self.tool_routing.tail_ids(self.renderer, info, final=self._done)
+        tail = None
+        if self.tool_routing is not None:
+            tail = self.tool_routing.tail_ids(self.renderer, info, final=self._done, action_ids=action_ids)
         self._append_turn(action_ids, logprobs, version, self.observation_role_for(info), observation, tail)
         traj.rewards.append(reward)
         _add_components(traj.info, info)

@@ -12,12 +12,13 @@ metrics and ``agilerl env check`` read it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from agilerl.chat import ChatRenderer
 from agilerl.envs.client import EnvClient
-from agilerl.errors import ChatTemplateError
+from agilerl.errors import AgileRLWarning, ChatTemplateError
 from agilerl.protocol import EnvInfo, StepResult
 from agilerl.tools import ParsedCompletion, ToolParser, ToolSet, function_tool, resolve_tool_parser
 
@@ -52,6 +53,8 @@ class ToolRouting:
         self.send_reasoning = send_reasoning
         self._toolsets: dict[int, tuple[Any, ToolSet]] = {}
         self._tails: dict[tuple[int, tuple[str, ...], bool], list[str] | None] = {}
+        self._specials: frozenset[int] | None = None
+        self._warned = False
 
     @classmethod
     def build(cls, setting: Any, tokenizer: Any, *, send_reasoning: bool = False) -> ToolRouting:
@@ -68,9 +71,13 @@ class ToolRouting:
         text = parsed.text if self.send_reasoning else parsed.content
         return ToolAction(text, parsed)
 
-    def tail_ids(self, renderer: ChatRenderer, info: dict[str, Any], *, final: bool) -> list[int] | None:
+    def tail_ids(
+        self, renderer: ChatRenderer, info: dict[str, Any], *, final: bool, action_ids: Sequence[int] = ()
+    ) -> list[int] | None:
         """The ids after a tool-calling completion: its close, one ``tool`` message per call (in
-        order) and, unless final, the next generation prompt; None when the step ran no call."""
+        order) and, unless final, the next generation prompt; None when the step ran no call.
+        Special tokens the model already wrote as its stop (Gemma's ``<|tool_response>``) are not
+        repeated."""
         records = info.get(TOOL_CALLS_INFO)
         if not records or not isinstance(records, list):
             return None
@@ -80,13 +87,43 @@ class ToolRouting:
         if key not in self._tails:
             if len(self._tails) >= _KEPT:
                 self._tails.clear()
-            self._tails[key] = _learn_tail(renderer, names, final, self.parser.calls_end)
+            try:
+                self._tails[key] = _learn_tail(renderer, names, final, self.parser.calls_end)
+            except ChatTemplateError:
+                self._tails[key] = None  # rendered each time, with the fallback below
         pieces = self._tails[key]
         if pieces is None:
-            text = tool_tail_text(renderer, names, results, final=final, calls_end=self.parser.calls_end)
+            text = self._tail_text(renderer, names, results, final)
         else:
             text = pieces[0] + "".join(result + piece for result, piece in zip(results, pieces[1:]))
-        return renderer.encode(text)
+        tail = renderer.encode(text)
+        return tail[_overlap(action_ids, tail, self._special_ids(renderer)) :]
+
+    def _tail_text(self, renderer: ChatRenderer, names: tuple[str, ...], results: list[str], final: bool) -> str:
+        try:
+            return tool_tail_text(renderer, names, results, final=final, calls_end=self.parser.calls_end)
+        except ChatTemplateError:
+            if len(names) < 2:
+                raise
+        # Llama 3.1's and GPT-OSS's templates refuse several calls in one answer: the results go
+        # in one tool message, in order, so the episode goes on
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "the chat template refuses several tool calls in one answer: their results are "
+                "rendered together in one tool message",
+                AgileRLWarning,
+                stacklevel=3,
+            )
+        return tool_tail_text(renderer, names[:1], ["\n".join(results)], final=final, calls_end=self.parser.calls_end)
+
+    def _special_ids(self, renderer: ChatRenderer) -> frozenset[int]:
+        if self._specials is None:
+            try:
+                self._specials = frozenset(renderer.tokenizer.get_added_vocab().values())
+            except Exception:  # noqa: BLE001 - a tokenizer without added tokens
+                self._specials = frozenset()
+        return self._specials
 
     def _toolset(self, tools: list[dict[str, Any]] | None) -> ToolSet | None:
         if tools is None:
@@ -106,21 +143,23 @@ def tool_tail_text(
     """What the chat template puts after an assistant turn that called ``names``, their
     ``results`` in the ``tool`` role, and (unless ``final``) the generation prompt: the render of
     the conversation from where the calls end, so the model's own call tokens stay as generated."""
-    calls = [
-        {"id": f"call{i:05d}", "type": "function", "function": {"name": name, "arguments": {}}}
-        for i, name in enumerate(names)
-    ]
-    answer = {"role": "assistant", "content": "", "tool_calls": calls}
-    messages = [
-        {"role": "tool", "tool_call_id": call["id"], "name": name, "content": result}
-        for call, name, result in zip(calls, names, results)
-    ]
-    refusals = []
-    for base in _BASES:
+    refusals: list[Exception] = []
+    # arguments as a mapping (Qwen3-Coder's template iterates them), else as JSON text
+    # (DeepSeek's concatenates them); the tail after the calls does not depend on them
+    for base, arguments in ((b, a) for b in _BASES for a in ({}, "{}")):
+        calls = [
+            {"id": f"call{i:05d}", "type": "function", "function": {"name": name, "arguments": arguments}}
+            for i, name in enumerate(names)
+        ]
+        answer = {"role": "assistant", "content": "", "tool_calls": calls}
+        messages = [
+            {"role": "tool", "tool_call_id": call["id"], "name": name, "content": result}
+            for call, name, result in zip(calls, names, results)
+        ]
         try:
             prompt = renderer.render_text(base, add_generation_prompt=True)
             after = renderer.render_text([*base, answer, *messages], add_generation_prompt=not final)
-        except ChatTemplateError as exc:
+        except (ChatTemplateError, TypeError) as exc:
             refusals.append(exc)
             continue
         start = _common_prefix(prompt, after)  # where the answer's rendering starts
@@ -135,7 +174,7 @@ def tool_tail_text(
                 f"{calls_end or renderer.assistant_close!r}: where the calls end cannot be found"
             )
         return after[end:]
-    raise refusals[0]
+    raise ChatTemplateError(f"the chat template cannot render a tool result after a call: {refusals[0]}")
 
 
 def _learn_tail(
@@ -155,6 +194,15 @@ def _learn_tail(
     probes = [_PROBE.format(i) for i in range(len(names))]
     expected = pieces[0] + "".join(p + piece for p, piece in zip(probes, pieces[1:]))
     return pieces if tool_tail_text(renderer, names, probes, final=final, calls_end=calls_end) == expected else None
+
+
+def _overlap(action_ids: Sequence[int], tail: list[int], specials: frozenset[int]) -> int:
+    """How many special tokens that open ``tail`` already end the completion (at most 2)."""
+    for k in (2, 1):
+        if len(action_ids) >= k and len(tail) >= k and list(action_ids[-k:]) == tail[:k]:
+            if all(t in specials for t in tail[:k]):
+                return k
+    return 0
 
 
 def _common_prefix(a: str, b: str) -> int:
