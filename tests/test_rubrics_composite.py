@@ -159,3 +159,38 @@ def test_the_progress_line_shows_the_reward_then_its_largest_components(capsys):
     line = capsys.readouterr().err
     assert "reward 0.500  reward/big -2.000  reward/mid 0.300  reward/small 0.010  loss 1.000" in line
     assert "reward/tiny" not in line
+
+
+def test_the_docs_multi_turn_example_sums_its_components_over_the_turns(chatml_tokenizer):
+    import re
+    from pathlib import Path
+
+    from agilerl.rollout.harness import RolloutHarness
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "rubrics.md").read_text()
+    namespace: dict = {}
+    exec(compile(re.findall(r"```python\n(.*?)```", text, re.S)[-1], "docs/rubrics.md", "exec"), namespace)
+    harness = RolloutHarness.local(namespace["Negotiation"](), chatml_tokenizer)
+    harness.reset(seed=0)
+    assert harness.step("please lower it")[1] == 0.0  # polite, not solved: the gate zeroes polite
+    _, reward, done, _, info = harness.step("please, a deal")
+    assert done and reward == pytest.approx(1.1) and info["reward_components"] == {"solved": 1.0, "polite": 1.0}
+    assert harness.trajectory.info["reward_components"] == {"solved": 1.0, "polite": 2.0}
+
+
+def test_eval_reports_each_component_in_its_rows_and_summary(folder, capsys, tmp_path):
+    import json
+
+    from agilerl.cli.main import main
+
+    manifest = write(folder, "eval.yaml", rubrics=ENTRIES, max_turns=1)
+    out = tmp_path / "rows.jsonl"
+    code = main(["eval", str(manifest), "--model", "tiny", "--max-new-tokens", "3", "--no-progress",
+                 "-n", "2", "-k", "2", "--output", str(out), "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    names = {"correct", "style", "style.short", "style.polite", "exact"}
+    assert len(rows) == 4 and all(set(r["reward_components"]) == names for r in rows)
+    assert summary["reward_components"] == reward_component_metrics(r["reward_components"] for r in rows)
+    assert set(summary["reward_components"]) == {f"reward/{n}" for n in names}
