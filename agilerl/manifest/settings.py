@@ -88,6 +88,12 @@ class ModelSettings(_Strict):
     max_model_len: int | None = Field(
         None, ge=2, description="Context length; defaults to the model's max_position_embeddings."
     )
+    max_images: int = Field(
+        16, ge=1, description="A vision model's most images per conversation (an episode past it fails)."
+    )
+    max_image_pixels: int = Field(
+        2048 * 2048, ge=1, description="A vision model's most pixels per image (a bigger one fails its episode)."
+    )
 
 
 class AlgorithmSettings(BaseModel):
@@ -231,6 +237,17 @@ class TrainingSettings(_Strict):
         1, ge=0,
         description="async: every generated token that enters an update was produced by weights at "
         "most this many optimiser steps older than the weights being updated (0: on-policy).",
+    )
+    task_sampling: Literal["uniform", "adaptive"] = Field(
+        "uniform",
+        description="'uniform': every row in turn, each epoch reshuffled (seeds at random); "
+        "'adaptive': rows (seed buckets without rows) whose groups were informative, their rewards "
+        "differing, are drawn more often (docs/collector.md). Rollout only.",
+    )
+    task_sampling_floor: float = Field(
+        0.25, gt=0, le=1,
+        description="adaptive: this share of draws is uniform, so every task keeps at least this "
+        "fraction of its uniform chance (solved and hopeless rows come back).",
     )
 
     @field_validator(*_SIZE_BOUNDS, mode="before")

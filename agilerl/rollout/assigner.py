@@ -10,8 +10,11 @@ to the same question. Two ways to choose (``training.task_sampling``):
   with several ranks their outcomes are merged in rank order (``pending``/``merge``), so every
   rank holds the same weights and draws from its own generator.
 
-``state_dict``/``load_state_dict`` carry the stream (generators, counts, tasks to play again), so
-a resumed run draws exactly what an unbroken one would have.
+A resumed loop passes over the tasks it already trained (``collector.skip``; the async pipeline
+draws its stream again from the first task): under uniform sampling a fresh assigner deals them
+again from ``seed``. Adaptive draws depend on the outcomes seen, so ``state_dict`` keeps every
+task handed out with the generators and counts; ``load_state_dict`` hands those tasks out again,
+in order, then goes on exactly as the saved assigner would have.
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ class TaskAssigner:
         self._rows = self._epoch_rows(0) if sampling == "uniform" else []
         self._next_row = 0
         self._lock = threading.Lock()
-        self._replay: deque[Task] = deque()
+        self._again: deque[Task] = deque()  # a loaded stream's tasks, handed out again first
+        self._handed: list[Task] = []  # adaptive: every task handed out, from the first
         self.adaptive: AdaptiveSampler | None = None
         self.pending: list[tuple[int, bool]] = []
         """This rank's outcomes not merged yet (several ranks: ``merge`` takes every rank's)."""
@@ -151,26 +155,29 @@ class TaskAssigner:
                 self.adaptive.record((int(unit), bool(informative)) for unit, informative in outcomes)
             self.pending = []
 
-    def state_dict(self, replay: Sequence[Task] = ()) -> dict[str, Any]:
-        """The task stream as JSON-able values; ``replay`` (tasks handed out whose groups never
-        reached an update) come first after ``load_state_dict``, ahead of any new draw."""
+    def state_dict(self) -> dict[str, Any]:
+        """The task stream as JSON-able values: the settings and, adaptive, every task handed out
+        (about 25 bytes each), the generators, the counts and this rank's pending outcomes."""
         with self._lock:
             state: dict[str, Any] = {
                 "sampling": self.sampling,
                 "dataset_size": self.dataset_size,
                 "seed": self.seed,
                 "world_size": self.world_size,
-                "env_seeds": state_of(self._env_seeds),
-                "epoch": self.epoch,
-                "next_row": self._next_row,
-                "replay": [list(task) for task in (*self._replay, *replay)],
             }
             if self.adaptive is not None:
-                state |= {"draws": state_of(self._draws), "outcomes": self.adaptive.state(), "pending": self.pending}
+                state |= {
+                    "handed": [list(task) for task in (*self._handed, *self._again)],
+                    "draws": state_of(self._draws),
+                    "env_seeds": state_of(self._env_seeds),
+                    "outcomes": self.adaptive.state(),
+                    "pending": self.pending,
+                }
             return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the stream :meth:`state_dict` saved; a run of other settings is refused."""
+        """Take up the stream :meth:`state_dict` saved: its tasks again, in order, then on as it
+        would have gone (a freshly built assigner only); a stream of other settings is refused."""
         mine = {"sampling": self.sampling, "dataset_size": self.dataset_size, "seed": self.seed, "world_size": self.world_size}
         changed = [f"{key} {state.get(key)!r} -> {value!r}" for key, value in mine.items() if state.get(key) != value]
         if changed:
@@ -179,15 +186,15 @@ class TaskAssigner:
                 "with the settings it was saved with (training.task_sampling, training.seed, the env's rows, "
                 "the number of processes) or start a new run"
             )
+        if self.adaptive is None:
+            return  # uniform: a fresh assigner deals the same stream from seed
         with self._lock:
+            self._again = deque(Task(int(seed), None if row is None else int(row)) for seed, row in state["handed"])
+            self._handed = []
+            restore(self._draws, state["draws"])
             restore(self._env_seeds, state["env_seeds"])
-            self.epoch, self._next_row = int(state["epoch"]), int(state["next_row"])
-            self._rows = self._epoch_rows(self.epoch) if self.sampling == "uniform" else []
-            self._replay = deque(Task(int(seed), None if row is None else int(row)) for seed, row in state["replay"])
-            if self.adaptive is not None:
-                restore(self._draws, state["draws"])
-                self.adaptive.load(state["outcomes"])
-                self.pending = [(int(unit), bool(flag)) for unit, flag in state["pending"]]
+            self.adaptive.load(state["outcomes"])
+            self.pending = [(int(unit), bool(flag)) for unit, flag in state["pending"]]
 
     def _unit(self, traj: Trajectory) -> int:
         """The adaptive sampler's unit of a rollout: its row, or its seed's bucket."""
@@ -196,10 +203,10 @@ class TaskAssigner:
         return (traj.seed or 0) % SEED_BUCKETS
 
     def _next_task(self) -> Task:
-        if self._replay:
-            return self._replay.popleft()
         if self.adaptive is not None:
-            return self._adaptive_task(self.adaptive)
+            task = self._again.popleft() if self._again else self._adaptive_task(self.adaptive)
+            self._handed.append(task)
+            return task
         seed = self._env_seeds.randrange(2**31)
         if self.dataset_size is None:
             return Task(seed, None)
