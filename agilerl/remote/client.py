@@ -142,7 +142,7 @@ class RemoteEnvClient(EnvClient):
         if self._info is None:
             metadata = self.server_metadata()
             name = metadata.get("name")
-            self._info = EnvInfo.parse(metadata, name=name if isinstance(name, str) else self._urls[0])
+            self._info = EnvInfo.parse(metadata, name=peer_text(name, 80) if isinstance(name, str) else self._urls[0])
         return self._info
 
     # -- the same, as coroutines (await them from any event loop) ------------------------------

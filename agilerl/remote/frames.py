@@ -346,7 +346,7 @@ class Reply(NamedTuple):
         fields = _field_errors(data.get("errors"), message)
         code = data.get("code")
         return (
-            code if isinstance(code, str) and code in _CODES else None,
+            (code if code in _CODES else peer_text(code, 40)) if isinstance(code, str) else None,
             peer_text(f"{message} ({fields})" if fields else message, MAX_PEER_TEXT),
         )
 
