@@ -24,7 +24,7 @@ that catches the built-in kinds keeps working.
     │   └── EpisodeError                          reset/step/close called out of order
     ├── DataError → DatasetLoadError, RubricError, TemplateError
     └── TrainingError → CollectionError, CheckpointError, OutputDirError, ModelLoadError,
-                        TrackerUnavailable (ImportError)
+                        RankFailed, TrackerUnavailable (ImportError)
         CollectionError → EndpointError            a model endpoint refused or failed
 
 Warnings are warnings, never errors: ``AgileRLWarning`` (UserWarning) → ManifestWarning, PlotUnavailable.
@@ -78,6 +78,7 @@ __all__ = [
     "CheckpointError",
     "OutputDirError",
     "ModelLoadError",
+    "RankFailed",
     "AgileRLWarning",
     "ManifestWarning",
     "PlotUnavailable",
@@ -349,6 +350,11 @@ class OutputDirError(TrainingError):
 
 class ModelLoadError(TrainingError):
     """The model or tokenizer named in ``model.name_or_path`` cannot be loaded."""
+
+
+class RankFailed(TrainingError):
+    """Another training process (rank) failed; this one stopped with it, after the save they
+    made together. The failing rank's own error says what went wrong."""
 
 
 class AgileRLWarning(UserWarning):

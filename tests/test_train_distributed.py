@@ -65,14 +65,14 @@ def _launch(engine: str, manifest: Path, out: Path, *extra: str) -> subprocess.C
     )
 
 
-def _accelerate_launch(engine: str, program: list[str]) -> subprocess.CompletedProcess[str]:
+def _accelerate_launch(engine: str, program: list[str], *, ok: bool = True) -> subprocess.CompletedProcess[str]:
     flags = ["--multi_gpu"] if engine == "ddp" else ["--use_fsdp", "--fsdp_version", "2"]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", str(_free_port()), *program]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert (result.returncode == 0) == ok, result.stderr[-4000:]
     return result
 
 
@@ -228,3 +228,57 @@ def test_a_slow_rank_writes_its_checkpoint_files_before_rank_0_moves_the_folder(
     saved = out / "checkpoints" / "step-000001" / "accelerate"
     assert sorted(p.name for p in saved.glob("random_states_*.pkl")) == ["random_states_0.pkl", "random_states_1.pkl"]
     assert not list((out / "checkpoints").glob("*.partial"))
+
+
+FAILS_ON_RANK_1 = '''
+import os
+from pathlib import Path
+
+
+class FailsOnRank1:
+    """Rank 1's envs work for eight episodes (two steps), then every reset raises; rank 0's never fail."""
+
+    max_turns = 1
+
+    def __init__(self, log):
+        self.log = Path(f"{log}.{os.environ['RANK']}")
+
+    def reset(self, seed=None):
+        with self.log.open("a") as f:
+            f.write("reset\\n")
+        if os.environ["RANK"] == "1" and len(self.log.read_text().splitlines()) > 8:
+            raise RuntimeError("the env's backing service is gone")
+        return "Say hi.", {}
+
+    def step(self, action):
+        return "", 1.0, True, False, {}
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_when_one_rank_fails_every_rank_saves_the_last_whole_step_together(tmp_path):
+    """Rank 1's collection fails at step 3; rank 0's does not. Every rank stops at the same
+    point, they save step 2 together and the run ends (no rank left waiting in a collective);
+    the failing rank names its error and the checkpoint, the other says which rank failed. With
+    several ranks nothing used to be saved on a failure."""
+    import yaml
+
+    (tmp_path / "env.py").write_text(FAILS_ON_RANK_1)
+    manifest, out = tmp_path / "m.yaml", tmp_path / "run"
+    manifest.write_text(yaml.safe_dump({
+        "environment": {"env_type": "rollout", "entrypoint": "env.py:FailsOnRank1",
+                        "env_config": {"log": str(tmp_path / "resets")}},
+        "training": {"max_steps": 4, "batch_size": 2, "group_size": 2, "max_new_tokens": 2,
+                     "evaluation_interval": 0, "checkpoint_minutes": None},
+    }))
+    result = _accelerate_launch("ddp", ["-m", "agilerl", "train", str(manifest), "--output-dir", str(out),
+                                        "--no-progress"], ok=False)
+    saved = out / "checkpoints" / "step-000002"
+    assert "the env's backing service is gone" in result.stderr
+    assert "rank 1 of 2 failed" in result.stderr  # rank 0's words
+    assert f"the last whole step, 2, is saved in {saved}" in result.stderr
+    assert f"resume with: agilerl train {manifest} --output-dir {out} --no-progress --resume" in result.stderr
+    assert [r["step"] for r in _rows(out)] == [1, 2]
+    assert (saved / "trainer_state.json").is_file()
+    assert sorted(p.name for p in (saved / "accelerate").glob("random_states_*")) == ["random_states_0.pkl", "random_states_1.pkl"]

@@ -10,12 +10,12 @@ evaluates and writes checkpoints, from accelerate's process info.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from agilerl.errors import ConfigError
+from agilerl.errors import ConfigError, RankFailed
 
 if TYPE_CHECKING:
     import torch
@@ -30,9 +30,13 @@ __all__ = [
     "build_accelerator",
     "describe_engine",
     "mean_over_ranks",
+    "run_agreed",
+    "failed_together",
     "prepare_reference",
     "gathered_weights",
 ]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,40 @@ def mean_over_ranks(accelerator: Accelerator, metrics: Mapping[str, float]) -> d
     counts = torch.tensor([float(k in metrics) for k in keys], dtype=torch.float64, device=accelerator.device)
     values, counts = accelerator.reduce(values, reduction="sum"), accelerator.reduce(counts, reduction="sum")
     return dict(zip(keys, (values / counts.clamp(min=1)).cpu().tolist()))
+
+
+def run_agreed(accelerator: Accelerator, fn: Callable[[], T]) -> T:
+    """``fn()`` on every rank, then one small all-gather of whether it raised. When any rank's
+    did, every rank raises (its own error, or ``RankFailed`` naming the ranks that failed), marked
+    so the trainer knows all ranks stopped at the same point and can save together.
+
+    Without it a rank whose collection failed (its envs down) left the others waiting in the
+    next collective until the launcher killed them, and nothing was saved. Every rank must call
+    it at the same points; one process runs ``fn`` as it is."""
+    if accelerator.num_processes == 1:
+        return fn()
+    import torch
+
+    failure: Exception | None = None
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - handed on below, to every rank
+        failure = exc
+    flags = accelerator.gather(torch.tensor([float(failure is not None)], device=accelerator.device))
+    failed = [rank for rank, flag in enumerate(flags.cpu().tolist()) if flag]
+    if not failed:
+        return result
+    error = failure or RankFailed(
+        f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} of {accelerator.num_processes} "
+        f"failed (its error is above, from that rank); rank {accelerator.process_index} stopped with it"
+    )
+    error.__agilerl_failed_together__ = True  # type: ignore[attr-defined]
+    raise error
+
+
+def failed_together(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of ``run_agreed`` on every rank at once (a save can be collective)."""
+    return bool(getattr(exc, "__agilerl_failed_together__", False))
 
 
 def prepare_reference(accelerator: Accelerator, reference: torch.nn.Module) -> torch.nn.Module:

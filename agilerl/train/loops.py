@@ -30,9 +30,11 @@ from agilerl.train.distributed import (
     World,
     build_accelerator,
     describe_engine,
+    failed_together,
     gathered_weights,
     mean_over_ranks,
     prepare_reference,
+    run_agreed,
 )
 from agilerl.train.metrics import (
     MetricsLog,
@@ -127,19 +129,28 @@ def train_llm_rollout(
     # a synced policy generates from its own weights: the trainer's need no gathering
     own_weights = contextlib.nullcontext if trainer.synced else lambda: gathered_weights(trainer.policy)
     policy = trainer.versioned = VersionedPolicy(generator, version=trainer.step)
+    if settings.task_sampling != collector.assigner.sampling:  # before the first draw
+        collector.assigner = collector.assigner.with_sampling(settings.task_sampling, floor=settings.task_sampling_floor)
     pipeline = RolloutPipeline(
         collector, policy, mode=settings.rollout_mode, max_staleness=settings.max_staleness,
         groups_per_step=collector.batch_size * settings.gradient_accumulation_steps,
     )
-    trainer.rollout_state = pipeline.state
+    trainer.rollout_state = lambda: {**pipeline.state(), "tasks": collector.assigner.state_dict()}
+    saved = (read_state(resume_from).get("rollout") or []) if resume_from is not None else []
+    mine = saved[trainer.world.rank] if trainer.world.rank < len(saved) else {}
+    if "tasks" in mine:  # adaptive draws follow outcomes: the stream is restored, then passed over
+        collector.assigner.load_state_dict(mine["tasks"])
     pipeline.skip(trainer.step)  # a resumed run plays on
     if resume_from is not None:
-        saved = read_state(resume_from).get("rollout") or []
-        pipeline.load_state(saved[trainer.world.rank] if trainer.world.rank < len(saved) else {})
+        pipeline.load_state(mine)
 
     def next_batch() -> tuple[Any, dict[str, float]]:
         with own_weights(), trainer.accelerator.autocast():
             rollouts, metrics = pipeline.take()
+        assigner = collector.assigner  # adaptive task sampling counts the step's groups, every rank's
+        assigner.observe(rollouts.trajectories)
+        if assigner.adaptive is not None and trainer.world.world_size > 1:
+            assigner.merge([r["pending"] for r in _by_rank(trainer.accelerator, {"pending": assigner.pending})])
         batch = collate_trajectories(rollouts.trajectories, pad_id).to(trainer.device)
         finished = (t.info.get("reward_components") for t in rollouts.trajectories if t.error is None)
         return batch, {**metrics, **reward_component_metrics(finished), **judge_metrics()}
@@ -295,7 +306,8 @@ class _Trainer:
                     bar.update(0, last)
                 while self.step < settings.max_steps:
                     t0 = time.perf_counter()
-                    batches, metrics = self._collect(next_batch)
+                    # a rank whose collection failed stops every rank here, so they save together
+                    batches, metrics = run_agreed(self.accelerator, lambda: self._collect(next_batch))
                     with self._shielded():  # from here to the log line, Ctrl-C waits
                         if self.synced is not None and settings.rollout_mode == "sync":
                             self.synced.sleep()  # its memory is the update's (async: it generates on)
@@ -305,7 +317,7 @@ class _Trainer:
                         metrics["time/step_s"] = time.perf_counter() - t0
                         last = self._unlogged = mean_over_ranks(self.accelerator, metrics)
                         if self._due(settings.evaluation_interval):
-                            last.update(evaluate())
+                            last.update(run_agreed(self.accelerator, evaluate))  # rank 0's failure is everyone's
                         self._log_step(header)
                         header = {}
                         bar.update(self.step, last)
@@ -427,9 +439,11 @@ class _Trainer:
 
     def _save_on_failure(self, exc: BaseException, header: dict[str, Any]) -> None:
         """A run that fails keeps its last whole step: the step's row if the failure came after
-        the update (an evaluation that raised), then its checkpoint. With several processes only
-        the failing rank is here, so no collective save can run: the last periodic one stands."""
-        if self.world.world_size > 1:
+        the update (an evaluation that raised), then its checkpoint. With several processes the
+        save is collective: it runs when every rank stopped at the same point (a collection or an
+        evaluation that failed: ``run_agreed``); a failure elsewhere (inside the update) stops
+        this rank alone, the launcher stops the others, and the last periodic checkpoint stands."""
+        if self.world.world_size > 1 and not failed_together(exc):
             exc.add_note(f"the last checkpoint saved before the failure is the one to resume from ({self.output_dir})")
             return
         self._shielding = True  # a Ctrl-C now would cut the save in half
