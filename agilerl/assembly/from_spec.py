@@ -18,7 +18,21 @@ if TYPE_CHECKING:
     Harness = TypeVar("Harness", bound=RolloutHarness)
     Collector = TypeVar("Collector", bound=RolloutCollector)
 
-__all__ = ["harness_from_spec", "collector_from_spec"]
+__all__ = ["harness_from_spec", "collector_from_spec", "tool_kwargs"]
+
+
+def tool_kwargs(rollout: Any, base_dir: str | Path | None = None) -> dict[str, Any]:
+    """The harness's tool-call keywords from a rollout's ``tool_parser``/``send_reasoning``
+    (none without a parser: the env gets the model's text, as before). A ``file.py:attr`` parser
+    is resolved against the manifest's folder."""
+    parser = getattr(rollout, "tool_parser", None)
+    if parser is None:
+        return {}
+    if ".py:" in parser and base_dir is not None:
+        from agilerl.registry.loading import load_object
+
+        parser = load_object(parser, base_dir)
+    return {"tool_parser": parser, "send_reasoning": rollout.send_reasoning}
 
 
 def harness_from_spec(
@@ -37,6 +51,7 @@ def harness_from_spec(
     rollout = rollout_spec(spec)
     factory = make_env_factory(rollout, base_dir=base_dir)
     kwargs.setdefault("chat_template_kwargs", rollout.chat_template_kwargs)
+    kwargs.update(tool_kwargs(rollout, base_dir))
     env = factory()
     try:
         return harness(env, tokenizer, max_turns=rollout.max_turns, **kwargs)
@@ -66,4 +81,5 @@ def collector_from_spec(
     kwargs.setdefault("chat_template_kwargs", rollout.chat_template_kwargs)
     kwargs.setdefault("max_reward", rollout.max_reward)
     kwargs.setdefault("env_timeout_s", rollout.request_timeout_s or None)
+    kwargs.update(tool_kwargs(rollout, base_dir))
     return collector(factory, tokenizer, batch_size=batch_size, group_size=group_size, **kwargs)

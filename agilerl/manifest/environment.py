@@ -155,6 +155,15 @@ class _TextAdapterFields(BaseModel):
     """How the model's text becomes an OpenEnv action and an observation becomes text."""
 
     mcp_tool: str | None = Field(None, description="Step through this MCP tool.")
+    tool_parser: str | None = Field(
+        None,
+        min_length=1,
+        description="Parse the model's tool calls in its own format (a registered parser such as "
+        "hermes, or auto) and run them as the env's call_tool; results come back in the tool role.",
+    )
+    send_reasoning: bool = Field(
+        False, description="With tool_parser: the env also receives the model's reasoning (<think>, analysis)."
+    )
     observation_field: str | None = Field(None, description="Dotted path of the text in an observation.")
     observation_processor: str | None = Field(
         None, description="Processor turning an observation into text."

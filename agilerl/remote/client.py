@@ -83,6 +83,7 @@ class RemoteEnvClient(EnvClient):
         action_field: str = "message",
         observation_field: str | None = None,
         observation_processor: str | ObservationProcessor | None = None,
+        image_field: str | None = None,
         mcp_tool: str | None = None,
         request_timeout_s: float = 300,
         connect_timeout_s: float = 10,
@@ -98,11 +99,15 @@ class RemoteEnvClient(EnvClient):
         self._first = next(_next_replica)  # spreads sessions across replicas
         self.action_field = action_field
         self.mcp_tool = mcp_tool
+        self.serves_mcp = False
+        """Whether the server answered MCP ``tools/list`` (``list_tools``): its env is an MCP env."""
         self.request_timeout_s = request_timeout_s or None
         self.connect_timeout_s = connect_timeout_s
         self.retry_budget_s = retry_budget_s
         self.max_message_bytes = max_message_bytes
-        self._read = make_observation_reader(observation_field, observation_processor, base_dir=base_dir)
+        self._read = make_observation_reader(
+            observation_field, observation_processor, base_dir=base_dir, image_field=image_field
+        )
         token = clean_token(token, "token=") if token else clean_token(
             os.environ.get(TOKEN_ENV_VAR) or None, f"${TOKEN_ENV_VAR}"
         )
@@ -241,8 +246,13 @@ class RemoteEnvClient(EnvClient):
         except ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(f"the session on {self.url} ended: {exc}") from exc
+        except RemoteEnvError as exc:
+            if exc.code != ErrorCode.UNKNOWN_TYPE.value:  # a server without the mcp frame: no MCP
+                raise
+            return self.describe().tools
         tools = (reply.get("result") or {}).get("tools") if isinstance(reply, dict) else None
         if isinstance(tools, list):
+            self.serves_mcp = True
             return [t for t in tools if isinstance(t, dict)]
         return self.describe().tools
 

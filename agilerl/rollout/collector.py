@@ -43,6 +43,7 @@ from agilerl.chat import ChatRenderer
 from agilerl.concurrency import WorkerThreads, run_in_threads, run_on_loop, shared_loop
 from agilerl.errors import EnvUnavailable, InvalidArgument
 from agilerl.protocol import EnvInfo
+from agilerl.tools import resolve_tool_parser
 from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.rollout.context import ContextBudget, answer_chars
 from agilerl.rollout.harness import RolloutHarness
@@ -88,6 +89,8 @@ class RolloutCollector:
         chat_template_kwargs: dict[str, Any] | None = None,
         episode_retries: int = 2,
         max_model_len: int | None = None,
+        tool_parser: Any = None,
+        send_reasoning: bool = False,
     ) -> None:
         if batch_size < 1 or group_size < 1:
             raise InvalidArgument(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
@@ -102,6 +105,10 @@ class RolloutCollector:
         self._env_factory = env_factory
         self._system_prompt = system_prompt
         self._chat_template_kwargs = chat_template_kwargs
+        # one parser for every slot (``tool_parser``: see RolloutHarness); None: text steps
+        self._tools = {} if tool_parser is None else {
+            "tool_parser": resolve_tool_parser(tool_parser, tokenizer), "send_reasoning": send_reasoning
+        }
         # Slots 0..num_slots-1 roll out; the last one, built at the first evaluation, evaluates.
         self._slots: list[RolloutHarness | None] = [None] * (self.num_slots + 1)
         self._renderer: ChatRenderer | None = None
@@ -420,6 +427,7 @@ class RolloutCollector:
             system_prompt=self._system_prompt,
             chat_template_kwargs=self._chat_template_kwargs,
             renderer=self._renderer,
+            **self._tools,
         )
         self._renderer = harness.renderer  # every slot runs the same kind of env: one renderer
         return harness

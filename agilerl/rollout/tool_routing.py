@@ -231,6 +231,9 @@ class ToolCallingClient(EnvClient):
         self.retry_budget_s = client.retry_budget_s
         self._tools: list[dict[str, Any]] | None = None
         self._listed = False
+        self.tools_only = False
+        """(Known after the first reset.) An MCP env with no ``mcp_tool`` takes only tool calls: a completion without one is
+        answered with the list of its tools, and the episode goes on."""
 
     def __getattr__(self, name: str) -> Any:  # url, name, env, ...: the wrapped client's
         return getattr(self.__dict__["inner"], name)
@@ -244,6 +247,7 @@ class ToolCallingClient(EnvClient):
         prompt, info = self.inner.reset(seed, row_index=row_index, evaluation=evaluation)
         if not self._listed:
             self._tools, self._listed = self._specs(self.inner.list_tools()), True
+            self.tools_only = _tools_only(self.inner)
         return prompt, self._with_tools(info)
 
     async def areset(
@@ -252,12 +256,13 @@ class ToolCallingClient(EnvClient):
         prompt, info = await self.inner.areset(seed, row_index=row_index, evaluation=evaluation)
         if not self._listed:
             self._tools, self._listed = self._specs(await self.inner.alist_tools()), True
+            self.tools_only = _tools_only(self.inner)
         return prompt, self._with_tools(info)
 
     def step(self, action: str) -> StepResult:
         calls = action.parsed.calls if isinstance(action, ToolAction) else ()
         if not calls:
-            return self.inner.step(str(action))
+            return self._no_call() if self.tools_only else self.inner.step(str(action))
         results = []
         for call in calls:
             results.append((call, self.inner.call_tool(call.name, call.arguments) if call.ok else None))
@@ -268,7 +273,7 @@ class ToolCallingClient(EnvClient):
     async def astep(self, action: str) -> StepResult:
         calls = action.parsed.calls if isinstance(action, ToolAction) else ()
         if not calls:
-            return await self.inner.astep(str(action))
+            return self._no_call() if self.tools_only else await self.inner.astep(str(action))
         results = []
         for call in calls:
             results.append((call, await self.inner.acall_tool(call.name, call.arguments) if call.ok else None))
@@ -297,6 +302,10 @@ class ToolCallingClient(EnvClient):
     async def aclose(self) -> None:
         await self.inner.aclose()
 
+    def _no_call(self) -> StepResult:
+        names = ", ".join(t["function"]["name"] for t in self._tools or ()) or "none"
+        return f"No tool call found. Call one of the tools: {names}.", 0.0, False, False, {TOOL_CALLS_INFO: []}
+
     def _with_tools(self, info: dict[str, Any]) -> dict[str, Any]:
         if self._tools and "tools" not in info and not self.inner.describe().tools:
             info = {**info, "tools": self._tools}
@@ -305,6 +314,15 @@ class ToolCallingClient(EnvClient):
     @staticmethod
     def _specs(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         return [function_tool(t) for t in tools] if tools else None
+
+
+def _tools_only(client: EnvClient) -> bool:
+    """Whether ``client``'s env is an OpenEnv MCP env reached without ``mcp_tool`` (in process, or
+    remote: then its server must answer ``tools/list``, checked at the first reset)."""
+    env = getattr(client, "env", None)
+    if env is not None:
+        return bool(getattr(env, "mcp", False)) and not getattr(env, "mcp_tool", None)
+    return getattr(client, "mcp_tool", "") is None and getattr(client, "serves_mcp", False)
 
 
 def _ended(result: StepResult | None) -> bool:
