@@ -73,7 +73,7 @@ class ImageLimits:
             raise EnvProtocolError(
                 f"{where}: an image of {image.width}x{image.height} = {image.pixels:,} pixels is over "
                 f"max_image_pixels={self.max_pixels:,}; send smaller images or raise "
-                "environment.max_image_pixels"
+                "model.max_image_pixels"
             )
 
     def check_count(self, count: int, where: str) -> None:
@@ -81,7 +81,7 @@ class ImageLimits:
         if count > self.max_images:
             raise EnvProtocolError(
                 f"{where}: the conversation would hold {count} images, over max_images="
-                f"{self.max_images}; show fewer images per episode or raise environment.max_images"
+                f"{self.max_images}; show fewer images per episode or raise model.max_images"
             )
 
 

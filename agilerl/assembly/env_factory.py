@@ -26,6 +26,7 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
                 action_field=spec.action_field,
                 observation_field=spec.observation_field,
                 observation_processor=spec.observation_processor,
+                image_field=spec.image_field,
                 mcp_tool=spec.mcp_tool,
                 request_timeout_s=spec.request_timeout_s,
                 retry_budget_s=spec.reconnect_timeout_s,
@@ -45,6 +46,7 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
         action_field=spec.action_field,  # None: an OpenEnv adapter finds the field itself
         observation_field=spec.observation_field,
         observation_processor=spec.observation_processor,
+        image_field=spec.image_field,
         mcp_tool=spec.mcp_tool,
         action_type=spec.action_type,
     )

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import ModelLoadError
+from agilerl.images import ImageLimits
+from agilerl.rollout.vision import attach_processor, limit_images
 from agilerl.registry import get_registry, resolve
 from agilerl.manifest.settings import LoraSettings, ModelSettings
 
@@ -42,6 +44,7 @@ def load_model_and_tokenizer(
         model, tokenizer = _from_pretrained(*_locate(settings.name_or_path, base_dir), settings)
     if settings.lora is not None:
         model = _with_lora(model, settings.lora, checkpoint)
+    limit_images(tokenizer, ImageLimits(max_pixels=settings.max_image_pixels, max_images=settings.max_images))
     return model, tokenizer
 
 
@@ -79,6 +82,13 @@ def _from_pretrained(source: str, gguf_file: str | None, settings: ModelSettings
     where = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         with _gguf_bars_follow_transformers(gguf_file):
+            if gguf_file is None and _is_vision_language(source):
+                # Qwen2-VL / Qwen2.5-VL, SmolVLM / Idefics3, LLaVA: the processor renders images
+                from transformers import AutoModelForImageTextToText, AutoProcessor
+
+                tokenizer = attach_processor(AutoProcessor.from_pretrained(source))
+                model = AutoModelForImageTextToText.from_pretrained(source, dtype=getattr(torch, settings.dtype))
+                return _with_pad(model, tokenizer)
             tokenizer = AutoTokenizer.from_pretrained(source, **where)
             model = AutoModelForCausalLM.from_pretrained(
                 source, dtype=getattr(torch, settings.dtype), **where, **_dequantized(gguf_file)
@@ -93,9 +103,26 @@ def _from_pretrained(source: str, gguf_file: str | None, settings: ModelSettings
             "file, or a hub id that is in the local cache or downloadable (HF_HUB_OFFLINE=1 "
             "forbids downloads)."
         ) from None
+    return _with_pad(model, tokenizer)
+
+
+def _with_pad(model: PreTrainedModel, tokenizer: Any) -> tuple[PreTrainedModel, Any]:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def _is_vision_language(source: str) -> bool:
+    """Whether ``source`` holds an image-text-to-text model (its config names a vision tower)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError):
+        return False  # the loaders below report it
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and hasattr(config, "vision_config")
 
 
 @contextmanager

@@ -46,7 +46,7 @@ _ACTION = ("openenv.core.env_server.types", "Action")
 _NOT_TEXT = ("reward", "done", "metadata")
 """Observation fields that are not its content (what openenv's server leaves out too)."""
 
-ADAPTER_OPTIONS = ("action_field", "observation_field", "observation_processor", "mcp_tool", "action_type")
+ADAPTER_OPTIONS = ("action_field", "observation_field", "observation_processor", "image_field", "mcp_tool", "action_type")
 """How the adapter reads and writes text: the manifest's top-level fields, never ``env_config``
 (which holds the env's own constructor arguments)."""
 
@@ -182,6 +182,7 @@ class OpenEnvTextEnv:
         mcp_tool: str | None = None,
         action_type: type | None = None,
         base_dir: str | Path | None = None,
+        image_field: str | None = None,
     ) -> None:
         if isinstance(env, type):
             env = env()
@@ -193,7 +194,9 @@ class OpenEnvTextEnv:
         self.env = env
         self._recorder: RubricRecorder | None = None  # the env's own OpenEnv rubric's, once it steps
         self.mcp = is_mcp_environment(env)
-        self._read = make_observation_reader(observation_field, observation_processor, base_dir=base_dir)
+        self._read = make_observation_reader(
+            observation_field, observation_processor, base_dir=base_dir, image_field=image_field
+        )
         self._closed = False
         self._fillers: dict[str, ActionText] = {}
         if self.mcp:

@@ -168,6 +168,12 @@ class _TextAdapterFields(BaseModel):
     observation_processor: str | None = Field(
         None, description="Processor turning an observation into text."
     )
+    image_field: str | None = Field(
+        None,
+        min_length=1,
+        description="Dotted path of an observation's image (BrowserGym's screenshot, Atari's screen): "
+        "nested pixels, flat pixels with <field>_shape, or base64 PNG/JPEG; shown to a vision model.",
+    )
 
     @model_validator(mode="after")
     def _one_observation_reader(self) -> _TextAdapterFields:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "attach_processor",
+    "limit_images",
     "processor_of",
     "split_processor",
     "VisionMedia",
@@ -69,6 +70,14 @@ def attach_processor(processor: Any) -> Any:
 def processor_of(tokenizer: Any) -> Any | None:
     """The multimodal processor a tokenizer carries (``attach_processor``), or None."""
     return getattr(tokenizer, _ATTRIBUTE, None)
+
+
+def limit_images(tokenizer: Any, limits: ImageLimits) -> None:
+    """Bound the images a vision model's conversations may hold (nothing for a text tokenizer)."""
+    processor = processor_of(tokenizer)
+    if processor is not None:
+        processor.agilerl_image_limits = limits
+        processor._agilerl_vision_turns = None  # rebuilt with the new limits
 
 
 def split_processor(tokenizer_or_processor: Any) -> tuple[Any, Any | None]:
@@ -349,6 +358,7 @@ class VisionTurns:
         special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
         added = {i for i in getattr(self.tokenizer, "added_tokens_decoder", {}) or {}}
         ids = {int(i) for i in out["input_ids"][0]} & (special | added)
+        ids |= self._template_image_ids() & (special | added)
         ids |= {i for name in ("image_token", "video_token", "audio_token")
                 if isinstance(token := getattr(self.processor, name, None), str)
                 and (i := self.tokenizer.convert_tokens_to_ids(token)) is not None and i >= 0}
@@ -358,6 +368,22 @@ class VisionTurns:
             if isinstance(value, str) and value:
                 strings.add(value)
         return tuple(sorted(strings, key=len, reverse=True)), tuple(sorted(ids))
+
+
+    def _template_image_ids(self) -> set[int]:
+        """The special tokens the chat template writes around an image (Qwen2-VL's
+        ``<|vision_start|>``/``<|vision_end|>``): in an image message, not in the same without it."""
+        from agilerl.chat import render_chat
+
+        def ids(content: list[dict[str, Any]]) -> set[int]:
+            text = render_chat(self.tokenizer, [{"role": "user", "content": content}])
+            return set(self.tokenizer.encode(text, add_special_tokens=False))
+
+        text_part = {"type": "text", "text": "x"}
+        try:
+            return ids([{"type": "image"}, text_part]) - ids([text_part])
+        except Exception:  # a template that takes no parts: the processor's tokens are all there is
+            return set()
 
 
 def _image_token(processor: Any) -> str:

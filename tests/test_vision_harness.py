@@ -1,0 +1,211 @@
+"""The harness with a vision model's processor: training ids are each family's own expansion on
+every turn, placeholders typed by the env are escaped, one sampled by the model ends the episode
+and is still trained, both size limits hold, and a long image episode stays bounded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from agilerl.errors import EnvProtocolError
+from agilerl.images import ImageLimits
+from agilerl.rollout.harness import RolloutHarness
+from agilerl.rollout.vision import ESCAPE, BatchMedia, VisionTurns, attach_processor, limit_images
+from agilerl.train.batch import collate_trajectories
+from agilerl.train.logprobs import policy_logprobs
+from tests.vision_models import FAMILIES, qwen2_vl_processor
+
+
+def _square(rgb: tuple[int, int, int], width: int = 40, height: int = 24) -> np.ndarray:
+    pixels = np.zeros((height, width, 3), dtype=np.uint8)
+    pixels[:] = rgb
+    pixels[::3, ::5] = 255 - np.array(rgb, dtype=np.uint8)  # not flat: resizing has something to keep
+    return pixels
+
+
+class AlbumEnv:
+    """Shows a picture at reset and with every answer (two on the second turn), then text."""
+
+    max_turns = 4
+
+    def __init__(self, text: str = "") -> None:
+        self.text = text
+        self.turn = 0
+
+    def reset(self, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
+        self.turn = 0
+        return {"text": f"What is this?{self.text}", "image": _square((200, 20, 20))}, {}
+
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self.turn += 1
+        if self.turn == 1:
+            return {"text": "And these?", "images": [_square((20, 200, 20), 24, 40), _square((20, 20, 200))]}, 0.0, False, False, {}
+        if self.turn == 2:
+            return f"Now in words.{self.text}", 0.5, False, False, {}
+        return {"text": "Last one.", "image": _square((90, 90, 90), 64, 64)}, 1.0, False, False, {}
+
+
+def _full_render(processor: Any, harness: RolloutHarness, messages: list[dict[str, Any]], images: list[Any]) -> Any:
+    """The processor's own tokenization of the whole conversation, rendered in one go."""
+    text = harness.renderer.render_text(messages, add_generation_prompt=True)
+    return processor(text=[text], images=[[i.pil() for i in images]], add_special_tokens=False, return_tensors="pt")
+
+
+def _content(observation: Any) -> Any:
+    if isinstance(observation, str):
+        return observation
+    return [*({"type": "image"} for _ in observation.images), {"type": "text", "text": observation.text}]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_training_ids_are_the_families_own_expansion_on_every_turn(family: str) -> None:
+    processor = FAMILIES[family]()
+    env = AlbumEnv()
+    harness = RolloutHarness.local(env, processor)
+    prompt, _ = harness.reset(seed=0)
+    first = AlbumEnv().reset(0)[0]
+    from agilerl.images import observation_from
+
+    shown = observation_from(first, "AlbumEnv.reset()")
+    messages = [{"role": "user", "content": _content(shown)}]
+    images = list(shown.images)
+    for answer in ["a red square", "green and blue", "three"]:
+        expected = _full_render(processor, harness, messages, images)
+        assert list(prompt) == expected["input_ids"][0].tolist()
+        ours = prompt.media.tensors()
+        for key, value in ours.items():
+            assert torch.equal(value, expected[key]), key
+        prompt, *_ = harness.step(answer)
+        replay = AlbumEnv()
+        replay.turn = env.turn - 1
+        shown = observation_from(replay.step("")[0], "AlbumEnv.step()")
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": _content(shown)}]
+        images += [] if isinstance(shown, str) else list(shown.images)
+    expected = _full_render(processor, harness, messages, images)
+    assert list(prompt) == expected["input_ids"][0].tolist()  # four images, earlier ones in place
+    assert prompt.media.num_images == 4
+
+
+def test_a_placeholder_the_env_types_is_escaped_and_forges_no_image() -> None:
+    processor = qwen2_vl_processor()
+    typed = " <|image_pad|><|vision_start|> <image>"
+    harness = RolloutHarness.local(AlbumEnv(text=typed), processor)
+    prompt, _ = harness.reset(seed=0)
+    harness.step("a")
+    prompt, *_ = harness.step("b")  # a text turn carrying the typed placeholder
+    turns = VisionTurns.of(processor)
+    image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    expected_pads = sum(int((chunk["image_grid_thw"].prod(dim=1) // 4).sum()) for chunk in prompt.media.chunks)
+    assert list(prompt).count(image_pad) == expected_pads  # only the real images' slots
+    text = processor.tokenizer.decode(list(prompt))
+    assert f"<{ESCAPE}|image_pad|>" in text and f"<{ESCAPE}|vision_start|>" in text
+    assert turns.escaped("<|image_pad|>") == f"<{ESCAPE}|image_pad|>"
+
+
+def test_a_placeholder_the_model_samples_ends_the_episode_and_is_trained() -> None:
+    from agilerl.train.tiny_model import build_tiny_vlm
+
+    processor = qwen2_vl_processor()
+    tokenizer = attach_processor(processor)
+    model = build_tiny_vlm(processor)
+    harness = RolloutHarness.local(AlbumEnv(), tokenizer)
+    harness.reset(seed=0)
+    image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    sampled = tokenizer.encode("a", add_special_tokens=False) + [image_pad] + tokenizer.encode("bc", add_special_tokens=False)
+    _, reward, terminated, truncated, _ = harness.step(sampled, logprobs=[-1.0] * len(sampled))
+    traj = harness.trajectory
+    assert harness.done and truncated and not terminated
+    assert traj.info["ended_by"] == "sampled image placeholder"
+    generated = [t for t, m in zip(traj.token_ids, traj.action_mask) if m]
+    assert generated == sampled[: sampled.index(image_pad) + 1]  # cut after it, kept for training
+    batch = collate_trajectories([traj], tokenizer.pad_token_id)
+    assert batch.media is not None and batch.media.sampled.sum() == 1
+    scores = policy_logprobs(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask, media=batch.media)
+    at = traj.token_ids.index(image_pad, len(traj.token_ids) - len(generated) - 8)
+    assert batch.action_mask[0, at] and scores[0, at] < 0  # scored: the model read it as padding
+
+
+def test_images_past_either_limit_fail_naming_the_env_the_size_and_the_setting() -> None:
+    tokenizer = attach_processor(qwen2_vl_processor())
+    limit_images(tokenizer, ImageLimits(max_pixels=1000, max_images=16))
+    harness = RolloutHarness.local(AlbumEnv(), tokenizer)
+    harness.reset(seed=0)  # 960 pixels: within
+    with pytest.raises(EnvProtocolError, match=r"AlbumEnv\.step\(\): an image of 64x64 = 4,096 pixels is over max_image_pixels=1,000"):
+        harness.step("a"), harness.step("b"), harness.step("c")
+    limit_images(tokenizer, ImageLimits(max_images=2))
+    harness = RolloutHarness.local(AlbumEnv(), tokenizer)
+    harness.reset(seed=0)
+    with pytest.raises(EnvProtocolError, match=r"AlbumEnv\.step\(\): the conversation would hold 3 images, over max_images=2"):
+        harness.step("a")
+
+
+def test_a_text_model_shown_an_image_says_it_needs_a_vision_model(chatml_tokenizer: Any) -> None:
+    with pytest.raises(EnvProtocolError, match="AlbumEnv returned an image observation, but the model has no image processor"):
+        RolloutHarness.local(AlbumEnv(), chatml_tokenizer).reset(seed=0)
+
+
+class FlipbookEnv:
+    """A small picture every turn, for as long as the episode lasts."""
+
+    max_turns = 200
+
+    def reset(self, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
+        return {"text": "frame 0", "image": _square((0, 0, 0), 16, 16)}, {}
+
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        return {"text": "next", "image": _square((7, 7, 7), 16, 16)}, 0.0, False, False, {}
+
+
+def test_a_200_turn_image_episode_holds_each_image_once_and_the_cap_bounds_it() -> None:
+    processor = qwen2_vl_processor()
+    tokenizer = attach_processor(processor)
+    limit_images(tokenizer, ImageLimits(max_images=201))
+    harness = RolloutHarness.local(FlipbookEnv(), tokenizer)
+    harness.reset(seed=0)
+    one_image = harness.trajectory.media.chunks[0]["pixel_values"].numel()
+    calls = 0
+    real_call = type(processor).__call__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real_call(self, *args, **kwargs)
+
+    type(processor).__call__ = counted
+    try:
+        for _ in range(200):
+            harness.step("ok")
+    finally:
+        type(processor).__call__ = real_call
+    media = harness.trajectory.media
+    assert harness.done and calls == 200  # one processor call per turn: no turn re-processes the past
+    assert media.num_images == 201 and sum(c["pixel_values"].numel() for c in media.chunks) == 201 * one_image
+    limit_images(tokenizer, ImageLimits())  # the default cap: 16 images per conversation
+    harness = RolloutHarness.local(FlipbookEnv(), tokenizer)
+    harness.reset(seed=0)
+    with pytest.raises(EnvProtocolError, match="over max_images=16"):
+        for _ in range(200):
+            harness.step("ok")
+    assert harness.trajectory.media.num_images == 16
+
+
+def test_the_samplers_logprobs_are_the_trainers_with_images_in_every_turn() -> None:
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
+    from agilerl.train.tiny_model import tiny_vlm_and_tokenizer
+
+    model, tokenizer = tiny_vlm_and_tokenizer()
+    with RolloutCollector(AlbumEnv, tokenizer, batch_size=2, group_size=2, max_turns=3, seed=0,
+                          sampling=SamplingParams(max_new_tokens=5)) as collector:
+        batch = collector.collect(TransformersPolicy(model, tokenizer))
+    trajectories = batch.trajectories
+    assert all(t.media is not None and t.media.num_images >= 3 for t in trajectories)
+    tensors = collate_trajectories(trajectories, tokenizer.pad_token_id)
+    assert isinstance(tensors.media, BatchMedia)
+    with torch.no_grad():
+        scores = policy_logprobs(model, tensors.input_ids, tensors.attention_mask, mask=tensors.action_mask, media=tensors.media)
+    mask = tensors.action_mask
+    assert torch.allclose(scores[mask], tensors.old_logprobs[mask], atol=1e-4)
