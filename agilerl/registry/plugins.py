@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,9 @@ __all__ = [
     "STRICT_ENV_VAR",
     "TIMEOUT_ENV_VAR",
     "DEFAULT_PLUGIN_TIMEOUT_S",
+    "MAX_NAME_LENGTH",
+    "name_problem",
+    "shown_name",
     "PluginInfo",
     "new_plugin_manager",
     "selected_plugin_names",
@@ -34,6 +38,7 @@ __all__ = [
     "plugin_timeout",
     "Outcome",
     "call_plugin_code",
+    "call_plugin_codes",
     "warn_skipped",
     "one_line",
 ]
@@ -47,6 +52,28 @@ STRICT_ENV_VAR = "AGILERL_STRICT_PLUGINS"
 TIMEOUT_ENV_VAR = "AGILERL_PLUGIN_TIMEOUT"
 DEFAULT_PLUGIN_TIMEOUT_S = 5.0
 """How long one plugin's import (or one of its hooks) may take before it is skipped."""
+
+
+MAX_NAME_LENGTH = 128
+"""The longest name a plugin may register (or an entry point have): names are typed and shown."""
+
+
+def name_problem(name: Any) -> str | None:
+    """What is wrong with a plugin's name (entry point), or None: text of at most
+    :data:`MAX_NAME_LENGTH` printable characters, with no ``:``."""
+    if not isinstance(name, str):
+        return f"{shown_name(name)} is not a string"
+    if not name or len(name) > MAX_NAME_LENGTH:
+        return f"{shown_name(name)} is {len(name):,} characters long; names are 1 to {MAX_NAME_LENGTH}"
+    if not name.isprintable() or ":" in name:
+        return f"{shown_name(name)} holds {'a :' if ':' in name else 'an unprintable character'}"
+    return None
+
+
+def shown_name(name: Any) -> str:
+    """A name as an error shows it: its ``repr`` (control characters escaped), cut to 60 characters."""
+    text = repr(name)
+    return text if len(text) <= 60 else f"{text[:50]}...{text[-6:]}"
 
 
 @dataclass
@@ -129,51 +156,144 @@ class Outcome:
 
 
 def call_plugin_code(function: Callable[[], Any], *, deadline: bool = True) -> Outcome:
-    """Run plugin code (an import, a hook) so that it cannot hold or end the command.
+    """Run one piece of plugin code (an import, a hook) so that it cannot hold or end the command
+    (:func:`call_plugin_codes` with one)."""
+    return call_plugin_codes([function], deadlines=[deadline])[0]
 
-    It runs on a daemon thread, waited for at most :func:`plugin_timeout` seconds (a thread
-    still running then is left behind, and dies with the process); what it prints goes to
-    stderr, so ``--json`` output stays clean; anything it raises, ``SystemExit`` included, comes
-    back as ``error``. Only ``KeyboardInterrupt`` (the user's Ctrl-C) propagates.
+
+def call_plugin_codes(functions: Sequence[Callable[[], Any]], *, deadlines: Sequence[bool]) -> list[Outcome]:
+    """Run several plugins' code at once, each so that it cannot hold or end the command; the
+    outcomes in the order given.
+
+    Each runs on its own daemon thread, all started together, each waited for at most
+    :func:`plugin_timeout` seconds from the start (``deadlines[i]`` False: no limit), so N slow
+    plugins cost one timeout, not N; a thread still running then is left behind, and dies with
+    the process. What they write to stdout, ``print`` or ``os.write(1, ...)``, goes to stderr
+    (:class:`_PluginOutput`), so ``--json`` output stays clean; anything they raise,
+    ``SystemExit`` included, comes back as ``error``. Only ``KeyboardInterrupt`` propagates.
     """
-    timeout = plugin_timeout() if deadline else None
-    outcome = Outcome()
+    timeout = plugin_timeout() if any(deadlines) else None
+    outcomes = [Outcome() for _ in functions]
 
-    def target() -> None:
+    def target(function: Callable[[], Any], outcome: Outcome) -> None:
         try:
             outcome.value = function()
         except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
             outcome.value = exc
             outcome.error = one_line(exc)
 
-    worker = threading.Thread(target=target, name="agilerl-plugin", daemon=True)
-    stdout, sys.stdout = sys.stdout, sys.stderr
+    workers = [
+        threading.Thread(target=target, args=(function, outcome), name="agilerl-plugin", daemon=True)
+        for function, outcome in zip(functions, outcomes)
+    ]
+    with _PluginOutput() as output:
+        for worker in workers:
+            worker.start()
+        start = time.monotonic()
+        for worker, deadline in zip(workers, deadlines):
+            worker.join(max(0.0, start + timeout - time.monotonic()) if deadline and timeout is not None else None)
+        output.left_running([worker for worker in workers if worker.is_alive()])
+    results = []
+    for worker, outcome in zip(workers, outcomes):
+        if worker.is_alive():
+            results.append(
+                Outcome(error=f"did not finish within {timeout:g} s ({TIMEOUT_ENV_VAR}); skipped", timed_out=True)
+            )
+        elif isinstance(outcome.value, KeyboardInterrupt):
+            raise outcome.value
+        else:
+            results.append(outcome)
+    return results
+
+
+class _PluginOutput:
+    """While plugin code runs, its stdout is stderr: ``sys.stdout`` for ``print``, and file
+    descriptor 1 itself (``dup2``) for ``os.write(1, ...)`` and C extensions.
+
+    Nested and concurrent uses share one redirection (a count under a lock); the last one out
+    puts fd 1 back. Where a plugin's thread is left running past its deadline, fd 1 stays on
+    stderr for the rest of the process (that thread may still write to it), and ``sys.stdout``
+    writes the command's own output to a copy of the real stdout, the left threads' to stderr.
+    """
+
+    _lock = threading.Lock()
+    _depth = 0
+    _saved_fd: int | None = None
+    _saved_stdout: Any = None
+    _left: set[threading.Thread] = set()
+
+    def __enter__(self) -> _PluginOutput:
+        cls = type(self)
+        with cls._lock:
+            if cls._depth == 0:
+                cls._saved_stdout = sys.stdout
+                _flush(sys.stdout)
+                try:
+                    saved = os.dup(1)
+                except OSError:  # no fd 1 at all (closed by the caller): nothing to guard there
+                    cls._saved_fd = None
+                else:
+                    try:
+                        os.dup2(2, 1)
+                    except OSError:
+                        os.close(saved)
+                        saved = None
+                    cls._saved_fd = saved
+                sys.stdout = sys.stderr
+            cls._depth += 1
+        return self
+
+    def left_running(self, threads: list[threading.Thread]) -> None:
+        """Threads that outlive their deadline: their output keeps going to stderr."""
+        with type(self)._lock:
+            type(self)._left.update(threads)
+
+    def __exit__(self, *exc: object) -> None:
+        cls = type(self)
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth:
+                return
+            _flush(sys.stderr)
+            stdout, saved = cls._saved_stdout, cls._saved_fd
+            cls._left = {thread for thread in cls._left if thread.is_alive()}
+            if not cls._left:
+                if saved is not None:
+                    os.dup2(saved, 1)
+                    os.close(saved)
+                sys.stdout = stdout
+                return
+            if saved is not None and _fileno(stdout) == 1:  # fd 1 stays on stderr: write ours past it
+                stdout = os.fdopen(
+                    saved, "w", buffering=1 if stdout.line_buffering else -1, encoding=stdout.encoding,
+                    errors=stdout.errors, closefd=False,
+                )
+            elif saved is not None:
+                os.close(saved)
+            sys.stdout = _StdoutToStderrFor(stdout, cls._left)
+
+
+def _flush(stream: Any) -> None:
     try:
-        worker.start()
-        worker.join(timeout)
-    finally:
-        sys.stdout = stdout
-    if worker.is_alive():
-        _StdoutToStderrFor.install(worker)  # what it prints later cannot land in --json either
-        return Outcome(error=f"did not finish within {timeout:g} s ({TIMEOUT_ENV_VAR}); skipped", timed_out=True)
-    if isinstance(outcome.value, KeyboardInterrupt):
-        raise outcome.value
-    return outcome
+        stream.flush()
+    except (AttributeError, OSError, ValueError):  # None, closed, or not a file
+        pass
+
+
+def _fileno(stream: Any) -> int | None:
+    try:
+        return int(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
 
 
 class _StdoutToStderrFor:
-    """``sys.stdout`` once a plugin's thread is left running: its writes go to stderr, all
+    """``sys.stdout`` once plugin threads are left running: their writes go to stderr, all
     others' to the real stdout."""
 
-    def __init__(self, stdout: Any) -> None:
+    def __init__(self, stdout: Any, threads: set[threading.Thread]) -> None:
         self._stdout = stdout
-        self._threads: set[threading.Thread] = set()
-
-    @classmethod
-    def install(cls, thread: threading.Thread) -> None:
-        router = sys.stdout if isinstance(sys.stdout, cls) else cls(sys.stdout)
-        router._threads.add(thread)
-        sys.stdout = router
+        self._threads = threads
 
     def _target(self) -> Any:
         return sys.stderr if threading.current_thread() in self._threads else self._stdout
@@ -196,6 +316,7 @@ def warn_skipped(info: PluginInfo) -> None:
 def _load_entry_points(pm: pluggy.PluginManager, selected: set[str] | None) -> list[PluginInfo]:
     infos: list[PluginInfo] = []
     owners: dict[str, PluginInfo] = {}
+    to_load: list[tuple[Any, PluginInfo]] = []
     entry_points = list(importlib_metadata.entry_points(group=ENTRY_POINT_GROUP))
     builtins = [ep for ep in entry_points if _is_builtin(ep)]
     if not builtins:
@@ -234,7 +355,15 @@ def _load_entry_points(pm: pluggy.PluginManager, selected: set[str] | None) -> l
         if ep.name == BUILTIN_PLUGIN_NAME and not builtin:
             info.error = f"entry-point name {ep.name!r} is reserved for agilerl's built-ins; rename it."
             continue
-        _register(pm, ep, info)
+        if (problem := name_problem(ep.name)) is not None:
+            info.name = shown_name(ep.name)
+            info.error = f"entry-point name {problem}; rename it."
+            continue
+        to_load.append((ep, info))
+    # every plugin's import at once, each bounded: N slow plugins cost one timeout, not N
+    loaded = call_plugin_codes([ep.load for ep, _ in to_load], deadlines=[not info.builtin for _, info in to_load])
+    for (ep, info), outcome in zip(to_load, loaded):
+        _register(pm, ep, info, outcome)
     installed = ", ".join(sorted({ep.name for ep in entry_points if not _is_builtin(ep)}))
     for missing in sorted((selected or set()) - set(owners)):
         infos.append(
@@ -259,8 +388,8 @@ def _is_builtin(ep: Any) -> bool:
     )
 
 
-def _register(pm: pluggy.PluginManager, ep: Any, info: PluginInfo) -> None:
-    loaded = call_plugin_code(ep.load, deadline=not info.builtin)  # the built-ins are ours: no deadline
+def _register(pm: pluggy.PluginManager, ep: Any, info: PluginInfo, loaded: Outcome) -> None:
+    """Register what the entry point's import gave (the built-ins are ours: imported with no deadline)."""
     if loaded.timed_out:
         info.error = f"import {loaded.error}"
         warn_skipped(info)

@@ -2,7 +2,8 @@
 tool parser) a name -> target map that
 remembers which plugin and distribution registered each name.
 
-Plugins' hooks run one plugin at a time, so a hook that raises drops only that plugin.
+Plugins' hooks run each plugin on its own thread, all at once (a slow one costs one timeout), and
+a hook that raises or hangs drops only that plugin.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import pluggy
 from agilerl.errors import NameConflict, NameNotRegistered, RegistrationError, StrictPluginsError
 from agilerl.registry.loading import is_reference, load_object
 from agilerl.registry.plugins import (
+    MAX_NAME_LENGTH,
     STRICT_ENV_VAR,
+    Outcome,
     PluginInfo,
-    call_plugin_code,
+    call_plugin_codes,
+    shown_name,
     strict_plugins,
     warn_skipped,
 )
@@ -165,12 +169,18 @@ def build_registry(pm: pluggy.PluginManager, loaded: list[PluginInfo]) -> Regist
     # Only plugins that loaded cleanly are in the manager (a duplicate entry-point name is not).
     registered = {info.name: info for info in infos if info.error is None}
     registry = Registry(infos)
+    hooked: list[_PluginHooks] = []
     for name, plugin in pm.list_name_plugin():
         info = registered.get(name)
         if info is None:  # registered in-process with pm.register (tests, notebooks)
             info = PluginInfo(name=name, module=getattr(plugin, "__name__", None))
             infos.append(info)
-        for entry in _run_hooks(pm, plugin, info):
+        hooked.append(_PluginHooks(pm, plugin, info))
+    # every plugin's hooks at once, each plugin bounded: N slow plugins cost one timeout, not N;
+    # the entries are added in the plugins' order, so the registry is the same every time
+    ran = call_plugin_codes([hooks.run for hooks in hooked], deadlines=[not h.info.builtin for h in hooked])
+    for hooks, outcome in zip(hooked, ran):
+        for entry in hooks.entries(outcome):
             registry.add(entry)
     for (kind, name), entries in registry.conflicts().items():
         for entry in entries:
@@ -190,37 +200,47 @@ def check_strict(registry: Registry) -> None:
         raise StrictPluginsError(f"{STRICT_ENV_VAR} is set and plugins failed: {causes}.")
 
 
-def _run_hooks(pm: pluggy.PluginManager, plugin: object, info: PluginInfo) -> list[Entry]:
-    callers = pm.get_hookcallers(plugin) or []
-    info.hooks = sorted(caller.name for caller in callers)
-    unknown = [c.name for c in callers if not c.has_spec() and not _all_optional(c, plugin)]
-    if unknown:
+class _PluginHooks:
+    """One plugin's registering hooks: :meth:`run` calls them all (on a plugin thread) into its
+    own staged entries; :meth:`entries` reads the outcome into the plugin's record."""
+
+    def __init__(self, pm: pluggy.PluginManager, plugin: object, info: PluginInfo) -> None:
+        self.info = info
+        self.staged: dict[tuple[Kind, str], Entry] = {}  # one lookup per name: registration stays linear
+        self.current = ""  # the hook running now, named when it fails or hangs
+        callers = pm.get_hookcallers(plugin) or []
+        info.hooks = sorted(caller.name for caller in callers)
+        unknown = [c.name for c in callers if not c.has_spec() and not _all_optional(c, plugin)]
         # What pluggy's check_pending reports, scoped to one plugin so a typo fails only it.
-        info.error = "; ".join(_unknown_hook_message(name) for name in sorted(unknown))
-        return []
-    staged: dict[tuple[Kind, str], Entry] = {}  # one lookup per name: registration stays linear
-    for caller in callers:
-        kind = KIND_OF_HOOK.get(caller.name)
-        if kind is None:
-            continue
-        register = _register_callback(kind, info, staged)
-        for impl in caller.get_hookimpls():
-            if impl.plugin is not plugin:
-                continue
-            outcome = call_plugin_code(
-                functools.partial(impl.function, *[{"register": register}[arg] for arg in impl.argnames]),
-                deadline=not info.builtin,
-            )
-            if outcome.timed_out:
-                info.error = f"{caller.name} {outcome.error}"
-                warn_skipped(info)
-                return []
-            if outcome.error is not None:  # a plugin's bug (even a SystemExit) drops only that plugin
-                info.error = f"{caller.name} raised {outcome.error}"
-                return []
-    for entry in staged.values():
-        info.provides.setdefault(entry.kind, []).append(entry.name)
-    return list(staged.values())
+        self.unknown = "; ".join(_unknown_hook_message(name) for name in sorted(unknown))
+        self.calls = [
+            (caller.name, impl, _register_callback(KIND_OF_HOOK[caller.name], info, self.staged))
+            for caller in ([] if unknown else callers)
+            if caller.name in KIND_OF_HOOK
+            for impl in caller.get_hookimpls()
+            if impl.plugin is plugin
+        ]
+
+    def run(self) -> None:
+        for hook, impl, register in self.calls:
+            self.current = hook
+            impl.function(*[{"register": register}[arg] for arg in impl.argnames])
+
+    def entries(self, outcome: Outcome) -> list[Entry]:
+        info = self.info
+        if self.unknown:
+            info.error = self.unknown
+            return []
+        if outcome.timed_out:
+            info.error = f"{self.current} {outcome.error}"
+            warn_skipped(info)
+            return []
+        if outcome.error is not None:  # a plugin's bug (even a SystemExit) drops only that plugin
+            info.error = f"{self.current} raised {outcome.error}"
+            return []
+        for entry in self.staged.values():
+            info.provides.setdefault(entry.kind, []).append(entry.name)
+        return list(self.staged.values())
 
 
 def _all_optional(caller: pluggy.HookCaller, plugin: object) -> bool:
@@ -237,12 +257,17 @@ def _register_callback(kind: Kind, info: PluginInfo, staged: dict[tuple[Kind, st
     def register(name: str, target: Any, *, description: str = "") -> None:
         if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise RegistrationError(
-                f"{kind} name {name!r} is invalid: names are lower case, start with a letter or "
+                f"{kind} name {shown_name(name)} is invalid: names are lower case, start with a letter or "
                 "digit and use only a-z 0-9 . _ / - (a ':' would read as 'module:attr')."
+            )
+        if len(name) > MAX_NAME_LENGTH:
+            raise RegistrationError(
+                f"{kind} name {shown_name(name)} is {len(name):,} characters long; names are at most "
+                f"{MAX_NAME_LENGTH}."
             )
         if isinstance(target, str) and not is_reference(target):
             raise RegistrationError(
-                f"{kind} {name!r}: target {target!r} must be an object or a 'module:attr' string."
+                f"{kind} {name!r}: target {shown_name(target)} must be an object or a 'module:attr' string."
             )
         if (kind, name) in staged:
             raise RegistrationError(f"{kind} {name!r} is registered twice by the same plugin.")
