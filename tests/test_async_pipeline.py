@@ -239,3 +239,32 @@ def test_the_inference_copy_generates_as_the_model_and_follows_pushed_weights(ti
     policy.publish(1, changed.items())
     assert all(torch.equal(copy.model.state_dict()[n], t) for n, t in changed.items())
     assert policy.generate(prompts, params)[0].version == 1
+
+
+def test_a_long_episode_dropped_at_the_bound_is_trained_on_its_replay(chatml_tokenizer):
+    """Long episodes (1 in 4 tasks: 6 turns of 0.1 s) are overtaken by short ones and dropped at
+    the bound; each is replayed once and the trainer waits for the replay rather than drop it
+    again, so no task starves."""
+
+    class LongTail(LatencyEnv):
+        def reset(self, seed=None, **kwargs):
+            prompt = super().reset(seed, **kwargs)
+            self.length, self.latency_s = (6, 0.1) if seed % 4 == 0 else (1, 0.0)
+            return prompt
+
+    dropped: list[int] = []
+
+    class Watched(RolloutPipeline):
+        def _drop_stale(self, group, batch, *, tokens=None):
+            dropped.append(group.number)
+            super()._drop_stale(group, batch, tokens=tokens)
+
+    with make(chatml_tokenizer, env=LongTail, batch_size=2) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"))
+        with Watched(collector, policy, mode="async", max_staleness=1) as pipeline:
+            taken = trainer_steps(pipeline, policy, 16)
+            trained = set(range(pipeline.state()["trained_below"])) | set(pipeline.state()["trained"])
+    assert dropped, "no long episode was overtaken: the test shows nothing"
+    assert len(dropped) == len(set(dropped))  # never dropped twice
+    assert set(dropped[: len(dropped) // 2]) <= trained  # the early ones are trained by now
+    assert all(m["rollout/staleness_max"] <= 1 for *_, m in taken)

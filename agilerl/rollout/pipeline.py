@@ -48,12 +48,15 @@ log = logging.getLogger(__name__)
 RolloutMode = Literal["sync", "async"]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Group:
     number: int  # its task's place in the task stream (what a resume replays by)
     task: Task
     batch: RolloutBatch | None = None
     oldest: int | None = None  # the version of its first generation
+    replay: bool = False  # dropped once already: never again (the trainer waits for it if it must)
+    started_at: int = 0  # the policy version when it started: its oldest token's can only be newer
+    run: Run | None = None  # while it plays
 
 
 @dataclass
@@ -99,6 +102,7 @@ class RolloutPipeline:
         self._progress_at = time.monotonic()
         self._since_take = self._interval()
         self._lanes: list[_Lane] = []
+        self._in_flight: set[_Group] = set()
         if mode == "async":
             wanted = lanes or self.batch_size * min(max_staleness + 1, 2)
             have = collector.num_slots // collector.group_size
@@ -120,18 +124,22 @@ class RolloutPipeline:
             depth = len(self._queue)
             while len(groups) < self.batch_size:
                 self._raise_failure()
-                if not self._queue:
+                for group in [g for g in self._queue if g.oldest is not None and version - g.oldest > self.max_staleness]:
+                    self._queue.remove(group)
+                    self._outstanding -= 1
+                    self._drop_stale(group, group.batch)
+                if len(self._queue) < self.batch_size - len(groups) or self._last_chance_in_flight(version):
                     self._cond.wait(timeout=1.0)
                     self._check_stall()
                     continue
-                group = self._queue.popleft()
-                self._outstanding -= 1
-                if group.oldest is not None and version - group.oldest > self.max_staleness:
-                    self._drop_stale(group, group.batch)
-                    continue
-                groups.append(group)
-                self._taken += 1
-                self._finish_task(group.number)
+                # replays first (a task dropped once is never dropped again), then in finish order
+                ordered = sorted(self._queue, key=lambda g: not g.replay)[: self.batch_size - len(groups)]
+                for group in ordered:
+                    self._queue.remove(group)
+                    self._outstanding -= 1
+                    groups.append(group)
+                    self._taken += 1
+                    self._finish_task(group.number)
             self._cond.notify_all()  # room in the queue: paused lanes may start
         batch = merge_batches([g.batch for g in groups if g.batch is not None])
         return batch, self._metrics(batch, version, depth, time.perf_counter() - t0)
@@ -221,13 +229,21 @@ class RolloutPipeline:
             if self._stopping:
                 return None
             self._outstanding += 1
-            if self._replays:
+            replay = bool(self._replays)
+            if replay:
                 number, task = self._replays.popleft()
             else:
                 number, task = self._drawn, self.collector.assigner.assign(1, self.collector.group_size)[0]
                 self._drawn += 1
             self._set(lane, f"playing task {number}")
-            return _Group(number, task)
+            group = _Group(number, task, replay=replay, started_at=self.policy.version)
+            self._in_flight.add(group)
+            return group
+
+    def _last_chance_in_flight(self, version: int) -> bool:
+        """A replayed group still playing whose oldest token this update is the last one to
+        accept: the trainer waits for it rather than drop it a second time."""
+        return any(g.replay and version - _oldest_so_far(g) >= self.max_staleness for g in self._in_flight)
 
     def _admissible(self) -> bool:
         """A group started now would enter the update of version ``(taken + ahead) // P``
@@ -239,11 +255,17 @@ class RolloutPipeline:
     def _play(self, lane: _Lane, group: _Group) -> None:
         def stop(run: Run) -> bool:
             self._progress_at = time.monotonic()
+            group.run = run
             if self._stopping:
                 return True
-            return run.oldest_version is not None and self.policy.version - run.oldest_version > self.max_staleness
+            doomed = run.oldest_version is not None and self.policy.version - run.oldest_version > self.max_staleness
+            return doomed and not group.replay
 
-        run = self.collector.play_group(lane.index, group.task, self.policy, stop=stop)
+        try:
+            run = self.collector.play_group(lane.index, group.task, self.policy, stop=stop)
+        finally:
+            with self._cond:
+                self._in_flight.discard(group)
         group.oldest = run.oldest_version
         with self._cond:
             self._since_take["tokens"] += run.generated_tokens
@@ -357,6 +379,13 @@ def staleness(trajectories: list[Trajectory], version: int) -> tuple[float, floa
                 count += 1
                 most = max(most, lag)
     return (total / count if count else 0.0), float(most)
+
+
+def _oldest_so_far(group: _Group) -> int:
+    """The oldest version a playing group's tokens can have: its first generation's, or before
+    that (or before the lane has recorded it), the version it started under."""
+    known = group.run.oldest_version if group.run is not None else None
+    return known if known is not None else group.started_at
 
 
 def _stall_bound(collector: RolloutCollector) -> float:

@@ -1,0 +1,150 @@
+"""Sync against async training, same settings, one run: steps per hour, and reward against wall
+clock (the figure in docs/async.md).
+
+    python bench/async_rollout.py                      # cases a and b, 30 steps each way
+    python bench/async_rollout.py --cases a --steps 2  # a smoke run
+
+GRPO on the tiny model, batch 4 x group 4, the guess task (target 7: reward 1 for "7", partial
+credit for a close number), through ``train_llm_rollout``. Only ``training.rollout_mode``
+differs (async: ``max_staleness`` 1, so up to two batches of groups are in flight).
+
+- **(a) slow turns:** every env step takes 0.3-0.5 s (a sandboxed tool), 2 turns an episode.
+  Issue 30's goal: async >= 1.6x the sync steps per hour.
+- **(b) a long tail of episode lengths:** most episodes last 1 turn, one in five up to 8
+  (0.05-0.1 s a step). Goal: >= 1.3x.
+
+Steps per hour count the whole ``train_llm_rollout`` call (the inference copy built, every
+step, the final checkpoint). The reward curve's clock is the sum of ``time/step_s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agilerl.builtins.guess import GuessEnv
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = {
+    "a": {"title": "(a) slow turns, 0.3-0.5 s a step", "latency": (0.3, 0.5), "tail": False, "max_turns": 2, "goal": 1.6},
+    "b": {"title": "(b) long tail of episode lengths", "latency": (0.05, 0.1), "tail": True, "max_turns": 8, "goal": 1.3},
+}
+
+
+class BenchEnv(GuessEnv):
+    """The guess task with a per-step latency and, for the tail case, an episode length drawn
+    per task (80%: 1 turn; 20%: 2-8 turns), whatever the replies."""
+
+    max_turns = 8
+
+    def __init__(self, latency: tuple[float, float], tail: bool) -> None:
+        super().__init__(1, 10, 7)
+        self.latency, self.tail = latency, tail
+
+    def reset(self, seed=None):
+        self.rng = random.Random(seed)
+        self.turn = 0
+        self.length = (1 if self.rng.random() < 0.8 else self.rng.randint(2, 8)) if self.tail else 99
+        return super().reset(seed)
+
+    def step(self, action: str):
+        time.sleep(self.rng.uniform(*self.latency))
+        self.turn += 1
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward, terminated or self.turn >= self.length, truncated, info
+
+
+def run(case: str, mode: str, steps: int, out: Path) -> dict[str, Any]:
+    from agilerl.manifest.settings import TrainingSettings
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.train.loops import train_llm_rollout
+    from agilerl.train.metrics import read_metrics
+    from agilerl.train.tiny_model import tiny_model_and_tokenizer
+
+    spec = CASES[case]
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    training = TrainingSettings(
+        batch_size=4, group_size=4, max_steps=steps, lr=3e-3, max_new_tokens=3, evaluation_interval=0,
+        seed=0, output_dir=str(out / f"{case}-{mode}"), rollout_mode=mode,
+        **({"max_staleness": 1} if mode == "async" else {}),
+    )
+    with RolloutCollector(
+        lambda: BenchEnv(spec["latency"], spec["tail"]), tokenizer, batch_size=4, group_size=4,
+        max_turns=spec["max_turns"], seed=0, system_prompt="Reply with one number.",
+        sampling=SamplingParams(max_new_tokens=3),
+    ) as collector:
+        t0 = time.perf_counter()
+        train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False)
+        wall = time.perf_counter() - t0
+    rows = [r for r in read_metrics(Path(training.output_dir) / "metrics.jsonl") if "train/reward" in r]
+    clock, curve = 0.0, []
+    for row in rows:
+        clock += row["time/step_s"]
+        curve.append((clock, row["train/reward"]))
+    return {
+        "steps_per_hour": steps / wall * 3600,
+        "wall_s": wall,
+        "curve": curve,
+        "staleness_mean": sum(r["rollout/staleness_mean"] for r in rows) / len(rows),
+        "dropped_stale": sum(r["rollout/dropped_stale"] for r in rows),
+        "train_wait_s": sum(r["train/wait_s"] for r in rows) / len(rows),
+    }
+
+
+def plot(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 3.8), squeeze=False)
+    for ax, (case, modes) in zip(axes[0], results.items()):
+        for mode, result in modes.items():
+            xs, ys = zip(*result["curve"])
+            smooth = [sum(ys[max(0, i - 4) : i + 1]) / len(ys[max(0, i - 4) : i + 1]) for i in range(len(ys))]
+            ax.plot(xs, smooth, label=f"{mode} ({result['steps_per_hour']:.0f} steps/h)")
+        ax.set_title(CASES[case]["title"])
+        ax.set_xlabel("wall clock (s)")
+        ax.set_ylabel("train reward (5-step mean)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="a,b", help="a, b or both")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--plot", type=Path, default=None, help="write the reward-against-wall-clock figure here")
+    parser.add_argument("--json", type=Path, default=None, help="write every number here")
+    args = parser.parse_args(argv)
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in args.cases.split(","):
+            results[case] = {mode: run(case, mode, args.steps, Path(tmp)) for mode in ("sync", "async")}
+            sync, lagged = results[case]["sync"], results[case]["async"]
+            for mode, r in results[case].items():
+                print(
+                    f"{CASES[case]['title']}: {mode:5} {r['steps_per_hour']:8.0f} steps/h  wall {r['wall_s']:6.1f} s  "
+                    f"final reward {r['curve'][-1][1]:.2f}  staleness {r['staleness_mean']:.2f}  "
+                    f"dropped {r['dropped_stale']:.0f}  trainer waits {r['train_wait_s']:.2f} s/step"
+                )
+            ratio = lagged["steps_per_hour"] / sync["steps_per_hour"]
+            print(f"{CASES[case]['title']}: async/sync {ratio:.2f}x (goal >= {CASES[case]['goal']}x)", flush=True)
+    if args.plot:
+        plot(results, args.plot)
+        print(f"figure: {args.plot}")
+    if args.json:
+        args.json.write_text(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
