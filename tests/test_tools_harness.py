@@ -112,3 +112,25 @@ def test_auto_without_any_sign_of_a_format_lists_the_choices():
     tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
     with pytest.raises(ValueError, match="hermes.*qwen3_coder|deepseek, gemma, granite, harmony, hermes"):
         resolve_tool_parser("auto", tokenizer)
+
+
+def test_tool_stats_per_episode_become_metrics_and_tool_format_pays_for_well_formed_calls():
+    from agilerl.registry import get_registry
+    from agilerl.tools.metrics import tool_call_metrics
+
+    tokenizer = family_tokenizer("hermes")
+    harness = RolloutHarness.local(CalcEnv(), tokenizer, tool_parser="hermes")
+    parser = harness.tool_routing.parser
+    harness.reset(seed=0)
+    harness.step(_completion(tokenizer, parser, [("add", {"a": 2, "b": 3}), ("nope", {}), ("add", {"a": 1})]))
+    harness.step(_completion(tokenizer, parser, "It is 5."))
+    harness.step(_completion(tokenizer, parser, [("submit", {"answer": 5})]))
+    stats = harness.trajectory.info["tool_stats"]
+    assert stats == {"turns": 3, "calls": 4, "no_call_turns": 1, "ok": 2, "unknown_tool": 1, "schema_violation": 1}
+    metrics = tool_call_metrics([stats, None, {"turns": 1, "calls": 0, "no_call_turns": 1}])
+    assert metrics["tools/calls_per_episode"] == 2.0 and metrics["tools/well_formed_rate"] == 0.5
+    assert metrics["tools/failed/unknown_tool"] == 0.5 and metrics["tools/failed/invalid_json"] == 0.0
+    tool_format = get_registry().load("rubric", "tool_format")
+    assert tool_format(completion=parser.format_call("add", {"a": 1, "b": 2}) + "<tool_call>{oops</tool_call>") == 0.5
+    assert tool_format(completion="no call") == 0.0
+    assert tool_format(completion="", info={"tool_calls": [{"status": "ok"}]}) == 1.0

@@ -41,6 +41,11 @@ OBSERVATION_PROCESSORS: list[tuple[str, str, str]] = [
 ]
 RUBRICS: list[tuple[str, str, str]] = [
     (
+        "tool_format",
+        "agilerl.tools.rubric:tool_format",
+        "The share of the completion's tool calls that are well-formed (status ok).",
+    ),
+    (
         "exact_match",
         "agilerl.builtins.rubrics:exact_match",
         "Final answer equals the row's answer (normalised case and spacing).",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agilerl.tools.metrics import TOOL_STATS_KEY, tool_call_metrics
 from agilerl.train.algorithm import Algorithm, build_algorithm
 from agilerl.train.checkpoint import checkpoint_dir, save_checkpoint
 from agilerl.train.compatibility import EnvSource, check_compatible
@@ -153,7 +154,8 @@ def train_llm_rollout(
             assigner.merge([r["pending"] for r in _by_rank(trainer.accelerator, {"pending": assigner.pending})])
         batch = collate_trajectories(rollouts.trajectories, pad_id).to(trainer.device)
         finished = (t.info.get("reward_components") for t in rollouts.trajectories if t.error is None)
-        return batch, {**metrics, **reward_component_metrics(finished), **judge_metrics()}
+        tool_stats = (t.info.get(TOOL_STATS_KEY) for t in rollouts.trajectories if t.error is None)
+        return batch, {**metrics, **reward_component_metrics(finished), **tool_call_metrics(tool_stats), **judge_metrics()}
 
     def evaluate() -> dict[str, float]:
         with own_weights():  # every rank gathers; rank 0 alone plays
