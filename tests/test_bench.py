@@ -95,3 +95,15 @@ def test_ws_server_compares_ours_with_openenv_core_and_bare_aiohttp() -> None:
     out = run_bench("ws_server.py", "--sessions", "2", "--seconds", "0.3", "--warmup", "0.1", "--rounds", "1")
     for server in ("openenv-core", "agilerl", "aiohttp-echo"):
         assert_lines(out, rf"^ +2 +{server} +\d+ ")
+
+
+def test_judge_reports_the_capped_throughput_against_sequential_calls_and_the_rubric_overhead() -> None:
+    out = run_bench("judge.py", "--samples", "4", "--cap", "2", "--latency-ms", "5", "--repeats", "200")
+    assert_lines(
+        out,
+        r"^sequential calls: \d+\.\d+ s ",
+        r"^at most 2 in flight: \d+\.\d+ s ",
+        rf"^capped vs sequential: {RATIO} the throughput$",
+        rf"^rule rubric: .* a sample \({RATIO}\)$",
+        rf"^composite of 3 with a gate: .* a sample \({RATIO}\)$",
+    )

@@ -71,7 +71,7 @@ class CompositeRubric:
     def __call__(self, **available: Any) -> Reward:
         """Score every entry (async ones together), apply the gates, weigh and sum."""
         raw = {e.name: self._call(e, available) for e in self.entries}
-        if any(inspect.isawaitable(r) for r in raw.values()):
+        if any(type(r) is not float and inspect.isawaitable(r) for r in raw.values()):
             raw = resolve_awaitable(_gather(raw))
         components: dict[str, float] = {}
         scores: dict[str, float] = {}
@@ -79,8 +79,11 @@ class CompositeRubric:
             total, parts = _as_reward(raw[entry.name], entry.name, "this sample")
             scores[entry.name] = components[entry.name] = total
             components.update({f"{entry.name}.{part}": value for part, value in parts.items()})
-        zeroed = self._zeroed(components)
-        reward = math.fsum(e.weight * scores[e.name] for e in self.entries if e.name not in zeroed)
+        zeroed = self._zeroed(components) if self.gates else ()
+        try:
+            reward = math.fsum(e.weight * scores[e.name] for e in self.entries if e.name not in zeroed)
+        except OverflowError:  # finite parts whose weighted sum is not
+            raise RubricError(f"the weighted sum of {components} is past the largest float.") from None
         return Reward(reward, components)
 
     def _call(self, entry: RubricEntry, available: Mapping[str, Any]) -> Any:
@@ -88,7 +91,7 @@ class CompositeRubric:
             return entry.rubric.fn(**{k: available.get(k) for k in entry.rubric.keywords})
         except EnvUnavailable:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a rubric is its error, not the run's end
             raise RubricError(f"rubric entry {entry.name!r} raised {type(exc).__name__}: {exc}.") from exc
 
     def _zeroed(self, components: Mapping[str, float]) -> set[str]:

@@ -133,6 +133,8 @@ def resolve_awaitable(result: Any) -> Any:
 
 
 def _as_reward(result: Any, name: str, where: str) -> tuple[float, dict[str, float]]:
+    if type(result) is float and result == result:  # a plain score: no other check applies
+        return result, {}
     if isinstance(result, Reward):
         total = _as_number(result.total, name, where, "total")
         return total, {k: _as_number(v, name, where, f"component {k!r}") for k, v in result.components.items()}
@@ -152,6 +154,8 @@ def _as_reward(result: Any, name: str, where: str) -> tuple[float, dict[str, flo
 
 
 def _as_number(value: Any, name: str, where: str, what: str) -> float:
+    if type(value) is float and value == value:  # the common case, without the Real ABC's check
+        return value
     if not isinstance(value, Real):
         raise RubricError(
             f"rubric {name!r} returned {what} {value!r} ({type(value).__name__}) on {where}; "
