@@ -46,6 +46,7 @@ __all__ = [
     "MissingExtra",
     "is_missing_itself",
     "validation_problems",
+    "exception_text",
     "error_line",
     "ManifestError",
     "PluginError",
@@ -193,13 +194,19 @@ def validation_problems(exc: Any, prefix: str = "", *, hidden: Collection[str] =
     return lines
 
 
-def error_line(exc: BaseException) -> str:
-    """``Type: message`` in one line: a pydantic ``ValidationError`` as its problems, any other
-    exception as its message's first line."""
+def exception_text(exc: BaseException) -> str:
+    """``Type: message`` for an exception of unknown kind (an env's, a plugin's): a pydantic
+    ``ValidationError`` as its problems (``field: message (got value)``, joined by ``; ``)."""
     if _is_validation_error(exc):
         return f"{type(exc).__name__}: {'; '.join(validation_problems(exc))}"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def error_line(exc: BaseException) -> str:
+    """:func:`exception_text` in one line (its first): the cause as one table cell."""
+    text = exception_text(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _is_validation_error(exc: BaseException) -> bool:

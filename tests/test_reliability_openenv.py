@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from tests.test_openenv_native import run_agilerl, run_script, side_python  # noqa: F401 - the side venv fixture
 from tests.test_remote_openenv import openenv_python  # noqa: F401 - side_python's own fixture
@@ -236,3 +237,35 @@ def test_serve_hosts_actions_with_no_text_field(side_python: Path, layouts: Path
     assert seen["config"] == [{"throttle": 0.75, "steer": 0.0, "brake": False}]
     code, stderr = seen["bad"]
     assert code == 2 and "action_field 'gas': CarlaAction has no such field (its fields: throttle, steer, brake)" in stderr
+
+
+class _Count(BaseModel):
+    count: int
+
+
+class _ValidatesItsAction:
+    """A text env whose step raises pydantic's ValidationError on text that is not a number."""
+
+    max_turns = 2
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        return "a number?", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        return str(_Count(count=action).count), 1.0, True, False, {}
+
+
+def test_a_validation_error_is_shown_by_its_field_and_message_in_process_and_served() -> None:
+    from agilerl.envs.checker import check_env
+    from agilerl.llm_envs.openenv import RemoteEnvClient
+    from agilerl.llm_envs.openenv_server import resolve_env
+
+    report = check_env(_ValidatesItsAction(), action="many", raise_on_error=False)
+    expected = "count: Input should be a valid integer, unable to parse string as an integer (got 'many')"
+    assert report.problems == [f"step('many') raised ValidationError: {expected}"]
+    url, server = resolve_env(_ValidatesItsAction)
+    with server, RemoteEnvClient(url, request_timeout_s=60) as client:
+        client.reset()
+        with pytest.raises(Exception) as raised:
+            client.step("many")
+    assert expected in str(raised.value) and "further information" not in str(raised.value)

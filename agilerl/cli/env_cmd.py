@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from agilerl.chat import EpisodeChat
 from agilerl.cli.args import json_object
-from agilerl.errors import InvalidArgument
+from agilerl.errors import InvalidArgument, exception_text
+from agilerl.images import observation_images
 
 if TYPE_CHECKING:
     from agilerl.envs.client import EnvClient
@@ -57,15 +58,23 @@ def add_parser(subparsers: Any) -> None:
         ("action_field", "the Action field (or MCP tool argument) the text fills"),
         ("observation_field", "dotted path of the observation's text"),
         ("observation_processor", "a processor (registered, module:attr, file.py:attr) making the text"),
+        ("image_field", "dotted path of the observation's image (screenshot, screen)"),
         ("mcp_tool", "an MCP env's tool each step calls"),
         ("action_type", "module:attr of the env's Action class, when nothing names it"),
     ):
         adapter.add_argument(f"--{option.replace('_', '-')}", dest=option, metavar="VALUE", help=meaning)
+    check.add_argument(
+        "--save-images", metavar="DIR", type=Path,
+        help="Write every image the env shows to DIR (episode<E>_image<I>.png or .jpg); the plain "
+        "transcript shows each as [image WxH].",
+    )
     check.add_argument("--json", action="store_true", help="Print a JSON summary instead.")
     check.set_defaults(handler=_check)
 
 
-_SPEC_FLAGS = ("max_turns", "action_field", "observation_field", "observation_processor", "mcp_tool", "action_type")
+_SPEC_FLAGS = (
+    "max_turns", "action_field", "observation_field", "observation_processor", "image_field", "mcp_tool", "action_type"
+)
 CHECK_TURNS = 5
 """Turns an episode plays when neither the env nor the flags give a budget."""
 
@@ -134,7 +143,7 @@ def _check(args: argparse.Namespace) -> int:
             try:
                 _play(player, episode, args, policy, summary)
             except Exception as exc:  # the env's bug: record it, keep playing
-                summary["errors"].append(f"episode {episode}: {type(exc).__name__}: {exc}")
+                summary["errors"].append(f"episode {episode}: {exception_text(exc)}")
             finally:
                 player.close()
     if args.json:
@@ -200,7 +209,9 @@ class _TextPlayer:
         self.chat = self.defaults.for_episode(info, self.name)
         if self.chat.tools:
             self.lines.append(f"[tools] {', '.join(_tool_name(t) for t in self.chat.tools)}")
-        self.lines += [f"[{m.get('role')}] {m.get('content')}" for m in self.chat.opening(prompt, info)]
+        self.images = list(observation_images(prompt))
+        opening = self.chat.opening(_shown(prompt), info)
+        self.lines += [f"[{m.get('role')}] {m.get('content')}" for m in opening]
 
     def step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
         observation, reward, terminated, truncated, info = self.client.step(action)
@@ -208,8 +219,9 @@ class _TextPlayer:
         truncated = truncated or (not terminated and self.turn >= self.max_turns)
         role = self.chat.role_for(info, self.name)
         self.lines.append(f"[assistant] {action}")
+        self.images += observation_images(observation)
         if observation or not (terminated or truncated):  # the harness renders no empty last one
-            self.lines.append(f"[{role}] {observation}")
+            self.lines.append(f"[{role}] {_shown(observation)}")
         return reward, terminated, truncated, info
 
     def transcript(self) -> str:
@@ -217,6 +229,11 @@ class _TextPlayer:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _shown(observation: Any) -> str:
+    """An observation as the plain transcript shows it: ``[image WxH]`` per image, then its text."""
+    return observation if isinstance(observation, str) else observation.transcript()
 
 
 def _tool_name(tool: dict[str, Any]) -> str:
@@ -242,6 +259,11 @@ class _TemplatedPlayer:
 
     def transcript(self) -> str:
         return str(self.harness.tokenizer.decode(self.harness.trajectory.token_ids))
+
+    @property
+    def images(self) -> list[Any]:
+        media = self.harness.trajectory.media
+        return [] if media is None else list(media.images)
 
     def close(self) -> None:
         self.harness.close()
@@ -273,6 +295,10 @@ def _play(player: Any, episode: int, args: argparse.Namespace, act: Any, summary
         summary["truncated"] += int(truncated)
     summary["turns"].append(turn)
     summary["rewards"].append(total)
+    if args.save_images is not None:
+        args.save_images.mkdir(parents=True, exist_ok=True)
+        for i, image in enumerate(player.images):
+            image.save(args.save_images / f"episode{episode}_image{i}.{image.extension}")
     if not args.json:
         print(f"=== episode {episode} (seed {seed}): {turn} turns, reward {total:g}")
         print(player.transcript())

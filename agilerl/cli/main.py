@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from importlib import import_module
 
 import agilerl
-from agilerl.errors import AgileRLError, MissingExtra
+from agilerl.errors import AgileRLError, MissingExtra, exception_text
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug or an env's own failure: still no bare traceback
         if os.environ.get("AGILERL_DEBUG"):
             raise
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: {exception_text(exc)}", file=sys.stderr)
         _print_notes(exc)
         print("(set AGILERL_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1

@@ -8,7 +8,8 @@ from typing import Any
 
 from agilerl.envs.client import EnvClient
 from agilerl.envs.openenv_native import OpenEnvTextEnv
-from agilerl.errors import EnvCheckError
+from agilerl.errors import EnvCheckError, exception_text
+from agilerl.images import DEFAULT_MAX_IMAGE_PIXELS, observation_from, observation_images
 from agilerl.protocol import close_env, declared_members, member_problem, reset_problems, step_problems
 
 __all__ = ["CheckReport", "check_env"]
@@ -58,7 +59,7 @@ def check_env(
     first = _call(report, "reset", env.reset, seed=seed)
     if first is not None and _check_reset_result(first, report):
         again = _call(report, "reset (second time, same seed)", env.reset, seed=seed)
-        if again is not None and isinstance(again, tuple) and again[:1] != first[:1]:
+        if again is not None and isinstance(again, tuple) and not _same_observation(again[0], first[0]):
             openenv = isinstance(env, OpenEnvTextEnv)
             fix = (
                 "its reset() takes no seed" if openenv and not env.takes_seed
@@ -88,18 +89,45 @@ def _call(report: CheckReport, what: str, fn: Any, *args: Any, **kwargs: Any) ->
     try:
         return fn(*args, **kwargs)
     except Exception as exc:  # an env author's bug: report it, keep checking
-        report.problems.append(f"{what} raised {type(exc).__name__}: {exc}")
+        report.problems.append(f"{what} raised {exception_text(exc)}")
         return None
 
 
 def _check_reset_result(result: Any, report: CheckReport) -> bool:
     problems = reset_problems(result)
     report.problems += problems
+    if not problems:
+        _check_images(result[0], "reset()", report)
     return not problems
 
 
 def _check_step_result(result: Any, report: CheckReport) -> None:
-    report.problems += step_problems(result)
+    problems = step_problems(result)
+    report.problems += problems
+    if not problems:
+        _check_images(result[0], "step()", report)
+
+
+def _same_observation(a: Any, b: Any) -> bool:
+    """Whether two observations show the same (images by their pixels: arrays have no ``==``)."""
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    try:
+        return observation_from(a, "reset()") == observation_from(b, "reset()")
+    except Exception:
+        return False
+
+
+def _check_images(observation: Any, method: str, report: CheckReport) -> None:
+    """An image over the default pixel bound is a warning (a run raises ``model.max_image_pixels``)."""
+    if isinstance(observation, str):
+        return
+    for image in observation_images(observation_from(observation, method)):
+        if image.pixels > DEFAULT_MAX_IMAGE_PIXELS:
+            report.warnings.append(
+                f"{method} shows an image of {image.width}x{image.height} = {image.pixels:,} pixels, over the "
+                f"default model.max_image_pixels={DEFAULT_MAX_IMAGE_PIXELS:,}: a run fails unless it raises that"
+            )
 
 
 def _check_optional_members(env: Any, report: CheckReport, *, budget_given: bool) -> None:

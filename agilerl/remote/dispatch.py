@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from agilerl.concurrency import EnvCaller
 from agilerl.envs.client import InProcessEnvClient
+from agilerl.errors import exception_text
 from agilerl.remote.frames import (
     ErrorCode,
     FrameError,
@@ -93,7 +94,7 @@ class TextSession:
         except FrameError as exc:
             return error_frame(exc.code, str(exc), **exc.extra)
         except Exception as exc:
-            return error_frame(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}")
+            return error_frame(ErrorCode.EXECUTION_ERROR, exception_text(exc))
 
     async def mcp(self, payload: Any) -> dict[str, Any]:
         """A text env has no MCP tools: OpenEnv's answers for an env without MCP."""

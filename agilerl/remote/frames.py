@@ -25,6 +25,7 @@ import pydantic_core
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, with_config
 from typing_extensions import NotRequired, TypedDict
 
+from agilerl.errors import validation_problems
 from agilerl.protocol import reset_kwargs, reward_problem, valid_text
 
 __all__ = [
@@ -279,7 +280,7 @@ def parse_rpc(payload: Any) -> RpcRequest | dict[str, Any]:
     try:
         return RpcRequest.model_validate(payload)
     except ValidationError as exc:
-        return rpc_error(RpcCode.INVALID_REQUEST, f"Invalid request: {exc}")
+        return rpc_error(RpcCode.INVALID_REQUEST, f"Invalid request: {'; '.join(validation_problems(exc))}")
 
 
 def mcp_frame(response: dict[str, Any]) -> dict[str, Any]:
@@ -425,28 +426,46 @@ def read_observation(data: Any) -> ObservationReply:
     for metadata in (data.get("metadata"), observation.get("metadata")):
         if isinstance(metadata, dict):
             info.update(metadata)
-    truncated = _flag(data, observation, "truncated", observation_first=True)
-    done = _flag(data, observation, "done", observation_first=False)
-    where = "data" if "reward" in data else "data.observation"
-    reward = data.get("reward", observation.get("reward"))
+    truncated = observation.get("truncated", _ABSENT)
+    if truncated is _ABSENT:
+        truncated = data.get("truncated")
+    done = data.get("done", _ABSENT)
+    if done is _ABSENT:
+        done = observation.get("done")
+    if not (_is_flag(truncated) and _is_flag(done)):
+        _refuse_flags(data, observation)
+    reward = data.get("reward", _ABSENT)
+    where = "data"
+    if reward is _ABSENT:
+        reward, where = observation.get("reward"), "data.observation"
     if reward is None:
         reward = 0.0
     elif type(reward) is not float or reward - reward != 0.0:  # not a finite float: the full rule
         problem = reward_problem(reward)
         if problem is not None:
             raise ReplyError(f"{where}.reward {problem}")
+    done, truncated = done is True, truncated is True
     return ObservationReply(observation, float(reward), done and not truncated, truncated, info)
 
 
-def _flag(data: dict[str, Any], observation: dict[str, Any], name: str, *, observation_first: bool) -> bool:
-    """``name`` from the observation or beside it (``observation_first`` says which wins): a
-    JSON boolean (absent or null: false); a string such as ``"false"`` is refused, never read by
-    its truthiness."""
-    places = [("data.observation", observation), ("data", data)]
-    for where, holder in places if observation_first else places[::-1]:
-        if name in holder:
-            value = holder[name]
-            if value is None or value is False or value is True:
-                return bool(value)
-            raise ReplyError(f"{where}.{name} must be a JSON boolean, got {peer_text(repr(value), 80)}")
-    return False
+_ABSENT: Any = object()
+
+
+def _is_flag(value: Any) -> bool:
+    """What a ``done``/``truncated`` may be: a JSON boolean, null or absent (never ``1``)."""
+    return value is True or value is False or value is None or value is _ABSENT
+
+
+def _refuse_flags(data: dict[str, Any], observation: dict[str, Any]) -> None:
+    """Raise ``ReplyError`` naming the ``done``/``truncated`` that is not a JSON boolean: a
+    string such as ``"false"`` is refused, never read by its truthiness."""
+    for name, places in (
+        ("done", (("data", data), ("data.observation", observation))),
+        ("truncated", (("data.observation", observation), ("data", data))),
+    ):
+        for where, holder in places:
+            if name in holder:
+                value = holder[name]
+                if value is not None and value is not True and value is not False:
+                    raise ReplyError(f"{where}.{name} must be a JSON boolean, got {peer_text(repr(value), 80)}")
+                break

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from agilerl.concurrency import EnvCaller
 from agilerl.envs.openenv_native import AcceptedKeywords, OpenEnvTextEnv, is_mcp_environment
-from agilerl.errors import OpenEnvAdapterError
+from agilerl.errors import OpenEnvAdapterError, exception_text
 from agilerl.remote.frames import (
     ErrorCode,
     RpcCode,
@@ -133,7 +133,7 @@ class NativeSession:
         except OpenEnvAdapterError as exc:  # text that fits no reading of the Action
             return error_frame(ErrorCode.VALIDATION_ERROR, str(exc))
         except Exception as exc:  # noqa: BLE001 - the env's failure is the client's error frame
-            return error_frame(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}")
+            return error_frame(ErrorCode.EXECUTION_ERROR, exception_text(exc))
 
     async def mcp(self, payload: Any) -> dict[str, Any]:
         """A JSON-RPC ``tools/list`` or ``tools/call``, through the session's MCP client."""
