@@ -303,3 +303,34 @@ def write(folder, name="m.yaml", **environment):
 def load_env(folder, **environment):
     manifest = load_manifest(write(folder, **environment))
     return make_env_factory(manifest.environment, base_dir=manifest.base_dir)()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_training_run_logs_every_component_and_the_judge_counters_every_step(stub, folder, tmp_path, capsys):
+    from agilerl.cli.main import main
+    from agilerl.train.metrics import read_metrics
+
+    path = folder / "train.yaml"
+    path.write_text(yaml.safe_dump({
+        "environment": {"env_type": "rollout", "dataset": "qa.parquet", "train_test_split": 0.5, "rubrics": [
+            {"name": "exact", "rubric": "exact_match", "weight": 1.0},
+            {"name": "judge", "rubric": "llm_judge", "weight": 0.5,
+             "config": {"base_url": stub.url, "model": "stub", "api_key_env": KEY_ENV}},
+        ]},
+        "model": {"name_or_path": "tiny"},
+        "algorithm": {"name": "grpo"},
+        "training": {"batch_size": 1, "group_size": 2, "max_steps": 2, "max_new_tokens": 4, "seed": 0},
+    }))
+    code = main(["train", str(path), "--output-dir", str(tmp_path / "run"), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["reward/judge"] == pytest.approx(0.7) and "reward/exact" in row
+        assert row["train/reward"] == pytest.approx(row["reward/exact"] + 0.5 * row["reward/judge"])
+        assert {"judge/calls", "judge/failures", "judge/cache_hits", "judge/latency_s", "judge/tokens"} <= set(row)
+        # the step's 2 samples, and the evaluation (one held-out row) since the last row, if any
+        assert row["judge/calls"] + row["judge/cache_hits"] in (2, 3) and row["judge/failures"] == 0
+        assert row["judge/tokens"] == 12 * row["judge/calls"] and row["judge/latency_s"] > 0
+    assert KEY not in (tmp_path / "run" / "metrics.jsonl").read_text()
