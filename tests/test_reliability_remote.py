@@ -213,9 +213,10 @@ class TwoTurns:
         return "again", 1.0, self.turn >= 2, False, {}
 
 
-def test_the_first_metadata_rides_out_a_blip_at_start() -> None:
-    """No server on the port for 1.5 s, then one: ``describe()`` (what building a collector does
-    first) waits for it within retry_budget_s instead of failing at once (issue 34.7)."""
+def test_the_first_metadata_rides_out_a_blip_at_start(chatml_tokenizer: Any) -> None:
+    """No server on the port for 1.5 s, then one: building a collector (whose first act is the
+    first env's ``GET /metadata``) waits for it within retry_budget_s instead of failing at once
+    (issue 34.7)."""
     port = _free_port()
     servers: list[Any] = []
 
@@ -226,9 +227,13 @@ def test_the_first_metadata_rides_out_a_blip_at_start() -> None:
     starter = threading.Thread(target=later, daemon=True)
     starter.start()
     try:
-        client = RemoteEnvClient(f"127.0.0.1:{port}", retry_budget_s=60)
-        assert client.describe().max_turns == 2
-        client.close()
+        def factory() -> RemoteEnvClient:
+            return RemoteEnvClient(f"127.0.0.1:{port}", retry_budget_s=60)
+
+        with RolloutCollector(factory, chatml_tokenizer, batch_size=1, group_size=2, seed=0) as c:
+            assert c.max_turns == 2  # read from the server's /metadata
+            batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="1"))
+        assert all(t.error is None for t in batch.trajectories)
     finally:
         starter.join(30)
         for server in servers:
@@ -279,8 +284,9 @@ def test_a_token_with_a_trailing_newline_works_on_both_sides(monkeypatch: pytest
     alike, so a server started with ``tok\\n`` admits a client sending ``tok``."""
     url, server = resolve_env(TwoTurns, token="tok\n")
     with server:
-        with RemoteEnvClient(url, token="tok") as client:
-            assert client.reset()[0] == "seed None"
+        for token in ("tok", "tok\n"):
+            with RemoteEnvClient(url, token=token) as client:
+                assert client.reset()[0] == "seed None"
         monkeypatch.setenv("AGILERL_ENV_TOKEN", "tok\r\n")
         with RemoteEnvClient(url) as client:
             assert client.reset()[0] == "seed None"
@@ -339,6 +345,13 @@ def test_lone_surrogates_are_carried_escaped_when_served_and_the_session_goes_on
 def test_a_foreign_servers_escaped_surrogate_is_read_not_refused(foreign: Any) -> None:
     """Python's json writes a lone surrogate as the escape ``\\ud800``, which pydantic-core's
     parser refuses: the client reads it, as the same escaped text."""
-    url = foreign(lambda frame, session: json.dumps({"type": "observation", "data": {"observation": {"text": "a\ud800"}}}))
+    async def metadata(request: web.Request) -> web.Response:
+        return web.json_response({"name": "odd \ud800", "max_turns": 3})  # json.dumps: the escape
+
+    url = foreign(
+        lambda frame, session: json.dumps({"type": "observation", "data": {"observation": {"text": "a\ud800"}}}),
+        routes={"/metadata": metadata},
+    )
     with RemoteEnvClient(url) as client:
         assert client.reset()[0] == "a\\ud800"
+        assert client.describe().max_turns == 3

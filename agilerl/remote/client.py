@@ -31,7 +31,7 @@ from agilerl.remote.frames import (
     ErrorCode,
     Reply,
     ReplyError,
-    decode,
+    decode_peer,
     parse_reply,
     peer_text,
     read_observation,
@@ -362,7 +362,7 @@ class RemoteEnvClient(EnvClient):
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise ConnectionLost(f"{url}: {peer_text(str(exc) or type(exc).__name__)}") from None
         try:
-            metadata = decode(body)
+            metadata = decode_peer(body)
         except ValueError as exc:
             raise RemoteEnvError(f"{url}/metadata is not JSON: {peer_text(str(exc))}") from None
         if not isinstance(metadata, dict):

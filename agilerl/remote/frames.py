@@ -64,6 +64,7 @@ __all__ = [
     "call_tool_frame",
     "LIST_TOOLS_FRAME",
     "Reply",
+    "decode_peer",
     "parse_reply",
     "peer_text",
     "ReplyError",
@@ -382,15 +383,22 @@ def _field_errors(errors: Any, message: str) -> str:
     return "; ".join(parts)
 
 
+def decode_peer(raw: str | bytes) -> Any:
+    """Decode JSON a server sent (``ValueError`` when it is not JSON). Python's ``json`` (OpenEnv's
+    servers, aiohttp's ``json_response``) writes a lone surrogate as the escape ``"\\ud800"``,
+    which pydantic-core's parser refuses: that text is read by ``json`` instead."""
+    try:
+        return decode(raw)
+    except ValueError:
+        return json.loads(raw)
+
+
 def parse_reply(raw: str | bytes) -> Reply:
     """Read one server frame, never raising: a malformed one comes back with ``type`` None."""
     try:
-        frame = decode(raw)
+        frame = decode_peer(raw)
     except ValueError:
-        try:  # Python's json writes a lone surrogate as "\\ud800", which pydantic-core refuses
-            frame = json.loads(raw)
-        except ValueError:
-            frame = None
+        frame = None
     if not isinstance(frame, dict):
         return Reply(None, raw if isinstance(raw, str) else raw.decode("utf-8", "replace"))
     kind = frame.get("type")
