@@ -223,8 +223,12 @@ def reward_problem(value: Any) -> str | None:
     it can. A step breaking it is a protocol error: that rollout is lost, the run goes on."""
     if not isinstance(value, numbers.Real) or _is_bool(value):
         return f"must be a number (int or float), got {_short_repr(value)}"
-    if not math.isfinite(value):
-        return f"must be finite, got {value!r}"
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int past any float (a JSON reply may hold 1000 digits)
+        finite = False
+    if not finite:
+        return f"must be finite, got {_short_repr(value)}"
     if abs(value) > MAX_ABS_REWARD:
         return f"must lie within +-{MAX_ABS_REWARD:.0e} (training sums and squares rewards), got {value!r}; scale the env's rewards"
     return None

@@ -91,12 +91,13 @@ def observation(data: dict[str, Any]) -> str:
         ('{"observation": {"text": "t"}, "reward": NaN, "done": false}', "data.reward", "must be finite, got nan"),
         ('{"observation": {"text": "t"}, "reward": Infinity, "done": false}', "data.reward", "must be finite, got inf"),
         ('{"observation": {"text": "t"}, "reward": "nan", "done": false}', "data.reward", "must be a number"),
+        ('{"observation": {"text": "t"}, "reward": 1' + "0" * 400 + ', "done": false}', "data.reward", "must be finite"),
         ('{"observation": {"text": "t"}, "reward": true, "done": false}', "data.reward", "must be a number"),
         ('{"observation": {"text": "t"}, "reward": 1, "done": "false"}', "data.done", "must be a JSON boolean, got 'false'"),
         ('{"observation": {"text": "t", "truncated": "no"}, "reward": 1, "done": false}', "data.observation.truncated", "must be a JSON boolean, got 'no'"),
         ('{"observation": {"text": "t", "reward": "1"}, "done": false}', "data.observation.reward", "must be a number"),
     ],
-    ids=["nan", "infinity", "nan-string", "bool", "done-string", "truncated-string", "nested-reward-string"],
+    ids=["nan", "infinity", "nan-string", "int-past-any-float", "bool", "done-string", "truncated-string", "nested-reward-string"],
 )
 def test_a_foreign_reply_that_breaks_the_protocol_is_refused_naming_server_and_field(
     foreign: Any, step_data: str, field: str, said: str
