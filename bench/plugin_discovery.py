@@ -7,8 +7,10 @@ interpreter; baselines in the same run: ``python -c pass`` and ``python -c "impo
 Targets: ``agilerl --help`` under 2x ``import pluggy``; ``plugins list`` under 1.5 s.
 ``--names`` adds one plugin registering that many names, then twice as many: ``envs list``
 (registration and listing) must stay well under a second and grow linearly (ratio near 2).
+``--slow N`` adds N plugins whose import sleeps 1 s: loaded at once, ``plugins list --json`` costs
+about one second more than without them, not N (loaded one after another).
 
-    python bench/plugin_discovery.py [--plugins 100] [--repeats 7] [--names 10000]
+    python bench/plugin_discovery.py [--plugins 100] [--repeats 7] [--names 10000] [--slow 5]
 """
 
 from __future__ import annotations
@@ -75,6 +77,16 @@ def names_seconds(root: Path, names: int, repeats: int, env: dict[str, str]) -> 
     return cold_seconds([sys.executable, "-m", "agilerl", "envs", "list", "--json"], repeats, many_env)
 
 
+def slow_seconds(root: Path, slow: int, repeats: int, env: dict[str, str]) -> float:
+    """Cold ``agilerl plugins list --json`` with ``slow`` more plugins, each sleeping 1 s at import."""
+    site = root / f"slow-{slow}"
+    for index in range(slow):
+        write_distribution(site, f"agilerl-env-slow{index}", "1.0", {f"bench_slow_{index}/__init__.py": "import time\ntime.sleep(1)\n"},
+                           plugins={f"slow{index}": f"bench_slow_{index}"})
+    slow_env = {**env, "PYTHONPATH": str(site)}
+    return cold_seconds([sys.executable, "-m", "agilerl", "plugins", "list", "--json"], repeats, slow_env)
+
+
 def cold_seconds(command: list[str], repeats: int, env: dict[str, str]) -> float:
     """Median wall time of ``command`` in a fresh process (one warm-up run first)."""
     times = []
@@ -91,6 +103,7 @@ def main() -> None:
     parser.add_argument("--plugins", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--names", type=int, default=10_000, help="names one plugin registers (0: skip)")
+    parser.add_argument("--slow", type=int, default=0, help="plugins whose import sleeps 1 s (0: skip)")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGILERL_")}
     with tempfile.TemporaryDirectory(prefix="agilerl-bench-") as tmp:
@@ -114,6 +127,11 @@ def main() -> None:
                 seconds[f"agilerl envs list --json ({count:,} names)"] = names_seconds(
                     Path(tmp), count, args.repeats, env
                 )
+        if args.slow:
+            seconds["agilerl plugins list --json (the plugins here)"] = cold_seconds(
+                [sys.executable, "-m", "agilerl", "plugins", "list", "--json"], args.repeats, env
+            )
+            seconds[f"  ... and {args.slow} plugins of 1 s"] = slow_seconds(Path(tmp), args.slow, args.repeats, env)
     base, pluggy_s = seconds["python -c pass"], seconds["python -c 'import pluggy'"]
     print(f"{len(rows)} plugins listed ({args.plugins} generated), median of {args.repeats} cold runs")
     print(f"{'command':<44} {'seconds':>8} {'x pass':>7} {'x pluggy':>9}")
@@ -127,6 +145,11 @@ def main() -> None:
         one, two = (seconds[f"agilerl envs list --json ({n:,} names)"] for n in (args.names, 2 * args.names))
         print(f"{args.names:,} names listed in {one:.3f} s (target well under 1 s); twice as many: "
               f"{two / one:.2f}x the time (linear: about 2x, less with the fixed start-up cost)")
+
+
+    if args.slow:
+        extra = seconds[f"  ... and {args.slow} plugins of 1 s"] - seconds["agilerl plugins list --json (the plugins here)"]
+        print(f"{args.slow} plugins of 1 s add {extra:.2f} s (loaded at once: about 1 s; one after another: {args.slow} s)")
 
 
 if __name__ == "__main__":
