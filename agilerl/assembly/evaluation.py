@@ -25,12 +25,14 @@ from typing import Any
 from agilerl.envs.client import EnvClient, as_client
 from agilerl.errors import InvalidArgument
 from agilerl.assembly.env_factory import first_then, make_env_factory
+from agilerl.assembly.from_spec import tool_kwargs
 from agilerl.manifest.environment import EnvironmentSpec, RolloutSpec
 from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import Policy, SamplingParams
 from agilerl.rollout.trajectory import Trajectory
+from agilerl.rollout.versioned import VersionedPolicy
 from agilerl.train.metrics import judge_metrics, reward_component_metrics
 
 __all__ = ["EvalPlan", "EvalSummary", "pass_at_k", "evaluate_spec", "ResultsFile"]
@@ -137,16 +139,19 @@ def evaluate_spec(
     todo = [e for e in episodes if e not in results.rows]
     resumed = len(episodes) - len(todo)
     if todo:
+        # one set of weights: every generated token is version 0 (the field training's trajectories carry)
+        versioned = policy if isinstance(policy, VersionedPolicy) else VersionedPolicy(policy)
         recorded_envs = first_then(first, lambda: _Recorded(inner()))  # the one already built first
         with RolloutCollector(
             recorded_envs, tokenizer, batch_size=min(slots, len(todo)), group_size=1,
             max_turns=max_turns, sampling=plan.sampling, seed=plan.seed, max_reward=max_reward,
             chat_template_kwargs=spec.chat_template_kwargs, env_timeout_s=spec.request_timeout_s or None,
+            **tool_kwargs(spec, base_dir),
         ) as collector, _progress(show_progress, len(episodes), resumed) as advance:
             for start in range(0, len(todo), collector.num_slots):
                 chunk = todo[start : start + collector.num_slots]
                 tasks = [Task(plan.seed + t, t if held_out is not None else None) for t, _ in chunk]
-                batch = collector.play(tasks, policy, evaluation=True if held_out is not None else None)
+                batch = collector.play(tasks, versioned, evaluation=True if held_out is not None else None)
                 results.extend(_row(t, s, traj, max_reward, plan) for (t, s), traj in zip(chunk, batch.trajectories))
                 advance(len(chunk))
     else:
@@ -183,6 +188,7 @@ def _row(task: int, sample: int, traj: Trajectory, max_reward: float | None, pla
         "passed": None if threshold is None or traj.error else reward >= threshold,
         "turns": traj.num_turns,
         "rewards": traj.rewards,
+        "versions": _generated(traj.versions, traj.action_mask),
         "terminated": traj.terminated,
         "truncated": traj.truncated,
         "truncated_by": traj.info.get("truncated_by"),
@@ -191,6 +197,11 @@ def _row(task: int, sample: int, traj: Trajectory, max_reward: float | None, pla
         "messages": transcript.messages if transcript else [],
         "info": info,
     }
+
+
+def _generated(versions: list[int] | None, mask: list[bool]) -> list[int] | None:
+    """The policy version of each generated token, in order (None when the policy reports none)."""
+    return None if versions is None else [v for v, generated in zip(versions, mask) if generated]
 
 
 def _summary(
@@ -359,6 +370,18 @@ class _Recorded(EnvClient):
     async def astep(self, action: str) -> StepResult:
         return self._stepped(action, await self.inner.astep(action))
 
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        return self._called(name, arguments, self.inner.call_tool(name, arguments))
+
+    async def acall_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        return self._called(name, arguments, await self.inner.acall_tool(name, arguments))
+
+    def list_tools(self) -> list[dict[str, Any]] | None:
+        return self.inner.list_tools()
+
+    async def alist_tools(self) -> list[dict[str, Any]] | None:
+        return await self.inner.alist_tools()
+
     def state(self) -> dict[str, Any]:
         return self.inner.state()
 
@@ -375,6 +398,13 @@ class _Recorded(EnvClient):
         prompt, info = result
         self._transcript = _Transcript(self.inner.describe().system_prompt, prompt, info)
         return prompt, {**info, _EPISODE_KEY: self._transcript}
+
+    def _called(self, name: str, arguments: dict[str, Any], result: StepResult) -> StepResult:
+        if self._transcript is not None:
+            call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+            self._transcript.messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            self._transcript.messages.append({"role": "tool", "name": name, "content": result[0]})
+        return result
 
     def _stepped(self, action: str, result: StepResult) -> StepResult:
         if self._transcript is not None:

@@ -35,6 +35,11 @@ def add_parser(subparsers: Any) -> None:
     env.add_argument("--env-url", action="append", help="A remote env server (repeat for replicas).")
     env.add_argument("--env-config", type=json_object, default={}, help="JSON keyword arguments for the env.")
     env.add_argument("--max-turns", type=positive_int, help="Turn budget (default: the env's).")
+    env.add_argument(
+        "--tool-parser",
+        help="Run the model's tool calls as the env's call_tool: a parser (hermes, ..., auto; "
+        "agilerl tool-parsers list). With --base-url the endpoint's structured tool_calls are used.",
+    )
     model = parser.add_argument_group("model")
     model.add_argument("--model", help="Local model, or the endpoint's model name with --base-url.")
     model.add_argument(
@@ -134,6 +139,8 @@ def _env_spec(args: argparse.Namespace) -> tuple[Any, Any, str]:
         spec = manifest.environment
         if args.max_turns is not None:
             spec = spec.model_copy(update={"max_turns": args.max_turns})
+        if args.tool_parser is not None:
+            spec = parse_env_spec({**spec.model_dump(by_alias=False, exclude_none=True), "tool_parser": args.tool_parser})
         return spec, manifest, args.source
     fields: dict[str, Any] = {"env_type": "rollout"}
     if args.env_config:
@@ -144,6 +151,8 @@ def _env_spec(args: argparse.Namespace) -> tuple[Any, Any, str]:
         fields["entrypoint"] = args.source
     if args.max_turns is not None:
         fields["max_turns"] = args.max_turns
+    if args.tool_parser is not None:
+        fields["tool_parser"] = args.tool_parser
     return parse_env_spec(fields), None, ",".join(args.env_url or [args.source])
 
 

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 from agilerl.concurrency import shared_loop
 from agilerl.errors import ChatTemplateError, EndpointError, InvalidArgument
 from agilerl.rollout.policy import FinishReason, Generation, SamplingParams
+from agilerl.tools import ParsedCompletion, ToolCall, ToolParser, ToolSet
 
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["MessageTokenizer", "OpenAIChatPolicy"]
+__all__ = ["MessageTokenizer", "OpenAIChatPolicy", "EndpointToolCalls"]
 
 _MESSAGE = "\ufdd0"  # opens a message: role, then _CONTENT
 _CONTENT = "\ufdd1"  # separates a message's header from its content
@@ -71,8 +72,22 @@ class MessageTokenizer:
         return [ord(c) for c in text]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``ids``; with ``skip_special_tokens`` (what a text env receives), an
+        answer's structured tool calls read as one JSON line each, as the env had them before
+        tool parsers."""
         text = "".join(chr(i) for i in ids)
-        return "".join(c for c in text if c not in _MARKERS) if skip_special_tokens else text
+        if not skip_special_tokens:
+            return text
+        content, fields, calls = text.partition(_FIELDS)
+        if fields:
+            lines = [_json({"name": c.get("function", {}).get("name"), "arguments": c.get("function", {}).get("arguments")})
+                     for c in _calls_of(calls.rstrip(_END))]
+            content = "\n".join([content.strip(_END)] * bool(content.strip(_END)) + lines)
+        return "".join(c for c in content if c not in _MARKERS)
+
+    def tool_call_parser(self) -> EndpointToolCalls:
+        """The parser of answers' structured ``tool_calls`` (``tool_parser`` with an endpoint)."""
+        return EndpointToolCalls(self)
 
     def messages(self, prompt: Sequence[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """The messages (and tools) of a rendered prompt, less its trailing generation prompt."""
@@ -89,7 +104,13 @@ class MessageTokenizer:
         for framed in text.split(_MESSAGE)[1:]:
             header, _, content = framed.removesuffix(_END).partition(_CONTENT)
             role, fields, extra = header.partition(_FIELDS)
-            messages.append({"role": role, **json.loads(extra)} if fields else {"role": role, "content": content})
+            if fields:
+                messages.append({"role": role, **json.loads(extra)})
+            elif _FIELDS in content:  # a generated answer with tool calls: sent back structured
+                content, _, calls = content.partition(_FIELDS)
+                messages.append({"role": role, "content": content or None, "tool_calls": _calls_of(calls)})
+            else:
+                messages.append({"role": role, "content": content})
         return messages, tools
 
 
@@ -226,13 +247,62 @@ class OpenAIChatPolicy:
                 f"{self.base_url}/chat/completions answered without choices[0].message: "
                 f"{str(reply)[:200]}; is it an OpenAI-compatible chat endpoint?"
             ) from None
-        text = message.get("content") or ""
-        for call in message.get("tool_calls") or []:  # a text env reads tool calls as text
-            function = call.get("function", {})
-            text += ("\n" if text else "") + _json({"name": function.get("name"), "arguments": function.get("arguments")})
-        ids = self.tokenizer.encode("".join(c for c in text if c not in _MARKERS))
+        text = "".join(c for c in message.get("content") or "" if c not in _MARKERS)
+        calls = [_plain_call(call, i) for i, call in enumerate(message.get("tool_calls") or [])]
+        if calls:  # kept structured: a tool parser runs them, a text env reads them as JSON lines
+            text += _FIELDS + _json(calls)
+        ids = self.tokenizer.encode(text)
         finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
         return Generation(ids + [ord(_END)] if finish == "stop" else ids, None, finish)
+
+
+def _plain_call(call: Any, index: int) -> dict[str, Any]:
+    """An endpoint's tool call as ``{id, type, function: {name, arguments}}`` (arguments as JSON text)."""
+    call = call if isinstance(call, dict) else {}
+    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = _json(arguments if arguments is not None else {})
+    return {"id": str(call.get("id") or f"call{index:05d}"), "type": "function",
+            "function": {"name": function.get("name"), "arguments": arguments}}
+
+
+def _calls_of(text: str) -> list[dict[str, Any]]:
+    try:
+        calls = json.loads(text)
+    except ValueError:
+        return []
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+class EndpointToolCalls(ToolParser):
+    """Reads the tool calls an OpenAI-compatible endpoint already parsed (its ``tool_calls``), so
+    ``agilerl eval --base-url`` runs the same calls through ``tool_parser`` as a local model."""
+
+    name = "openai"
+
+    def parse(self, ids: Sequence[int], tools: ToolSet | None = None) -> ParsedCompletion:
+        return self.parse_text("".join(chr(i) for i in ids), tools)
+
+    def parse_text(self, text: str, tools: ToolSet | None = None) -> ParsedCompletion:
+        text = text.removesuffix(_END)
+        content, fields, encoded = text.partition(_FIELDS)
+        calls = []
+        start = len(content) + len(fields)
+        for i, call in enumerate(_calls_of(encoded) if fields else []):
+            function = call["function"]
+            raw = function.get("arguments") or "{}"
+            try:
+                arguments, status, error = json.loads(raw), "ok", None
+            except ValueError as exc:
+                arguments, status, error = None, "invalid_json", f"arguments: {exc}"
+            if status == "ok" and not isinstance(arguments, dict):
+                arguments, status, error = None, "invalid_json", "arguments must be a JSON object"
+            if status == "ok" and not function.get("name"):
+                status, error = "missing_name", "the call names no tool"
+            calls.append(ToolCall(function.get("name"), arguments, status, (start, len(text)), raw, error, call["id"]))
+        parsed = ParsedCompletion(content=content.strip() if calls else content, calls=tuple(calls), unit="token", text=content)
+        return parsed.checked(tools)
 
 
 def _decode_json(text: str, url: str) -> dict[str, Any]:

@@ -83,25 +83,28 @@ class ToolRouting:
             return None
         names = tuple(str(r.get("name") or "") for r in records)
         results = [str(r.get("result", "")) for r in records]
-        key = (id(renderer), names, final)
+        ids = tuple(str(r.get("id") or f"call{i:05d}") for i, r in enumerate(records))
+        key = (id(renderer), names, final, ids)
         if key not in self._tails:
             if len(self._tails) >= _KEPT:
                 self._tails.clear()
             try:
-                self._tails[key] = _learn_tail(renderer, names, final, self.parser.calls_end)
+                self._tails[key] = _learn_tail(renderer, names, final, self.parser.calls_end, ids)
             except ChatTemplateError:
                 self._tails[key] = None  # rendered each time, with the fallback below
         pieces = self._tails[key]
         if pieces is None:
-            text = self._tail_text(renderer, names, results, final)
+            text = self._tail_text(renderer, names, results, final, ids)
         else:
             text = pieces[0] + "".join(result + piece for result, piece in zip(results, pieces[1:]))
         tail = renderer.encode(text)
         return tail[_overlap(action_ids, tail, self._special_ids(renderer)) :]
 
-    def _tail_text(self, renderer: ChatRenderer, names: tuple[str, ...], results: list[str], final: bool) -> str:
+    def _tail_text(
+        self, renderer: ChatRenderer, names: tuple[str, ...], results: list[str], final: bool, ids: tuple[str, ...]
+    ) -> str:
         try:
-            return tool_tail_text(renderer, names, results, final=final, calls_end=self.parser.calls_end)
+            return tool_tail_text(renderer, names, results, final=final, calls_end=self.parser.calls_end, ids=ids)
         except ChatTemplateError:
             if len(names) < 2:
                 raise
@@ -115,7 +118,8 @@ class ToolRouting:
                 AgileRLWarning,
                 stacklevel=3,
             )
-        return tool_tail_text(renderer, names[:1], ["\n".join(results)], final=final, calls_end=self.parser.calls_end)
+        joined = ["\n".join(results)]
+        return tool_tail_text(renderer, names[:1], joined, final=final, calls_end=self.parser.calls_end, ids=ids[:1])
 
     def _special_ids(self, renderer: ChatRenderer) -> frozenset[int]:
         if self._specials is None:
@@ -138,7 +142,13 @@ class ToolRouting:
 
 
 def tool_tail_text(
-    renderer: ChatRenderer, names: Sequence[str], results: Sequence[str], *, final: bool, calls_end: str | None = None
+    renderer: ChatRenderer,
+    names: Sequence[str],
+    results: Sequence[str],
+    *,
+    final: bool,
+    calls_end: str | None = None,
+    ids: Sequence[str] | None = None,
 ) -> str:
     """What the chat template puts after an assistant turn that called ``names``, their
     ``results`` in the ``tool`` role, and (unless ``final``) the generation prompt: the render of
@@ -148,7 +158,7 @@ def tool_tail_text(
     # (DeepSeek's concatenates them); the tail after the calls does not depend on them
     for base, arguments in ((b, a) for b in _BASES for a in ({}, "{}")):
         calls = [
-            {"id": f"call{i:05d}", "type": "function", "function": {"name": name, "arguments": arguments}}
+            {"id": ids[i] if ids else f"call{i:05d}", "type": "function", "function": {"name": name, "arguments": arguments}}
             for i, name in enumerate(names)
         ]
         answer = {"role": "assistant", "content": "", "tool_calls": calls}
@@ -178,12 +188,12 @@ def tool_tail_text(
 
 
 def _learn_tail(
-    renderer: ChatRenderer, names: tuple[str, ...], final: bool, calls_end: str | None
+    renderer: ChatRenderer, names: tuple[str, ...], final: bool, calls_end: str | None, ids: tuple[str, ...]
 ) -> list[str] | None:
     """The tail's text around each result, or None when the template alters results (then each
     tail is rendered)."""
     sentinels = [_SENTINEL.format(i) for i in range(len(names))]
-    text = tool_tail_text(renderer, names, sentinels, final=final, calls_end=calls_end)
+    text = tool_tail_text(renderer, names, sentinels, final=final, calls_end=calls_end, ids=ids)
     pieces = []
     for sentinel in sentinels:
         before, found, text = text.partition(sentinel)
@@ -193,7 +203,8 @@ def _learn_tail(
     pieces.append(text)
     probes = [_PROBE.format(i) for i in range(len(names))]
     expected = pieces[0] + "".join(p + piece for p, piece in zip(probes, pieces[1:]))
-    return pieces if tool_tail_text(renderer, names, probes, final=final, calls_end=calls_end) == expected else None
+    probe = tool_tail_text(renderer, names, probes, final=final, calls_end=calls_end, ids=ids)
+    return pieces if probe == expected else None
 
 
 def _overlap(action_ids: Sequence[int], tail: list[int], specials: frozenset[int]) -> int:

@@ -19,6 +19,11 @@ def resolve_tool_parser(setting: Any, tokenizer: Any, *, base_dir: Any = None) -
     tokenizer, and an error lists the registered parsers when it cannot."""
     if isinstance(setting, ToolParser):
         return setting
+    own = getattr(tokenizer, "tool_call_parser", None)
+    if isinstance(setting, str) and callable(own):
+        # an OpenAI-compatible endpoint parses the model's format itself (vLLM's
+        # --tool-call-parser): its structured tool_calls are read, whichever family is named
+        return own()
     if isinstance(setting, str):
         from agilerl.registry import get_registry
         from agilerl.registry.resolver import resolve
