@@ -38,6 +38,11 @@ _LAZY = {
     "QADatasetEnv": "agilerl.data.qa_dataset",
     "DatasetEnv": "agilerl.data.dataset_env",
     "make_format_rubric": "agilerl.data.rubric",
+    "Rubric": "agilerl.data.rubric",
+    "Reward": "agilerl.data.rubric",
+    "CompositeRubric": "agilerl.data.composite",
+    "RubricEntry": "agilerl.data.composite",
+    "RubricGate": "agilerl.data.composite",
     # rollouts
     "RolloutHarness": "agilerl.rollout.harness",
     "Trajectory": "agilerl.rollout.trajectory",
@@ -118,7 +123,8 @@ if TYPE_CHECKING:
     from agilerl.assembly.evaluation import EvalPlan, EvalSummary, evaluate_spec, pass_at_k
     from agilerl.assembly.from_manifest import train_from_manifest
     from agilerl.assembly.models import load_model_and_tokenizer
-    from agilerl.data.rubric import make_format_rubric
+    from agilerl.data.composite import CompositeRubric, RubricEntry, RubricGate
+    from agilerl.data.rubric import Reward, Rubric, make_format_rubric
     from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
 
     exact_match: Callable[..., float]
