@@ -30,7 +30,6 @@ from agilerl.remote.frames import (
     call_tool_frame,
     ErrorCode,
     Reply,
-    ReplyError,
     decode_peer,
     parse_reply,
     peer_text,
@@ -308,7 +307,7 @@ class RemoteEnvClient(EnvClient):
         values held to the protocol's rules, as a local env's are."""
         try:
             observation = read_observation(data)
-        except ReplyError as exc:
+        except EnvProtocolError as exc:  # names the field; this names the server
             raise EnvProtocolError(
                 f"{self.url} answered {what} with a reply that breaks the OpenEnv protocol: {exc} "
                 "(the server's env, or the server, is at fault; this episode is lost)"

@@ -25,7 +25,7 @@ import pydantic_core
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, with_config
 from typing_extensions import NotRequired, TypedDict
 
-from agilerl.errors import validation_problems
+from agilerl.errors import EnvProtocolError, validation_problems
 from agilerl.protocol import reset_kwargs, reward_problem, valid_text
 
 __all__ = [
@@ -67,7 +67,6 @@ __all__ = [
     "decode_peer",
     "parse_reply",
     "peer_text",
-    "ReplyError",
     "ObservationReply",
     "read_observation",
 ]
@@ -416,17 +415,13 @@ class ObservationReply(NamedTuple):
     info: dict[str, Any]
 
 
-class ReplyError(ValueError):
-    """A server's reply whose values break the protocol; the message names the field."""
-
-
 def read_observation(data: Any) -> ObservationReply:
     """Read an observation reply's ``data``. ``done`` and ``truncated`` may sit beside the
     observation or in it; ``metadata`` in both is merged. Values are held to the protocol's rules
-    (``ReplyError`` names the field): a reward is a finite number (null or absent: 0), ``done``
+    (``EnvProtocolError`` names the field): a reward is a finite number (null or absent: 0), ``done``
     and ``truncated`` are JSON booleans (absent: false), as a local env's step is checked."""
     if not isinstance(data, dict):
-        raise ReplyError(f"data must be an object, got {peer_text(data, 80)}")
+        raise EnvProtocolError(f"data must be an object, got {peer_text(data, 80)}")
     observation = data.get("observation")
     if not isinstance(observation, dict):
         observation = {} if observation is None else {"observation": observation}
@@ -451,7 +446,7 @@ def read_observation(data: Any) -> ObservationReply:
     elif type(reward) is not float or reward - reward != 0.0:  # not a finite float: the full rule
         problem = reward_problem(reward)
         if problem is not None:
-            raise ReplyError(f"{where}.reward {problem}")
+            raise EnvProtocolError(f"{where}.reward {problem}")
     done, truncated = done is True, truncated is True
     return ObservationReply(observation, float(reward), done and not truncated, truncated, info)
 
@@ -465,7 +460,7 @@ def _is_flag(value: Any) -> bool:
 
 
 def _refuse_flags(data: dict[str, Any], observation: dict[str, Any]) -> None:
-    """Raise ``ReplyError`` naming the ``done``/``truncated`` that is not a JSON boolean: a
+    """Raise ``EnvProtocolError`` naming the ``done``/``truncated`` that is not a JSON boolean: a
     string such as ``"false"`` is refused, never read by its truthiness."""
     for name, places in (
         ("done", (("data", data), ("data.observation", observation))),
@@ -475,5 +470,5 @@ def _refuse_flags(data: dict[str, Any], observation: dict[str, Any]) -> None:
             if name in holder:
                 value = holder[name]
                 if value is not None and value is not True and value is not False:
-                    raise ReplyError(f"{where}.{name} must be a JSON boolean, got {peer_text(repr(value), 80)}")
+                    raise EnvProtocolError(f"{where}.{name} must be a JSON boolean, got {peer_text(repr(value), 80)}")
                 break
