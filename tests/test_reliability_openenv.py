@@ -269,3 +269,10 @@ def test_a_validation_error_is_shown_by_its_field_and_message_in_process_and_ser
         with pytest.raises(Exception) as raised:
             client.step("many")
     assert expected in str(raised.value) and "further information" not in str(raised.value)
+
+
+def test_serve_and_env_check_take_every_adapter_option_as_a_flag() -> None:
+    from agilerl.cli.args import ADAPTER_FLAGS
+    from agilerl.envs.openenv_native import ADAPTER_OPTIONS
+
+    assert [option for option, _ in ADAPTER_FLAGS] == list(ADAPTER_OPTIONS)

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["json_object", "positive_float", "positive_int"]
+__all__ = ["json_object", "positive_float", "positive_int", "ADAPTER_FLAGS", "add_adapter_flags", "adapter_options"]
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -38,3 +38,26 @@ def _above_zero(convert: Callable[[str], float], noun: str) -> Callable[[str], A
 
 positive_float = _above_zero(float, "a number")
 positive_int = _above_zero(int, "a whole number")
+
+
+ADAPTER_FLAGS = (
+    ("action_field", "the Action field (or MCP tool argument) the text fills"),
+    ("observation_field", "dotted path of the observation's text"),
+    ("observation_processor", "a processor (registered, module:attr, file.py:attr) making the text"),
+    ("image_field", "dotted path of the observation's image (screenshot, screen)"),
+    ("mcp_tool", "an MCP env's tool each step calls"),
+    ("action_type", "module:attr of the env's Action class, when nothing names it"),
+)
+"""An OpenEnv env's adapter options as flags (``--action-field`` ...): the manifest's environment
+fields of the same names (``agilerl.envs.openenv_native.ADAPTER_OPTIONS``), for env check and serve."""
+
+
+def add_adapter_flags(group: Any) -> None:
+    """Add :data:`ADAPTER_FLAGS` to an argument group."""
+    for option, meaning in ADAPTER_FLAGS:
+        group.add_argument(f"--{option.replace('_', '-')}", dest=option, metavar="VALUE", help=meaning)
+
+
+def adapter_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The adapter flags given on the command line."""
+    return {option: getattr(args, option) for option, _ in ADAPTER_FLAGS if getattr(args, option, None) is not None}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.chat import EpisodeChat
-from agilerl.cli.args import json_object
+from agilerl.cli.args import add_adapter_flags, json_object
 from agilerl.errors import InvalidArgument, exception_text
 from agilerl.images import observation_images
 
@@ -39,6 +39,11 @@ def add_parser(subparsers: Any) -> None:
         help='Comma-separated scripted actions, one per turn: "5,9,7" or JSON ones, "[0.5, -0.5],[1, 0]" '
         "(the last one repeats; the check's step plays the first; default: random numbers and words).",
     )
+    check.add_argument(
+        "--action", action="append", metavar="TEXT",
+        help="One scripted completion for a turn, taken whole (commas and all); repeat it for "
+        "each turn, in order (the last one repeats). Instead of --actions.",
+    )
     check.add_argument("--max-turns", type=int, help="Turn budget (default: the env's max_turns).")
     check.add_argument("--seed", type=int, default=0, help="Seed of episode 0; episode i uses seed+i (default: 0).")
     check.add_argument(
@@ -54,15 +59,12 @@ def add_parser(subparsers: Any) -> None:
         "OpenEnv envs", "How the model's text reaches an OpenEnv env and its observation reads as "
         "text (the manifest's environment fields of the same names)."
     )
-    for option, meaning in (
-        ("action_field", "the Action field (or MCP tool argument) the text fills"),
-        ("observation_field", "dotted path of the observation's text"),
-        ("observation_processor", "a processor (registered, module:attr, file.py:attr) making the text"),
-        ("image_field", "dotted path of the observation's image (screenshot, screen)"),
-        ("mcp_tool", "an MCP env's tool each step calls"),
-        ("action_type", "module:attr of the env's Action class, when nothing names it"),
-    ):
-        adapter.add_argument(f"--{option.replace('_', '-')}", dest=option, metavar="VALUE", help=meaning)
+    add_adapter_flags(adapter)
+    check.add_argument(
+        "--tool-parser", metavar="NAME",
+        help="Parse each completion's tool calls (hermes, ...; auto with --tokenizer) and run them as "
+        "the env's call_tool; the transcript shows each call, its status and its result.",
+    )
     check.add_argument(
         "--save-images", metavar="DIR", type=Path,
         help="Write every image the env shows to DIR (episode<E>_image<I>.png or .jpg); the plain "
@@ -73,7 +75,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 _SPEC_FLAGS = (
-    "max_turns", "action_field", "observation_field", "observation_processor", "image_field", "mcp_tool", "action_type"
+    "max_turns", "action_field", "observation_field", "observation_processor", "image_field", "mcp_tool", "action_type",
+    "tool_parser",
 )
 CHECK_TURNS = 5
 """Turns an episode plays when neither the env nor the flags give a budget."""
@@ -112,7 +115,9 @@ def _check(args: argparse.Namespace) -> int:
     factory = make_env_factory(spec, base_dir=base_dir)
     # the protocol's step plays the first scripted action: an env that takes no "1" (an Enum, a
     # list of floats) is checked with what it does take
-    first = _policy(args)(0) if args.actions else "1"
+    if args.actions and args.action:
+        raise InvalidArgument("give --actions (comma-separated) or --action (repeated), not both")
+    first = _policy(args)(0) if args.actions or args.action else "1"
     report = check_env(
         factory(), seed=args.seed, action=first, raise_on_error=False, strict=args.strict, max_turns=spec.max_turns
     )
@@ -138,7 +143,9 @@ def _check(args: argparse.Namespace) -> int:
             if max_turns is None:  # the first episode's env says, so no env is built just to ask
                 max_turns = _turn_budget(spec, client.describe(), summary)
             player = (
-                _TemplatedPlayer(client, tokenizer, max_turns, spec) if tokenizer else _TextPlayer(client, max_turns)
+                _TemplatedPlayer(client, tokenizer, max_turns, spec)
+                if tokenizer
+                else _TextPlayer(client, max_turns, getattr(spec, "tool_parser", None))
             )
             try:
                 _play(player, episode, args, policy, summary)
@@ -154,7 +161,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace) -> Any:
-    scripted = _split_actions(args.actions) if args.actions else None
+    scripted = list(args.action) if args.action else _split_actions(args.actions) if args.actions else None
     rng = random.Random(args.seed)
 
     def act(turn: int) -> str:
@@ -193,7 +200,13 @@ def _load_tokenizer(name: str, base_dir: Path | None) -> Any:
 class _TextPlayer:
     """Plays through the in-process client (the protocol's checks) and keeps a plain transcript."""
 
-    def __init__(self, client: EnvClient, max_turns: int) -> None:
+    def __init__(self, client: EnvClient, max_turns: int, tool_parser: str | None = None) -> None:
+        self.routing = None
+        if tool_parser is not None:  # calls parsed from the text, as an endpoint's would be
+            from agilerl.rollout.tool_routing import ToolCallingClient, ToolRouting
+
+            self.routing = ToolRouting.build(tool_parser, None)
+            client = ToolCallingClient(client)
         self.client = client
         self.max_turns = max_turns
         info = client.describe()
@@ -214,11 +227,15 @@ class _TextPlayer:
         self.lines += [f"[{m.get('role')}] {m.get('content')}" for m in opening]
 
     def step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = self.client.step(action)
+        sent = action if self.routing is None else self.routing.action(action, self.chat.tools)
+        observation, reward, terminated, truncated, info = self.client.step(sent)
         self.turn += 1
         truncated = truncated or (not terminated and self.turn >= self.max_turns)
         role = self.chat.role_for(info, self.name)
         self.lines.append(f"[assistant] {action}")
+        if info.get("tool_calls"):
+            self.lines += tool_call_lines(info["tool_calls"])
+            return reward, terminated, truncated, info
         self.images += observation_images(observation)
         if observation or not (terminated or truncated):  # the harness renders no empty last one
             self.lines.append(f"[{role}] {_shown(observation)}")
@@ -236,6 +253,16 @@ def _shown(observation: Any) -> str:
     return observation if isinstance(observation, str) else observation.transcript()
 
 
+def tool_call_lines(records: list[dict[str, Any]]) -> list[str]:
+    """One turn's tool calls as transcript lines: each call, its status and its result."""
+    lines = []
+    for record in records:
+        arguments = json.dumps(record.get("arguments"), ensure_ascii=False)
+        lines.append(f"[call] {record.get('name')}({arguments}) {record.get('status')}")
+        lines.append(f"[tool] {record.get('result')}")
+    return lines
+
+
 def _tool_name(tool: dict[str, Any]) -> str:
     return str(tool.get("name") or (tool.get("function") or {}).get("name") or "?")
 
@@ -247,7 +274,8 @@ class _TemplatedPlayer:
         from agilerl.rollout.harness import RolloutHarness
 
         self.harness = RolloutHarness(
-            client, tokenizer, max_turns=max_turns, chat_template_kwargs=spec.chat_template_kwargs
+            client, tokenizer, max_turns=max_turns, chat_template_kwargs=spec.chat_template_kwargs,
+            tool_parser=getattr(spec, "tool_parser", None), send_reasoning=getattr(spec, "send_reasoning", False),
         )
 
     def reset(self, seed: int) -> None:
@@ -291,6 +319,10 @@ def _play(player: Any, episode: int, args: argparse.Namespace, act: Any, summary
         lines.append(
             f"[turn {turn}] reward={reward:g} terminated={terminated} truncated={truncated}{parts}"
         )
+        if isinstance(info, dict) and isinstance(info.get("tool_calls"), list):
+            scored[-1]["tool_calls"] = info["tool_calls"]  # name, arguments, status, error, result
+            if isinstance(player, _TemplatedPlayer):  # the plain transcript already shows them
+                lines += ["  " + line for line in tool_call_lines(info["tool_calls"])]
         summary["terminated"] += int(terminated)
         summary["truncated"] += int(truncated)
     summary["turns"].append(turn)

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from agilerl.cli.args import json_object, positive_float, positive_int
+from agilerl.cli.args import add_adapter_flags, adapter_options, json_object, positive_float, positive_int
 from agilerl.errors import EnvError
 from agilerl.remote import limits
 
@@ -42,8 +42,7 @@ def add_parser(subparsers: Any) -> None:
         "these say how text sent by a text client (agilerl's, its action_field) fills the Action. "
         "They may also be keys of --env-config."
     )
-    for option, meaning in _ADAPTER_FLAGS:
-        adapter.add_argument(f"--{option.replace('_', '-')}", dest=option, metavar="VALUE", help=meaning)
+    add_adapter_flags(adapter)
     connections = parser.add_argument_group(
         "connection limits", "What a slow, silent or flooding client may hold (the server's defaults shown)."
     )
@@ -53,14 +52,6 @@ def add_parser(subparsers: Any) -> None:
                                  help=f"{what} (default: {default})." if default is not None else f"{what}.")
     parser.set_defaults(handler=_serve)
 
-
-_ADAPTER_FLAGS = (
-    ("action_field", "the Action field a text fills (default: message, else the Action's one required field)"),
-    ("observation_field", "dotted path of the observation's text"),
-    ("observation_processor", "a processor (registered, module:attr, file.py:attr) making the text"),
-    ("mcp_tool", "an MCP env's tool a text step calls"),
-    ("action_type", "module:attr of the env's Action class, when nothing names it"),
-)
 
 _LIMITS = [  # flag, type, EnvServer keyword, default, what it bounds
     ("--header-timeout", positive_float, "header_timeout_s", limits.DEFAULT_HEADER_TIMEOUT_S,
@@ -103,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         max_concurrent_envs=args.max_concurrent_envs,
         session_timeout_s=args.session_timeout,
-        adapter=_adapter_options(args),
+        adapter=adapter_options(args),
         **{option: getattr(args, option) for _, _, option, _, _ in _LIMITS},
     )
     run(_run_until_signal(server, kind), kind)
@@ -119,7 +110,7 @@ def _build_one_env(args: argparse.Namespace) -> int:
 
     factory = entrypoint_factory(
         args.entrypoint, dict(args.env_config), install=args.env_packages, options_in_config=True,
-        **_adapter_options(args),
+        **adapter_options(args),
     )
     try:
         env = factory()
@@ -135,10 +126,6 @@ def _build_one_env(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"note: {why}", file=sys.stderr, flush=True)
     return limit
-
-
-def _adapter_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {option: getattr(args, option) for option, _ in _ADAPTER_FLAGS if getattr(args, option) is not None}
 
 
 async def _run_until_signal(server: Any, loop_name: str) -> None:
