@@ -117,6 +117,19 @@ def test_a_foreign_reply_that_breaks_the_protocol_is_refused_naming_server_and_f
         assert client.reset()[0] == "start"
 
 
+def test_a_reply_of_the_wrong_type_is_not_read_as_an_observation(foreign: Any) -> None:
+    def ws(frame: dict[str, Any], session: int) -> str:
+        if frame["type"] == "reset":
+            return observation({"observation": {"text": "start"}})
+        return json.dumps({"type": "state", "data": {"reward": 1.0, "done": True}})
+
+    url = foreign(ws)
+    with RemoteEnvClient(url) as client:
+        client.reset()
+        with pytest.raises(EnvProtocolError, match=r"answered step with a 'state' frame where the OpenEnv protocol has 'observation'"):
+            client.step("x")
+
+
 def test_well_formed_foreign_replies_still_read_as_before(foreign: Any) -> None:
     """Ints are rewards, null rewards and absent flags are 0 / false (OpenEnv's reset sends a
     null reward), ``done`` may sit in the observation."""

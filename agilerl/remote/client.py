@@ -203,7 +203,7 @@ class RemoteEnvClient(EnvClient):
             try:
                 if self._conn is None or self._conn.closed:
                     await self._connect(self._urls[(self._first + backoff.attempts) % len(self._urls)])
-                reply = await self._request(frame, "reset")
+                reply = await self._request(frame, "reset", "observation")
                 break
             except (ConnectionLost, RemoteEnvError) as exc:
                 if isinstance(exc, RemoteEnvError) and exc.code not in _RETRIED_AT_RESET:
@@ -218,7 +218,7 @@ class RemoteEnvClient(EnvClient):
         if self._conn is None or self._conn.closed:
             raise RemoteEnvError("step() before reset(), or after the session ended: call reset() first.")
         try:
-            reply = await self._request(step_frame(action, self.action_field, self.mcp_tool), "step")
+            reply = await self._request(step_frame(action, self.action_field, self.mcp_tool), "step", "observation")
         except ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(
@@ -276,8 +276,9 @@ class RemoteEnvClient(EnvClient):
         )
         self.url = url
 
-    async def _request(self, frame: bytes, what: str) -> Any:
-        """Send ``frame``; the reply's ``data``, or ``RemoteEnvError`` for an error frame."""
+    async def _request(self, frame: bytes, what: str, expect: str | None = None) -> Any:
+        """Send ``frame``; the reply's ``data``, or ``RemoteEnvError`` for an error frame
+        (``EnvProtocolError`` for a frame of another type than ``expect``)."""
         assert self._conn is not None
         try:
             raw = await self._conn.request(frame, self.request_timeout_s)
@@ -300,6 +301,11 @@ class RemoteEnvClient(EnvClient):
             if code in _SERVER_CLOSES_AFTER:
                 await self._drop()
             raise RemoteEnvError(f"{self.url} answered {what} with {code}: {message}", code)
+        if expect is not None and reply.type != expect:
+            raise EnvProtocolError(
+                f"{self.url} answered {what} with a {peer_text(reply.type, 40)!r} frame where the "
+                f"OpenEnv protocol has {expect!r}; this episode is lost"
+            )
         return reply.data
 
     def _observation(self, data: Any, what: str) -> StepResult:
