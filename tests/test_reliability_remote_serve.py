@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,11 @@ ENV = textwrap.dedent("""
 """)
 
 
-def _serve(tmp_path: Path, *extra: str, hang: bool = False) -> tuple[subprocess.Popen[str], str]:
+def _ignore_sighup() -> None:  # what nohup does before it starts the command
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def _serve(tmp_path: Path, *extra: str, hang: bool = False, nohup: bool = False) -> tuple[subprocess.Popen[str], str]:
     (tmp_path / "marked.py").write_text(ENV)
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -48,6 +53,7 @@ def _serve(tmp_path: Path, *extra: str, hang: bool = False) -> tuple[subprocess.
     proc = subprocess.Popen(
         [sys.executable, "-m", "agilerl", "serve", f"{tmp_path / 'marked.py'}:Marked", "--port", "0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=_ignore_sighup if nohup else None,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "serving ... at URL ..." (or nothing: it failed)
@@ -82,6 +88,19 @@ def test_sighup_stops_serve_like_sigterm_and_closes_its_envs(tmp_path: Path) -> 
     assert out.strip().endswith("stopped")
     assert _closes(tmp_path) == 2  # and the session's env
     client.close()
+
+
+@pytest.mark.slow
+def test_under_nohup_sighup_is_still_ignored(tmp_path: Path) -> None:
+    proc, url = _serve(tmp_path, nohup=True)
+    proc.send_signal(signal.SIGHUP)
+    threading.Event().wait(0.5)  # a stop would have begun by now
+    with RemoteEnvClient(url, retry_budget_s=0) as client:
+        assert client.reset()[0] == "hi"
+    assert proc.poll() is None
+    proc.terminate()
+    _finish(proc, 60)
+    assert proc.returncode == 0
 
 
 @pytest.mark.slow
