@@ -109,3 +109,26 @@ def test_the_env_dataset_reads_its_size_off_is_the_first_slots(tmp_path, chatml_
         rollout([task_prompt(0), task_prompt(1)], trainer)
         assert [t.rewards for t in rollout.last_batch] == [[1.0], [1.0]]
         assert log.read_text().count("built") == 2  # two slots: the dataset's env and one more
+
+
+def test_tool_calls_run_through_the_same_parser_in_trl_rollouts(tmp_path):
+    """``tool_parser`` in an EnvRollout: the scripted model's call runs as the env's call_tool, the
+    completion TRL gets is the generated call (trained) then the tool result (masked)."""
+    from types import SimpleNamespace
+
+    from agilerl.rollout.policy import ScriptedPolicy
+    from tests.test_tools_endpoint import ENV
+    from tests.tool_families import family_tokenizer
+
+    tokenizer = family_tokenizer("hermes")
+    (tmp_path / "calc.py").write_text(ENV)
+    args = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, max_completion_length=48, seed=0)
+    trainer = SimpleNamespace(args=args, processing_class=tokenizer)
+    call = '<tool_call>{"name": "submit", "arguments": {"answer": 5}}</tool_call>'
+    with EnvRollout(str(tmp_path / "calc.py") + ":CalcEnv", tool_parser="hermes", policy=ScriptedPolicy(tokenizer, call)) as rollout:
+        out = rollout([task_prompt(0)], trainer)
+    assert out["env_reward"] == [1.0]
+    completion, mask = out["completion_ids"][0], out["env_mask"][0]
+    generated = [t for t, m in zip(completion, mask) if m]
+    assert tokenizer.decode(generated) == call + "<|im_end|>"
+    assert "<tool_response>\ndone\n</tool_response>" in tokenizer.decode([t for t, m in zip(completion, mask) if not m])

@@ -20,11 +20,14 @@ Which task a prompt plays: ``rollout.dataset(n)`` writes prompts ``"agilerl task
 other prompt text (a dataset of your own) plays the seed its CRC-32 gives. Equal prompts play the
 same task, so a GRPO group compares like with like. Dataset envs play row ``seed % dataset_size``.
 
-Why not TRL's ``environment_factory``: it turns an env's Python methods into tools and parses
-the model's tool calls itself. Our envs take the model's text and parse it themselves (tool calls
-included), so wrapping them there would re-serialize each parsed call back into text. Choose
-``environment_factory`` for an env written for TRL as Python methods; ``rollout_func`` (here) for
-every agilerl env, tool-using or not.
+Tool calls: ``EnvRollout(env, tool_parser="hermes")`` (or ``auto``, or the manifest's
+``environment.tool_parser``) parses the model's calls in its own format with agilerl's parsers,
+on the generated ids, runs them as the env's ``call_tool`` and renders the results in the ``tool``
+role; the completion TRL trains on is still exactly the generated tokens plus the env's, masked.
+Why not TRL's ``environment_factory``: it turns a class's Python methods into tools and parses
+the calls with its own response schema per family. Here one parser set serves training, eval and
+TRL alike, for every kind of env (an MCP server, a text env with ``call_tool``); choose
+``environment_factory`` for an env written for TRL as Python methods.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class EnvRollout:
         max_new_tokens: int | None = None,
         base_dir: str | Path | None = None,
         policy: Policy | None = None,
+        tool_parser: str | None = None,
     ) -> None:
         """``env``: a registered name, ``module:attr``, ``file.py:attr``, an ``http(s)://`` or
         ``ws(s)://`` URL of a served env, a manifest file, or a manifest's ``environment:``
@@ -81,8 +85,9 @@ class EnvRollout:
 
         ``max_new_tokens`` is per turn (default: the trainer's ``max_completion_length``);
         ``policy`` generates instead of the trainer's model (any ``Policy``, e.g. a vLLM backend).
+        ``tool_parser`` (``hermes``, ..., ``auto``) runs the model's tool calls as the env's ``call_tool``.
         """
-        self.spec, self.base_dir = _spec(env, env_config, max_turns, base_dir)
+        self.spec, self.base_dir = _spec(env, env_config, max_turns, base_dir, tool_parser)
         self.max_new_tokens = max_new_tokens
         self.policy = policy
         self._collector: RolloutCollector | None = None
@@ -218,6 +223,7 @@ def _spec(
     env_config: dict[str, Any] | None,
     max_turns: int | None,
     base_dir: str | Path | None,
+    tool_parser: str | None = None,
 ) -> tuple[EnvironmentSpec, str | Path | None]:
     """The ``environment:`` section ``env`` names, with the keyword overrides applied."""
     from agilerl.manifest.spec import EnvironmentSpec, load_manifest, parse_env_spec
@@ -240,4 +246,6 @@ def _spec(
         fields["env_config"] = env_config
     if max_turns is not None:
         fields["max_turns"] = max_turns
+    if tool_parser is not None:
+        fields["tool_parser"] = tool_parser
     return parse_env_spec(fields), base_dir
