@@ -334,3 +334,18 @@ def test_a_training_run_logs_every_component_and_the_judge_counters_every_step(s
         assert row["judge/calls"] + row["judge/cache_hits"] in (2, 3) and row["judge/failures"] == 0
         assert row["judge/tokens"] == 12 * row["judge/calls"] and row["judge/latency_s"] > 0
     assert KEY not in (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+def test_a_collection_stops_on_a_judge_outage_and_goes_on_through_one_failure(folder, chatml_tokenizer):
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    manifest = load_manifest(write(folder, "outage.yaml", rubrics=[
+        {"name": "judge", "rubric": "llm_judge", "config": {"base_url": url, "model": "m", "retries": 0, "give_up_after_s": 0.3}},
+    ]))
+    factory = make_env_factory(manifest.environment, base_dir=manifest.base_dir)
+    with RolloutCollector(factory, chatml_tokenizer, batch_size=1, group_size=2, seed=0) as collector:
+        batch = collector.collect(ScriptedPolicy(chatml_tokenizer))
+        assert [t.total_reward for t in batch.trajectories] == [0.0, 0.0]  # failure_score, counted
+        assert judge_metrics()["judge/failures"] == 2
+        time.sleep(0.4)
+        with pytest.raises(JudgeUnavailable, match=f"the judge at {url}/chat/completions failed every call"):
+            collector.collect(ScriptedPolicy(chatml_tokenizer))

@@ -194,3 +194,26 @@ def test_eval_reports_each_component_in_its_rows_and_summary(folder, capsys, tmp
     assert len(rows) == 4 and all(set(r["reward_components"]) == names for r in rows)
     assert summary["reward_components"] == reward_component_metrics(r["reward_components"] for r in rows)
     assert set(summary["reward_components"]) == {f"reward/{n}" for n in names}
+
+
+def test_async_entries_are_awaited_together_and_an_async_rubric_alone_is_awaited():
+    import asyncio
+
+    started: dict[str, asyncio.Event] = {}
+
+    def meeting(name: str, other: str):
+        async def rubric(completion):  # finishes only once the other entry has started too
+            started.setdefault(name, asyncio.Event()).set()
+            await asyncio.wait_for(started.setdefault(other, asyncio.Event()).wait(), timeout=10)
+            return 0.5
+
+        return rubric
+
+    composite = CompositeRubric([RubricEntry("a", Rubric.bind(meeting("a", "b"))), RubricEntry("b", Rubric.bind(meeting("b", "a")), 2.0)])
+    assert Rubric.bind(composite).score("x", {}, {}, "row 0") == (1.5, {"a": 0.5, "b": 0.5})
+
+    async def alone(completion, answer):
+        await asyncio.sleep(0)
+        return {"right": float(completion == answer)}
+
+    assert Rubric.bind(alone).score("4", {"answer": "4"}, {}, "row 0") == (1.0, {"right": 1.0})

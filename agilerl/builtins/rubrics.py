@@ -197,10 +197,11 @@ def llm_judge(*, base_url: str, model: str, **options: Any) -> LLMJudge:
     return LLMJudge(base_url=base_url, model=model, **options)
 
 
-def llm_judge_group(*, base_url: str, model: str, **options: Any) -> GroupJudge:
-    """A judge ranking a whole GRPO group in one call, scores in [0, 1] (see docs/rubrics.md)."""
-    return GroupJudge(base_url=base_url, model=model, **options)
+def llm_judge_group(*, base_url: str, model: str, group_size: int, **options: Any) -> GroupJudge:
+    """A judge ranking a whole GRPO group in one call, scores in [0, 1] (see docs/rubrics.md);
+    ``group_size`` is the run's (training.group_size), so a group is judged the moment it is whole."""
+    return GroupJudge(base_url=base_url, model=model, group_size=group_size, **options)
 
 
 llm_judge.needs_config = "base_url, model"  # type: ignore[attr-defined]
-llm_judge_group.needs_config = "base_url, model"  # type: ignore[attr-defined]
+llm_judge_group.needs_config = "base_url, model, group_size"  # type: ignore[attr-defined]

@@ -201,20 +201,21 @@ class JudgeEndpoint:
             {"role": "user", "content": prompt}
         ]
         body = {**self._body, "messages": messages}
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         why = ""
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(min(30.0, self.backoff_s * 2 ** (attempt - 1)))
-            t0 = time.perf_counter()
             try:
-                async with limit:
-                    async with asyncio.timeout(self.timeout_s):
-                        async with session.post(self.url, json=body) as response:
-                            text = await response.text()
-                            status = response.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                async with limit:  # the wait for a slot is not the call's: the timeout starts inside
+                    t0 = time.perf_counter()
+                    async with session.post(self.url, json=body, timeout=timeout) as response:
+                        text = await response.text()
+                        status = response.status
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 JUDGE_STATS.add(calls=1, latency_s=time.perf_counter() - t0)
-                why = f"timed out after {self.timeout_s:g} s" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+                timed_out = isinstance(exc, asyncio.TimeoutError)
+                why = f"timed out after {self.timeout_s:g} s" if timed_out else f"{type(exc).__name__}: {exc}"
                 continue
             JUDGE_STATS.add(calls=1, latency_s=time.perf_counter() - t0)
             if status == 200:
