@@ -39,18 +39,18 @@ class PlainGuess:
         return "Find the secret number from 1 to 10 with the check tool, then answer it.", {}
 
     def step(self, action):
-        if "<tool_call>" in action:
-            n = int(action.split('"n": ')[1].split("}")[0])
-            answer = "correct" if n == self.target else ("higher" if self.target > n else "lower")
-            return answer, 0.0, False, False, {"observation_role": "tool"}
         return "", float(action.strip() == str(self.target)), True, False, {}
+
+    def call_tool(self, name, arguments):
+        n = arguments["n"]
+        return "correct" if n == self.target else ("higher" if self.target > n else "lower"), 0.0, False, False, {}
 
 
 def measure(make_env, tokenizer, episodes: int) -> tuple[float, float]:
     """Median ms per reset and per turn over ``episodes`` episodes (one warm-up first)."""
     resets, turns = [], []
     for episode in range(episodes + 1):
-        harness = RolloutHarness.local(make_env(), tokenizer, max_turns=4)
+        harness = RolloutHarness.local(make_env(), tokenizer, max_turns=4, tool_parser="hermes")
         t0 = time.perf_counter()
         harness.reset(seed=0)
         t1 = time.perf_counter()

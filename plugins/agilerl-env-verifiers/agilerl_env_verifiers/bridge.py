@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import json
 import os
+import uuid
 from typing import Any
 
 import verifiers.v1 as vf
@@ -24,7 +25,7 @@ from verifiers.v1.clients import ModelContext
 
 from agilerl.concurrency import shared_loop
 from agilerl.errors import EnvError, InvalidArgument
-from agilerl_env_verifiers.env import tool_call
+from agilerl.tools import ToolSet, resolve_tool_parser
 
 _KEY_VAR = "AGILERL_VERIFIERS_BRIDGE_KEY"
 _episodes = itertools.count()
@@ -80,6 +81,7 @@ class _Endpoint:
     def __init__(self) -> None:
         self.queues: dict[str, asyncio.Queue[tuple[dict[str, Any], asyncio.Future[str]]]] = {}
         self.url = ""
+        self.parser = resolve_tool_parser("hermes", None)  # the format our tiny and Qwen models write
 
     @classmethod
     async def get(cls) -> _Endpoint:
@@ -115,12 +117,18 @@ class _Endpoint:
         await stream.prepare(request)
         base = {"id": "agilerl", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
         delta: dict[str, Any] = {"role": "assistant", "content": text}
-        tools = {t.get("function", {}).get("name"): t for t in body.get("tools") or []}
-        call = tool_call(text, tools)
-        if call is not None:  # the policy's tool call, as the OpenAI wire carries one
-            name, arguments, call_id = call
-            delta["tool_calls"] = [{"index": 0, "id": call_id, "type": "function",
-                                    "function": {"name": name, "arguments": json.dumps(arguments)}}]
+        # the policy's tool calls, read by agilerl's parser of the model's format, as the OpenAI
+        # wire carries them (the program runs them and answers in the tool role)
+        parsed = self.parser.parse_text(text, ToolSet(body.get("tools") or []))
+        calls = [c for c in parsed.calls if c.ok]
+        call = bool(calls)
+        if calls:
+            delta["content"] = parsed.content
+            delta["tool_calls"] = [
+                {"index": i, "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                for i, c in enumerate(calls)
+            ]
         for chunk in (
             {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
             {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls" if call else "stop"}]},

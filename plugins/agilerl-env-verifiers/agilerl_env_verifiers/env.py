@@ -7,10 +7,11 @@ Score-only: our policy's turns are committed to a verifiers ``Trace`` message by
 when the episode ends, the task's ``@vf.reward``/``@vf.metric`` functions score that trace. No
 harness program and no model endpoint run, so this fits single-agent tasksets whose rewards read
 the trace (the common case). Tools: the task's and taskset's ``vf.Toolset`` servers are
-registered in process into MCP servers; the model sees their schemas (reset's ``info["tools"]``),
-a reply that is a tool call (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` or
-the bare JSON) runs the tool, and its result comes back in the ``tool`` role. The first reply
-that is not a tool call is the answer: the episode ends and is scored. An episode that reaches
+registered in process into MCP servers; the model sees their schemas (reset's ``info["tools"]``).
+Tool calls reach the env already parsed, in the model's own format, by agilerl's tool parser
+(``environment.tool_parser: hermes``, or ``auto``): each runs through ``call_tool(name,
+arguments)`` and its result comes back in the ``tool`` role. A reply without a call reaches
+``step``: it is the answer, and the episode ends and is scored. An episode that reaches
 ``max_turns`` first is scored too, on the trace so far (``truncated``).
 
 verifiers keeps class-wide asyncio locks (``SubprocessRuntime``), so every env in a process
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import re
 import uuid
 from typing import Any
 
@@ -31,8 +31,6 @@ from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
 from agilerl.concurrency import shared_loop
 from agilerl.errors import EnvError, InvalidArgument
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
 class VerifiersEnv:
@@ -58,9 +56,16 @@ class VerifiersEnv:
         return shared_loop().run(self._episode.open())
 
     def step(self, action: str):
+        """The answer (a reply without a tool call): the episode ends and is scored."""
         if self._episode is None:
             raise EnvError("step() before reset()")
-        return shared_loop().run(self._episode.turn(action, self.max_turns))
+        return shared_loop().run(self._episode.answer(action))
+
+    def call_tool(self, name: str, arguments: dict[str, Any]):
+        """One parsed tool call, run on the task's MCP server; its result in the ``tool`` role."""
+        if self._episode is None:
+            raise EnvError("call_tool() before reset()")
+        return shared_loop().run(self._episode.call(name, arguments, self.max_turns))
 
 
 class _Episode:
@@ -112,16 +117,21 @@ class _Episode:
             info["messages"] = messages  # the task's own conversation, as it gave it
         return data.prompt_text, info
 
-    async def turn(self, action: str, max_turns: int) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    async def answer(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.scored:
             raise EnvError("the episode has ended: reset() first")
         self.turns += 1
-        call = tool_call(action, self.tools)
-        if call is None:
-            self._commit(vf.AssistantMessage(content=action), sampled=True)
-            return "", await self._score(), True, False, {"rewards": self._rewards()}
-        name, arguments, call_id = call
-        self._commit(vf.AssistantMessage(content=action, tool_calls=[
+        self._commit(vf.AssistantMessage(content=action), sampled=True)
+        return "", await self._score(), True, False, {"rewards": self._rewards()}
+
+    async def call(self, name: str, arguments: dict[str, Any], max_turns: int) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.scored:
+            raise EnvError("the episode has ended: reset() first")
+        if name not in self.tools:  # the harness checks names first; a direct caller may not
+            return f"Error: unknown tool {name!r}", 0.0, False, False, {}
+        self.turns += 1
+        call_id = f"call_{uuid.uuid4().hex[:12]}"
+        self._commit(vf.AssistantMessage(content="", tool_calls=[
             vf.ToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
         ]), sampled=True)
         server, tool_name = self.tools[name]
@@ -129,8 +139,8 @@ class _Episode:
         text = "\n".join(getattr(part, "text", "") for part in result.content)
         self._commit(vf.ToolMessage(tool_call_id=call_id, name=name, content=text))
         if self.turns >= max_turns:  # cut short here: still scored, on the trace so far
-            return text, await self._score(), False, True, {"observation_role": "tool", "rewards": self._rewards()}
-        return text, 0.0, False, False, {"observation_role": "tool"}
+            return text, await self._score(), False, True, {"rewards": self._rewards()}
+        return text, 0.0, False, False, {}
 
     async def _score(self) -> float:
         self.scored = True
@@ -144,27 +154,6 @@ class _Episode:
     def _commit(self, message: Any, sampled: bool = False) -> None:
         parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
         self.trace.nodes.append(MessageNode(parent=parent, message=message, sampled=sampled))
-
-
-def tool_call(text: str, tools: dict[str, Any]) -> tuple[str, dict[str, Any], str] | None:
-    """``(name, arguments, call id)`` when ``text`` calls one of ``tools``, else None."""
-    if not tools:
-        return None
-    found = _TOOL_CALL.search(text)
-    raw = found.group(1) if found else text.strip()
-    try:
-        call = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(call, dict) or call.get("name") not in tools:
-        return None
-    arguments = call.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    return (call["name"], arguments, f"call_{uuid.uuid4().hex[:12]}") if isinstance(arguments, dict) else None
 
 
 def _load_taskset(source: str, fields: dict[str, Any]) -> vf.Taskset:

@@ -46,7 +46,8 @@ from agilerl.manifest.spec import parse_env_spec
 tokenizer = build_tiny_tokenizer("chatml")
 out = {}
 for name, (env_config, episodes) in json.loads(sys.argv[1]).items():
-    spec = parse_env_spec({"env_type": "rollout", "entrypoint": "verifiers", "env_config": env_config})
+    spec = parse_env_spec({"env_type": "rollout", "entrypoint": "verifiers", "env_config": env_config,
+                           **({} if env_config.get("mode") == "bridge" else {"tool_parser": "hermes"})})
     out[name] = []
     for replies in episodes:
         with RolloutHarness.from_spec(spec, tokenizer) as harness:
@@ -80,7 +81,7 @@ ADD = '<tool_call>{"name": "adder_add", "arguments": {"a": 2, "b": 3}}</tool_cal
 EPISODES = {
     "reverse": ({"taskset": "vf_tasks:Reverse"}, [["desserts"], ["dessert"]]),
     "guess": ({"taskset": "vf_tasks:Guess"}, [[CALL.format(5), CALL.format(8), CALL.format(7), "7"]]),
-    "guess cut short": ({"taskset": "vf_tasks:Guess", "max_turns": 2}, [['{"name": "oracle_check", "arguments": {"n": 7}}'] * 3]),
+    "guess cut short": ({"taskset": "vf_tasks:Guess", "max_turns": 2}, [[CALL.format(7)] * 3]),
     "sums": ({"taskset": "vf_tasks:Sums"}, [[ADD, "5"], ["5"]]),
     # bridge: the env's own Env.run (null harness program, the Toolset served over MCP)
     "bridge reverse": ({"taskset": "vf_bridge_reverse", "mode": "bridge"}, [["desserts"]]),
