@@ -270,6 +270,7 @@ def test_a_missing_key_variable_is_named_without_a_value(stub, monkeypatch):
         ({"score_range": [5, 1]}, "score_range must be"),
         ({"max_concurrency": 0}, "max_concurrency >= 1"),
         ({"base_url": "localhost:8000"}, "must start with http"),
+        ({"api_key": KEY}, "'api_key' would put the key in the manifest; .* api_key_env"),
     ],
 )
 def test_judge_settings_are_checked_when_built(options, words):

@@ -78,7 +78,7 @@ RUBRICS: list[tuple[str, str, str]] = [
     (
         "llm_judge_group",
         "agilerl.builtins.rubrics:llm_judge_group",
-        "An LLM judge ranking a whole GRPO group in one call, RULER-style (config: base_url, model).",
+        "An LLM judge ranking a whole GRPO group in one call, RULER-style (config: base_url, model, group_size).",
     ),
 ]
 ALGORITHMS: list[tuple[str, str, str]] = [

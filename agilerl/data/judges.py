@@ -103,6 +103,11 @@ class _JudgeRubric:
         failure_score: float | None,
         **endpoint: Any,
     ) -> None:
+        if "api_key" in endpoint:  # its value is never repeated, here or anywhere
+            raise RubricError(
+                "judge config: 'api_key' would put the key in the manifest; export it and name the "
+                "variable instead: api_key_env: JUDGE_API_KEY."
+            )
         self.used = _check_template(prompt, self.allowed)
         if len(score_range) != 2 or score_range[1] <= score_range[0]:
             raise RubricError(f"judge score_range must be [low, high] with low < high, got {list(score_range)}.")
