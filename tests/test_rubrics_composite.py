@@ -217,3 +217,27 @@ def test_async_entries_are_awaited_together_and_an_async_rubric_alone_is_awaited
         return {"right": float(completion == answer)}
 
     assert Rubric.bind(alone).score("4", {"answer": "4"}, {}, "row 0") == (1.0, {"right": 1.0})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ranks_reporting_different_components_average_each_over_the_ranks_that_have_it(tmp_path):
+    import json
+
+    from tests.test_train_distributed import _accelerate_launch
+
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent(f'''
+        import json
+        from accelerate import Accelerator
+        from agilerl.train.distributed import mean_over_ranks
+
+        accelerator = Accelerator(cpu=True)
+        rank = accelerator.process_index
+        metrics = {{"train/reward": float(rank), f"reward/only{{rank}}": 1.0 + rank, "reward/both": 2.0 * rank}}
+        merged = mean_over_ranks(accelerator, metrics)
+        (__import__("pathlib").Path({str(tmp_path)!r}) / f"rank{{rank}}.json").write_text(json.dumps(merged))
+    '''))
+    _accelerate_launch("ddp", [str(script)])
+    merged = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert merged[0] == merged[1] == {"train/reward": 0.5, "reward/only0": 1.0, "reward/only1": 2.0, "reward/both": 1.0}
