@@ -254,6 +254,20 @@ def test_the_first_metadata_rides_out_a_blip_at_start(chatml_tokenizer: Any) -> 
             server.stop()
 
 
+def test_a_metadata_answering_503_while_its_server_starts_is_retried_but_a_404_means_none(foreign: Any) -> None:
+    calls = [0]
+
+    async def metadata(request: web.Request) -> web.Response:
+        calls[0] += 1
+        if calls[0] <= 2:  # a proxy in front of a server still starting
+            return web.Response(status=503, text="upstream not ready")
+        return web.json_response({"name": "late", "max_turns": 4})
+
+    url = foreign(routes={"/metadata": metadata})
+    assert RemoteEnvClient(url, retry_budget_s=30).describe().max_turns == 4 and calls[0] == 3
+    assert RemoteEnvClient(foreign(), retry_budget_s=30).server_metadata() == {}  # no /metadata: nothing said
+
+
 def test_a_silent_peer_costs_request_timeout_and_the_episode_is_replayed(foreign: Any, chatml_tokenizer: Any) -> None:
     """The first session's step is never answered (a peer gone without closing its socket): it
     times out after request_timeout_s and the collector replays the episode on a new session."""
