@@ -241,3 +241,16 @@ def test_ranks_reporting_different_components_average_each_over_the_ranks_that_h
     _accelerate_launch("ddp", [str(script)])
     merged = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert merged[0] == merged[1] == {"train/reward": 0.5, "reward/only0": 1.0, "reward/only1": 2.0, "reward/both": 1.0}
+
+
+def test_the_docs_manifests_validate():
+    import re
+    from pathlib import Path
+
+    from agilerl.manifest.spec import parse_env_spec, parse_manifest
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "rubrics.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+    whole = [b for b in blocks if "model" in b]
+    assert len(whole) == 1 and [e.name for e in parse_manifest(whole[0]).environment.rubrics] == ["correct", "format", "working"]
+    assert len(parse_env_spec(blocks[0]["environment"]).rubric_entries) == 3
