@@ -53,3 +53,26 @@ def idefics3_processor(*, split: bool = False) -> Any:
 
 
 FAMILIES = {"qwen2_vl": qwen2_vl_processor, "llava": llava_processor, "idefics3": idefics3_processor}
+
+
+def tiny_llava(processor: Any) -> Any:
+    """A randomly initialised tiny LLaVA (a CLIP tower, a Qwen2 LM) matching ``llava_processor()``."""
+    import torch
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen2Config
+
+    tokenizer = processor.tokenizer
+    config = LlavaConfig(
+        vision_config=CLIPVisionConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8,
+        ),
+        text_config=Qwen2Config(
+            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        ),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+    )
+    torch.manual_seed(0)
+    return LlavaForConditionalGeneration(config)

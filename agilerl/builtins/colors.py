@@ -4,7 +4,9 @@ The smallest env that needs the picture: the text is the same every episode, so 
 looks at the image can beat chance. Each colour is answered with its digit (one token in most
 vocabularies, so even a tiny model can learn it): ``1`` red, ``2`` green, ``3`` blue, ``4``
 yellow, and so on for ``num_colors`` colours. A reply whose first digit is the colour's scores 1
-and ends the episode; any other reply scores 0 (and, with turns left, is told to try again).
+and ends the episode; a reply holding a digit, but the wrong one, scores ``format_reward`` (so a
+randomly initialised model finds a signal before it finds the colour); anything else scores 0.
+With turns left, a wrong reply is told to try again.
 
 ``noise`` (0-255) jitters every pixel, so no two pictures of one colour are the same bytes.
 """
@@ -34,12 +36,15 @@ class ColorsEnv:
 
     max_reward = 1.0
 
-    def __init__(self, num_colors: int = 4, size: int = 32, noise: int = 0, max_turns: int = 1) -> None:
+    def __init__(
+        self, num_colors: int = 4, size: int = 32, noise: int = 0, max_turns: int = 1, format_reward: float = 0.0
+    ) -> None:
         if not 2 <= num_colors <= len(COLORS):
             raise ValueError(f"num_colors must be 2 to {len(COLORS)}, got {num_colors}")
         if not 1 <= size <= 2048 or not 0 <= noise <= 255:
             raise ValueError(f"size must be 1-2048 and noise 0-255, got size={size}, noise={noise}")
         self.num_colors, self.size, self.noise, self.max_turns = num_colors, size, noise, max_turns
+        self.format_reward = format_reward
         self.answer = 1
 
     @property
@@ -68,4 +73,4 @@ class ColorsEnv:
         found = re.search(r"\d", action)
         if found is not None and int(found.group()) == self.answer:
             return "Correct!", 1.0, True, False, {}
-        return f"No. {self.question}", 0.0, False, False, {}
+        return f"No. {self.question}", self.format_reward if found is not None else 0.0, False, False, {}
