@@ -142,3 +142,14 @@ def test_two_ranks_train_asynchronously_each_with_its_own_pipeline(tmp_path, eng
     assert all(r["rollout/staleness_max"] <= 1 for r in rows[1:])
     state = json.loads((out / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
     assert [s["taken"] for s in state["rollout"]] == [4, 4]  # one pipeline per rank, 2 groups a step each
+
+
+def test_eval_results_carry_the_version_of_every_generated_token(tmp_path):
+    from agilerl.cli.main import main
+
+    out = tmp_path / "eval.jsonl"
+    assert main(["eval", "guess", "--model", "tiny", "--max-new-tokens", "4", "--no-progress", "-n", "2", "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["versions"] and set(row["versions"]) == {0}  # one per generated token: one set of weights
