@@ -128,8 +128,14 @@ def test_openenv_rubrics_are_entries_of_a_composite_and_take_a_config(side_pytho
     out = run_script(side_python, SCORE + textwrap.dedent('''
         entries = [RubricEntry("quality", load_rubric("weighted", "rubric.py"), 2.0),
                    RubricEntry("length", load_rubric("Scaled", "rubric.py", config={"factor": 0.1}), 1.0)]
-        print(json.dumps(score(Rubric.bind(CompositeRubric(entries)), "4")))
+        out = score(Rubric.bind(CompositeRubric(entries)), "4")
+        try:
+            load_rubric("Scaled", "rubric.py")
+        except Exception as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+        print(json.dumps(out))
     '''), folder)
+    assert out[2].startswith("RubricError: OpenEnv rubric Scaled cannot be built without arguments")
     assert out[0] == pytest.approx(2.0 * 1.0 + 0.1)
     assert out[1] == {"quality": 1.0, "quality.rubric_0": 1.0, "quality.rubric_0.rubric": 1.0,
                       "quality.rubric_1": 1.0, "length": pytest.approx(0.1)}

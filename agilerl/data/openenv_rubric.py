@@ -17,6 +17,7 @@ from typing import Any
 
 from agilerl.data.rubric import Reward
 from agilerl.envs.openenv_rubrics import RubricRecorder, is_openenv_rubric
+from agilerl.errors import RubricError
 
 __all__ = ["RowObservation", "OpenEnvRubric", "as_openenv_rubric"]
 
@@ -93,4 +94,12 @@ def as_openenv_rubric(obj: Any) -> OpenEnvRubric | None:
     arguments; pass ``config`` in the manifest for one that takes some); else None."""
     if not is_openenv_rubric(obj):
         return None
-    return OpenEnvRubric(obj() if isinstance(obj, type) else obj)
+    if isinstance(obj, type):
+        try:
+            obj = obj()
+        except TypeError as exc:
+            raise RubricError(
+                f"OpenEnv rubric {obj.__name__} cannot be built without arguments ({exc}); list it "
+                "under 'rubrics:' with 'config: {...}' holding them."
+            ) from None
+    return OpenEnvRubric(obj)
