@@ -53,7 +53,8 @@ HOOK_OF_KIND: dict[Kind, str] = {
     "tool_parser": "register_tool_parsers",
 }
 KIND_OF_HOOK = {hook: kind for kind, hook in HOOK_OF_KIND.items()}
-NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._/-]*\Z")
+NAME_PATTERN = re.compile(rf"[a-z0-9][a-z0-9._/-]{{0,{MAX_NAME_LENGTH - 1}}}\Z")
+"""The name rule: what every registered name (a plugin's, an OpenEnv package's key) matches."""
 
 
 @dataclass
@@ -255,15 +256,15 @@ def _unknown_hook_message(hook: str) -> str:
 
 def _register_callback(kind: Kind, info: PluginInfo, staged: dict[tuple[Kind, str], Entry]) -> Any:
     def register(name: str, target: Any, *, description: str = "") -> None:
+        if isinstance(name, str) and len(name) > MAX_NAME_LENGTH:
+            raise RegistrationError(
+                f"{kind} name {shown_name(name)} is {len(name):,} characters long; names are at most "
+                f"{MAX_NAME_LENGTH}."
+            )
         if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise RegistrationError(
                 f"{kind} name {shown_name(name)} is invalid: names are lower case, start with a letter or "
                 "digit and use only a-z 0-9 . _ / - (a ':' would read as 'module:attr')."
-            )
-        if len(name) > MAX_NAME_LENGTH:
-            raise RegistrationError(
-                f"{kind} name {shown_name(name)} is {len(name):,} characters long; names are at most "
-                f"{MAX_NAME_LENGTH}."
             )
         if isinstance(target, str) and not is_reference(target):
             raise RegistrationError(
