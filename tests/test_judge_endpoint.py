@@ -156,7 +156,7 @@ def test_a_repeated_prompt_is_served_from_the_cache_and_shared_while_in_flight(s
 
 
 def test_calls_in_flight_never_exceed_the_cap(stub):
-    stub.delay_s = 0.2
+    stub.delay_s = 0.5  # long enough for the six threads to be waiting at once on a busy host
     rubric = judge(stub, max_concurrency=2)
     threads = WorkerThreads("judge-test", min_workers=6)
     try:
@@ -227,7 +227,7 @@ def test_the_group_judge_ranks_one_group_in_one_call(stub, folder, chatml_tokeni
 
 def test_a_group_short_of_members_is_judged_after_gather_s(stub):
     stub.reply = lambda prompt: "[0.3, 0.8]"
-    rubric = GroupJudge(base_url=stub.url, model="stub", group_size=4, gather_s=0.2)
+    rubric = GroupJudge(base_url=stub.url, model="stub", group_size=4, gather_s=1.0)
     threads = WorkerThreads("judge-test", min_workers=2)
     try:
         results = run_in_threads(threads, [lambda c=c: score(rubric, completion=c) for c in ("x", "y")], 30, "score")
