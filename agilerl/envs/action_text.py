@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
+import types
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -88,7 +89,7 @@ class ActionText:
 def _json(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:  # not JSON (or a NaN/huge number that json still takes: fine)
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack: not a reading
         return _NO_JSON
 
 
@@ -98,7 +99,7 @@ def _enums_in(annotation: Any) -> Iterator[type[enum.Enum]]:
         yield annotation
         return
     origin = typing.get_origin(annotation)
-    if origin is typing.Union or origin is typing.Annotated or str(origin) == "<class 'types.UnionType'>":
+    if origin in (typing.Union, typing.Annotated, types.UnionType):
         for arg in typing.get_args(annotation):
             yield from _enums_in(arg)
 
