@@ -105,3 +105,32 @@ def test_slow_plugins_load_at_once_and_keep_their_order(site: Path) -> None:
     discovered, plugins, owners = json.loads(order.stdout)
     assert plugins == discovered  # the order they were found in, not the order they finished in
     assert owners == ["slow-a", "slow-b", "slow-c"]  # one env each (entries are listed by name)
+
+
+def test_plugin_code_on_several_threads_shares_one_redirection_and_fd_1_comes_back(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    import threading
+
+    from agilerl.registry.plugins import call_plugin_codes
+
+    def writes(tag: bytes) -> None:
+        os.write(1, tag)
+        print(tag.decode(), end="")
+
+    started = threading.Barrier(2, timeout=30)
+
+    def batch(tag: bytes) -> None:
+        started.wait()
+        outcomes = call_plugin_codes([lambda: writes(tag), lambda: writes(tag.upper())], deadlines=[True, True])
+        assert [o.error for o in outcomes] == [None, None]
+
+    callers = [threading.Thread(target=batch, args=(tag,)) for tag in (b"<a>", b"<b>")]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(60)
+    os.write(1, b"after")
+    out, err = capfd.readouterr()
+    assert out == "after"  # fd 1 is stdout again once the last batch is done
+    assert sorted(err.replace("><", "> <").split()) == sorted(["<a>", "<a>", "<A>", "<A>", "<b>", "<b>", "<B>", "<B>"])
