@@ -115,7 +115,7 @@ def test_sync_is_the_same_pipeline_at_depth_zero(chatml_tokenizer):
         pipeline = RolloutPipeline(collector, policy)  # sync: played inline, with this step's weights
         batch, metrics = pipeline.take()
     assert len(batch.trajectories) == 6
-    assert metrics["rollout/queue_depth"] == 0 and metrics["rollout/staleness_max"] == 0
+    assert "rollout/staleness_max" not in metrics  # on-policy by construction: only async rows carry it
     assert all(v == 5 for t in batch.trajectories for v, m in zip(t.versions, t.action_mask) if m)
 
 

@@ -348,20 +348,24 @@ class RolloutPipeline:
                 if lane.paused_at is not None:
                     since["paused_s"] += now - lane.paused_at
                     lane.paused_at = now
-        mean, most = staleness(batch.trajectories, version)
         elapsed = max(time.perf_counter() - since["t0"], 1e-9)
-        return {
+        metrics = {
             "train/reward": batch.stats.reward_mean,
             **batch.stats.metrics(),
             "rollout/groups_dropped": batch.stats.groups_dropped + since["lost_groups"],
+            "rollout/tokens_per_s": since["tokens"] / elapsed,
+            "train/wait_s": waited,
+        }
+        if self.mode == "sync":  # on-policy, no queue, nothing dropped, never paused: nothing more to say
+            return metrics
+        mean, most = staleness(batch.trajectories, version)
+        return metrics | {
             "rollout/staleness_mean": mean,
             "rollout/staleness_max": most,
             "rollout/queue_depth": float(depth),
             "rollout/dropped_stale": since["dropped_stale"],
             "rollout/dropped_stale_tokens": since["dropped_stale_tokens"],
-            "rollout/tokens_per_s": since["tokens"] / elapsed,
             "rollout/wait_s": since["paused_s"] / max(1, len(self._lanes)),
-            "train/wait_s": waited,
         }
 
 

@@ -207,7 +207,8 @@ class ProgressBar:
     never silent for minutes."""
 
     LINE_EVERY_S = 30.0
-    _SHOWN = (("reward", "train/reward"), ("loss", "train/loss"), ("eval reward", "eval/reward"), ("eval loss", "eval/loss"))
+    _SHOWN = (("reward", "train/reward"), ("loss", "train/loss"), ("eval reward", "eval/reward"), ("eval loss", "eval/loss"),
+              ("staleness", "rollout/staleness_mean"))
 
     def __init__(self, total: int, start: int, show: bool = True, *, lines: bool = False) -> None:
         self.total, self.start, self.show, self.lines = total, start, show, lines and not show
