@@ -121,6 +121,8 @@ def _check(args: argparse.Namespace) -> int:
     report = check_env(
         factory(), seed=args.seed, action=first, raise_on_error=False, strict=args.strict, max_turns=spec.max_turns
     )
+    if first == "1" and any(p.startswith("step('1') raised OpenEnvAdapterError") for p in report.problems):
+        report.notes.append("the check steps with '1' unless --actions gives an action this env takes (its first)")
     summary: dict[str, Any] = {
         "env": report.env_name,
         "problems": report.problems,
