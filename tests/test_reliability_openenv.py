@@ -192,7 +192,7 @@ SERVED = textwrap.dedent('''
     seen = {}
     procs = {  # all started at once: each start imports agilerl and openenv
         "carla": start("layouts.py:CarlaEnv"), "tool": start("layouts.py:ToolEnv"),
-        "control": start("layouts.py:ControlEnv"), "grid": start("layouts.py:GridEnv"),
+        "control": start("layouts.py:ControlEnv"),
         "flag": start("layouts.py:CarlaEnv", "--action-field", "steer"),
         "config": start("layouts.py:CarlaEnv", "--env-config", '{"action_field": "throttle"}'),
     }
@@ -208,7 +208,6 @@ SERVED = textwrap.dedent('''
             seen["openenv_tool"] = json.loads(client.step({"name": "move", "arguments": {"x": 1}}).observation["seen"])
         seen["text_carla"] = text_steps(servers["carla"], ['{"brake": true}', "go"])
         seen["text_control"] = text_steps(servers["control"], ["[0.5, -0.5]"], action_field="vector")
-        seen["text_grid"] = text_steps(servers["grid"], ["down"])
         seen["flag"] = text_steps(servers["flag"], ["0.25"])
         seen["config"] = text_steps(servers["config"], ["0.75"])
     finally:
@@ -232,7 +231,6 @@ def test_serve_hosts_actions_with_no_text_field(side_python: Path, layouts: Path
     assert carla_ok == {"throttle": 0.0, "steer": 0.0, "brake": True}
     assert "CarlaAction has several fields (throttle, steer, brake)" in carla_bad and "--action-field" in carla_bad
     assert seen["text_control"] == [{"vector": [0.5, -0.5]}]
-    assert seen["text_grid"] == [{"direction": "DOWN"}]
     assert seen["flag"] == [{"throttle": 0.0, "steer": 0.25, "brake": False}]
     assert seen["config"] == [{"throttle": 0.75, "steer": 0.0, "brake": False}]
     code, stderr = seen["bad"]
