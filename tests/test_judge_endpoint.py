@@ -343,10 +343,12 @@ def test_a_collection_stops_on_a_judge_outage_and_goes_on_through_one_failure(fo
         {"name": "judge", "rubric": "llm_judge", "config": {"base_url": url, "model": "m", "retries": 0, "give_up_after_s": 0.3}},
     ]))
     factory = make_env_factory(manifest.environment, base_dir=manifest.base_dir)
+    replies = iter(str(n) for n in range(100))  # distinct completions: one judgement each
+    policy = ScriptedPolicy(chatml_tokenizer, reply=lambda prompt: next(replies))
     with RolloutCollector(factory, chatml_tokenizer, batch_size=1, group_size=2, seed=0) as collector:
-        batch = collector.collect(ScriptedPolicy(chatml_tokenizer))
+        batch = collector.collect(policy)
         assert [t.total_reward for t in batch.trajectories] == [0.0, 0.0]  # failure_score, counted
         assert judge_metrics()["judge/failures"] == 2
         time.sleep(0.4)
         with pytest.raises(JudgeUnavailable, match=f"the judge at {url}/chat/completions failed every call"):
-            collector.collect(ScriptedPolicy(chatml_tokenizer))
+            collector.collect(policy)
