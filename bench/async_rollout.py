@@ -6,7 +6,8 @@ clock (the figure in docs/async.md).
 
 GRPO on the tiny model, batch 4 x group 4, the guess task (target 7: reward 1 for "7", partial
 credit for a close number), through ``train_llm_rollout``. Only ``training.rollout_mode``
-differs (async: ``max_staleness`` 1, so up to two batches of groups are in flight).
+differs; async runs once per ``--max-staleness`` (1 and 2 by default: ``N + 1`` batches of groups
+in flight).
 
 - **(a) slow turns:** every env step takes 0.3-0.5 s (a sandboxed tool), 2 turns an episode.
   Issue 30's goal: async >= 1.6x the sync steps per hour.
@@ -62,7 +63,7 @@ class BenchEnv(GuessEnv):
         return observation, reward, terminated or self.turn >= self.length, truncated, info
 
 
-def run(case: str, mode: str, steps: int, out: Path) -> dict[str, Any]:
+def run(case: str, mode: str, steps: int, out: Path, max_staleness: int = 1) -> dict[str, Any]:
     from agilerl.manifest.settings import TrainingSettings
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.policy import SamplingParams
@@ -74,8 +75,8 @@ def run(case: str, mode: str, steps: int, out: Path) -> dict[str, Any]:
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
     training = TrainingSettings(
         batch_size=4, group_size=4, max_steps=steps, lr=3e-3, max_new_tokens=3, evaluation_interval=0,
-        seed=0, output_dir=str(out / f"{case}-{mode}"), rollout_mode=mode,
-        **({"max_staleness": 1} if mode == "async" else {}),
+        seed=0, output_dir=str(out / f"{case}-{mode}-{max_staleness}"), rollout_mode=mode,
+        **({"max_staleness": max_staleness} if mode == "async" else {}),
     )
     with RolloutCollector(
         lambda: BenchEnv(spec["latency"], spec["tail"]), tokenizer, batch_size=4, group_size=4,
@@ -112,7 +113,7 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
             xs, ys = zip(*result["curve"])
             smooth = [sum(ys[max(0, i - 4) : i + 1]) / len(ys[max(0, i - 4) : i + 1]) for i in range(len(ys))]
             ax.plot(xs, smooth, label=f"{mode} ({result['steps_per_hour']:.0f} steps/h)")
-        ax.set_title(CASES[case]["title"])
+        ax.set_title(CASES[case]["title"], fontsize=10)
         ax.set_xlabel("wall clock (s)")
         ax.set_ylabel("train reward (5-step mean)")
         ax.legend()
@@ -124,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="a,b", help="a, b or both")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--max-staleness", default="1,2", help="the async runs' training.max_staleness, one run each (default 1,2)"
+    )
     parser.add_argument("--plot", type=Path, default=None, help="write the reward-against-wall-clock figure here")
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     parser.add_argument(
@@ -139,16 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
-            results[case] = {mode: run(case, mode, args.steps, Path(tmp)) for mode in ("sync", "async")}
-            sync, lagged = results[case]["sync"], results[case]["async"]
+            bounds = [int(n) for n in args.max_staleness.split(",")]
+            results[case] = {"sync": run(case, "sync", args.steps, Path(tmp))}
+            for n in bounds:
+                results[case][f"async-{n}"] = run(case, "async", args.steps, Path(tmp), n)
             for mode, r in results[case].items():
                 print(
-                    f"{CASES[case]['title']}: {mode:5} {r['steps_per_hour']:8.0f} steps/h  wall {r['wall_s']:6.1f} s  "
+                    f"{CASES[case]['title']}: {mode:7} {r['steps_per_hour']:8.0f} steps/h  wall {r['wall_s']:6.1f} s  "
                     f"final reward {r['curve'][-1][1]:.2f}  staleness {r['staleness_mean']:.2f}  "
                     f"dropped {r['dropped_stale']:.0f}  trainer waits {r['train_wait_s']:.2f} s/step"
                 )
-            ratio = lagged["steps_per_hour"] / sync["steps_per_hour"]
-            print(f"{CASES[case]['title']}: async/sync {ratio:.2f}x (goal >= {CASES[case]['goal']}x)", flush=True)
+            for n in bounds:
+                ratio = results[case][f"async-{n}"]["steps_per_hour"] / results[case]["sync"]["steps_per_hour"]
+                print(
+                    f"{CASES[case]['title']}: async (max_staleness {n})/sync {ratio:.2f}x "
+                    f"(goal >= {CASES[case]['goal']}x)", flush=True,
+                )
     if args.plot:
         plot(results, args.plot)
         print(f"figure: {args.plot}")

@@ -104,7 +104,7 @@ class RolloutPipeline:
         self._lanes: list[_Lane] = []
         self._in_flight: set[_Group] = set()
         if mode == "async":
-            wanted = lanes or self.batch_size * min(max_staleness + 1, 2)
+            wanted = lanes or self.batch_size * (max_staleness + 1)  # as many groups as the bound admits
             have = collector.num_slots // collector.group_size
             collector.add_groups(wanted - have)
             self._lanes = [_Lane(i) for i in range(wanted)]
