@@ -137,3 +137,40 @@ def test_training_over_env_url_sees_the_pixels_in_process_training_sees(tmp_path
     finally:
         server.terminate()
         server.wait(30)
+
+
+COLORS_DDP = """
+environment:
+  env_type: rollout
+  entrypoint: colors
+  env_config: {noise: 8, format_reward: 0.2}
+  max_turns: 2
+model:
+  name_or_path: tiny-vlm
+algorithm:
+  name: grpo
+training:
+  batch_size: 2
+  group_size: 2
+  max_steps: 2
+  max_new_tokens: 2
+  evaluation_interval: 2
+  eval_episodes: 2
+  checkpoint_interval: 2
+"""
+
+
+@pytest.mark.timeout(900)
+def test_grpo_on_an_image_env_under_ddp(tmp_path: Path) -> None:
+    """Two ranks (gloo, CPU) train tiny-vlm on colors: each rank's images go through its own
+    recompute, DDP averages the gradients, the checkpoint holds the VLM."""
+    from tests.test_train_distributed import _launch, _rows
+
+    manifest = tmp_path / "colors.yaml"
+    manifest.write_text(COLORS_DDP)
+    _launch("ddp", manifest, tmp_path / "run")
+    rows = _rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0]["engine"].startswith("accelerate DDP, 2 processes")
+    assert all(r["train/loss"] == r["train/loss"] for r in rows[1:])
+    assert (tmp_path / "run" / "checkpoints" / "step-000002" / "model.safetensors").is_file()
