@@ -105,6 +105,7 @@ def test_rubric_name_stays_one_entry_of_weight_one_with_its_own_components(folde
         ({"rubrics": ENTRIES, "rubric_gates": [{"component": "correct", "zeroes": ["tone"]}]}, "zeroes 'tone'"),
         ({"rubrics": ENTRIES, "rubric_name": "exact_match"}, "not both"),
         ({}, "needs 'rubric_name'"),
+        ({"rubric_name": "exact_match", "rubric_gates": [{"component": "reward"}]}, "list the rubric there"),
         ({"rubrics": [{"name": "Bad Name", "rubric": "exact_match"}]}, "name"),
         ({"rubrics": [{"name": "a", "rubric": "exact_match", "wieght": 2}]}, "wieght"),
     ],

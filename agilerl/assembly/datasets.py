@@ -71,7 +71,7 @@ def load_qa_dataset(
 def load_spec_rubric(spec: ScoredDatasetSpec, *, base_dir: str | Path | None = None) -> Rubric:
     """The spec's reward: ``rubric_name`` as it is, or ``rubrics:``/``rubric_gates:`` as one
     ``CompositeRubric`` (each entry loaded, a factory called with its ``config``)."""
-    if spec.rubrics is None and not spec.rubric_gates:
+    if spec.rubrics is None:
         assert spec.rubric_name is not None  # the spec's validator requires one of the two
         return load_rubric(spec.rubric_name, spec.rubric_file_path, base_dir=base_dir)
     entries = [

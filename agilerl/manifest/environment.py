@@ -303,6 +303,11 @@ class ScoredDatasetSpec(_TableFields, RolloutSpec):
                 "'rubric_file_path' goes with 'rubric_name'; in 'rubrics:' write the file in each "
                 "entry's rubric, as 'path/to/file.py:function'."
             )
+        if self.rubric_gates and self.rubrics is None:
+            raise ValueError(
+                "'rubric_gates' gate the entries of 'rubrics:'; list the rubric there, e.g. "
+                f"rubrics: [{{name: correct, rubric: {self.rubric_name}}}]."
+            )
         names = [entry.name for entry in self.rubric_entries]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
