@@ -10,8 +10,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from agilerl.builtins.algorithms.off_policy import mask_bound
 from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
+from agilerl.builtins.algorithms.off_policy import mask_bound
 from agilerl.train.logprobs import masked_mean
 
 __all__ = ["CISPOConfig", "CISPO"]

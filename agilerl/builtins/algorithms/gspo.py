@@ -13,8 +13,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from agilerl.builtins.algorithms.off_policy import importance_level, mask_bound
 from agilerl.builtins.algorithms.grpo import GroupRelative, GroupRelativeConfig
+from agilerl.builtins.algorithms.off_policy import level_field, mask_bound
 from agilerl.builtins.algorithms.policy_gradient import clipped_surrogate
 from agilerl.train.logprobs import masked_mean
 
@@ -27,7 +27,7 @@ class GSPOConfig(GroupRelativeConfig):
 
     epsilon_low: float = Field(3e-4, ge=0, description="Lower clip range of the sequence ratio.")
     epsilon_high: float = Field(4e-4, ge=0, description="Upper clip range of the sequence ratio.")
-    importance_level: Literal["token", "sequence"] = importance_level("sequence")
+    importance_level: Literal["token", "sequence"] = level_field("sequence")
     token_mask_low: float | None = mask_bound(None, "low", "token")
     token_mask_high: float | None = mask_bound(None, "high", "token")
 

@@ -28,7 +28,7 @@ from pydantic import Field
 from agilerl.train.algorithm import AlgorithmConfig
 from agilerl.train.logprobs import masked_mean
 
-__all__ = ["OffPolicyConfig", "Correction", "off_policy_correction", "mask_bound", "importance_level"]
+__all__ = ["OffPolicyConfig", "Correction", "off_policy_correction", "mask_bound", "level_field"]
 
 
 def mask_bound(default: float | None, side: Literal["low", "high"], unit: Literal["token", "rollout"]) -> Any:
@@ -42,7 +42,7 @@ def mask_bound(default: float | None, side: Literal["low", "high"], unit: Litera
     )
 
 
-def importance_level(default: Literal["token", "sequence"]) -> Any:
+def level_field(default: Literal["token", "sequence"]) -> Any:
     """The field of ``importance_level`` (an algorithm's config changes its default with it)."""
     return Field(
         default,
@@ -60,7 +60,7 @@ class OffPolicyConfig(AlgorithmConfig):
         description="Truncated importance sampling: each token's weight pi_trainer/pi_sampler is "
         "capped here (null: no weight, the masks alone).",
     )
-    importance_level: Literal["token", "sequence"] = importance_level("token")
+    importance_level: Literal["token", "sequence"] = level_field("token")
     token_mask_low: float | None = mask_bound(0.125, "low", "token")
     token_mask_high: float | None = mask_bound(8.0, "high", "token")
     sequence_mask_low: float | None = mask_bound(0.1, "low", "rollout")
