@@ -153,3 +153,29 @@ def test_eval_results_carry_the_version_of_every_generated_token(tmp_path):
     assert len(rows) == 2
     for row in rows:
         assert row["versions"] and set(row["versions"]) == {0}  # one per generated token: one set of weights
+
+
+def test_max_staleness_without_async_is_refused_naming_the_fix():
+    from pydantic import ValidationError
+
+    from agilerl.manifest.settings import TrainingSettings
+
+    with pytest.raises(ValidationError, match="max_staleness=3 applies to rollout_mode: async only.*set rollout_mode: async"):
+        TrainingSettings(max_staleness=3)
+    assert TrainingSettings(rollout_mode="async", max_staleness=0).max_staleness == 0
+    with pytest.raises(ValidationError, match="max_staleness"):
+        TrainingSettings(rollout_mode="async", max_staleness=-1)
+
+
+def test_async_on_a_dataset_env_is_refused_naming_the_fix(tmp_path):
+    from agilerl.assembly.models import load_model_and_tokenizer
+    from agilerl.data.dataset_env import DatasetEnv
+    from agilerl.errors import InvalidArgument
+    from agilerl.train.loops import train_llm_dataset
+
+    manifest = load_manifest(EXAMPLES / "sft" / "manifest.yaml")
+    model, tokenizer = load_model_and_tokenizer(manifest.model)
+    dataset = DatasetEnv.from_spec(manifest.environment, tokenizer, base_dir=manifest.base_dir, batch_size=2)
+    training = {"rollout_mode": "async", "output_dir": str(tmp_path)}
+    with pytest.raises(InvalidArgument, match="rollout_mode: async applies to rollout envs.*remove rollout_mode"):
+        train_llm_dataset(model, tokenizer, dataset, "sft", training, show_progress=False)
