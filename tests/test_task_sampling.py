@@ -179,3 +179,17 @@ def test_bad_settings_are_clear_errors():
         TaskAssigner(10, seed=0, sampling="greedy")
     with pytest.raises(InvalidArgument, match=r"task_sampling_floor must be in \(0, 1\]"):
         TaskAssigner(10, seed=0, sampling="adaptive", floor=0.0)
+
+
+def test_the_training_settings_name_a_floor_without_adaptive_sampling():
+    from pydantic import ValidationError
+
+    from agilerl.manifest.settings import TrainingSettings
+
+    assert TrainingSettings(task_sampling="adaptive", task_sampling_floor=0.5).task_sampling_floor == 0.5
+    with pytest.raises(ValidationError, match="applies to task_sampling: adaptive only.*set task_sampling: adaptive"):
+        TrainingSettings(task_sampling_floor=0.5)
+    with pytest.raises(ValidationError, match="task_sampling_floor"):
+        TrainingSettings(task_sampling="adaptive", task_sampling_floor=0)
+    with pytest.raises(ValidationError, match="'uniform' or 'adaptive'"):
+        TrainingSettings(task_sampling="greedy")

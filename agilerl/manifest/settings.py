@@ -282,6 +282,16 @@ class TrainingSettings(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _floor_needs_adaptive(self) -> TrainingSettings:
+        """A floor set for uniform sampling would silently do nothing."""
+        if self.task_sampling == "uniform" and "task_sampling_floor" in self.model_fields_set:
+            raise ValueError(
+                f"task_sampling_floor={self.task_sampling_floor} applies to task_sampling: adaptive only "
+                "(uniform draws every task alike); set task_sampling: adaptive or remove task_sampling_floor"
+            )
+        return self
+
     @field_validator("report_to", mode="before")
     @classmethod
     def _one_name_is_a_list(cls, value: Any) -> Any:
