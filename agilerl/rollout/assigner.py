@@ -178,6 +178,8 @@ class TaskAssigner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take up the stream :meth:`state_dict` saved: its tasks again, in order, then on as it
         would have gone (a freshly built assigner only); a stream of other settings is refused."""
+        if self.sampling == state.get("sampling") == "uniform":
+            return  # a fresh assigner deals the same stream from seed (a resume may change it, as before)
         mine = {"sampling": self.sampling, "dataset_size": self.dataset_size, "seed": self.seed, "world_size": self.world_size}
         changed = [f"{key} {state.get(key)!r} -> {value!r}" for key, value in mine.items() if state.get(key) != value]
         if changed:
@@ -186,8 +188,6 @@ class TaskAssigner:
                 "with the settings it was saved with (training.task_sampling, training.seed, the env's rows, "
                 "the number of processes) or start a new run"
             )
-        if self.adaptive is None:
-            return  # uniform: a fresh assigner deals the same stream from seed
         with self._lock:
             self._again = deque(Task(int(seed), None if row is None else int(row)) for seed, row in state["handed"])
             self._handed = []
