@@ -24,7 +24,9 @@ from tests.test_remote_openenv import openenv_python  # noqa: F401 - side_python
 LAYOUTS = textwrap.dedent('''
     import enum
     from typing import Literal
+    from fastmcp import FastMCP
     from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.mcp_environment import MCPEnvironment
     from openenv.core.env_server.types import Action, Observation, State
 
 
@@ -89,6 +91,30 @@ LAYOUTS = textwrap.dedent('''
 
     GridEnv, TurnEnv, ControlEnv = _env(GridAction), _env(TurnAction), _env(ControlAction)
     DriveEnv, CarlaEnv, ToolEnv = _env(DriveAction), _env(CarlaAction), _env(ToolAction)
+
+
+    class PushEnv(MCPEnvironment):
+        """One MCP tool whose argument is a list of floats, not text."""
+
+        def __init__(self):
+            mcp = FastMCP("push")
+
+            @mcp.tool
+            def push(vector: list[float]) -> str:
+                """Push by a vector."""
+                return f"pushed {vector}"
+
+            super().__init__(mcp)
+
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            return Observation(done=False)
+
+        def _step_impl(self, action, timeout_s=None, **kwargs):
+            return Observation(done=False)
+
+        @property
+        def state(self):
+            return State()
 ''')
 
 TEXTS = {
@@ -121,6 +147,9 @@ def test_text_fills_each_action_shape_by_its_field_type(side_python: Path, layou
                     seen[f"{{name}} {{text}}"] = json.loads(env.step(text)[0])
                 except ValueError as exc:  # OpenEnvAdapterError
                     seen[f"{{name}} {{text}}"] = str(exc)
+        push = entrypoint_factory("layouts.py:PushEnv")()
+        push.reset()
+        seen["push"] = push.step("[0.5, -0.5]")[0]  # an MCP tool's list argument reads the text as JSON
         print(json.dumps(seen))
     ''', layouts)
     assert seen["GridEnv UP"] == {"direction": "UP"}
@@ -147,6 +176,7 @@ def test_text_fills_each_action_shape_by_its_field_type(side_python: Path, layou
     assert "throttle: Input should be a valid number" in seen['CarlaEnv {"throttle": "x"}']
     assert seen["ToolEnv move"] == {"name": "move", "arguments": {}}
     assert seen['ToolEnv {"name": "move", "arguments": {"x": 1}}'] == {"name": "move", "arguments": {"x": 1}}
+    assert seen["push"] == "pushed [0.5, -0.5]"
     assert not any("further information" in str(v) for v in seen.values())
 
 

@@ -14,6 +14,7 @@ already built.
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 import typing
 from pathlib import Path
@@ -199,6 +200,7 @@ class OpenEnvTextEnv:
         )
         self._closed = False
         self._fillers: dict[str, ActionText] = {}
+        self._mcp_resolved: tuple[str, str, bool] | None = None
         if self.mcp:
             self.mcp_tool = mcp_tool
             self.action_type: type | None = None
@@ -295,8 +297,8 @@ class OpenEnvTextEnv:
         if self.mcp:
             from openenv.core.env_server.mcp_types import CallToolAction
 
-            tool, field = self._mcp_target()
-            return CallToolAction(tool_name=tool, arguments={field: text})
+            tool, field, as_text = self._mcp_target()
+            return CallToolAction(tool_name=tool, arguments={field: text if as_text else _json_or_text(text)})
         return self.action(text)
 
     def action(self, text: str, field: str | None = None) -> Any:
@@ -312,10 +314,12 @@ class OpenEnvTextEnv:
             filler = self._fillers[field] = ActionText(self.action_type, choose_action_field(self.action_type, field))
         return filler(text)
 
-    def _mcp_target(self) -> tuple[str, str]:
-        """The tool and its argument: as configured, else the env's only tool and its only required one."""
-        if self.mcp_tool and self.action_field:
-            return self.mcp_tool, self.action_field
+    def _mcp_target(self) -> tuple[str, str, bool]:
+        """The tool and its argument (as configured, else the env's only tool and its only required
+        one), and whether the argument takes text as it is: one that is not a string in the tool's
+        input schema reads the text as JSON, as an Action's field does. Listed once, then kept."""
+        if self._mcp_resolved is not None:
+            return self._mcp_resolved
         from openenv.core.env_server.mcp_types import ListToolsAction
 
         tools = {t.name: t for t in getattr(self.env.step(ListToolsAction()), "tools", [])}
@@ -345,7 +349,30 @@ class OpenEnvTextEnv:
                     f"tool {self.mcp_tool!r} takes {', '.join(params) or 'no arguments'}; set "
                     "action_field to the argument the model's text fills."
                 )
-        return self.mcp_tool, self.action_field
+        argument = ((getattr(tool, "input_schema", None) or {}).get("properties") or {}).get(self.action_field, {})
+        self._mcp_resolved = (self.mcp_tool, self.action_field, _takes_text(argument))
+        return self._mcp_resolved
+
+
+def _takes_text(schema: Any) -> bool:
+    """Whether a JSON Schema admits a string (or says nothing of its type): the text goes as it is."""
+    if not isinstance(schema, dict):
+        return True
+    kind = schema.get("type")
+    if kind is not None:
+        return kind == "string" or (isinstance(kind, list) and "string" in kind)
+    variants = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(variants, list) and variants:
+        return any(_takes_text(v) for v in variants)
+    return not any(k in schema for k in ("enum", "const", "properties", "items"))
+
+
+def _json_or_text(text: str) -> Any:
+    """The text's JSON value, or the text itself when it is not JSON (the tool says what it takes)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
 
 
 class AcceptedKeywords:
