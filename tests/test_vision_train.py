@@ -174,3 +174,16 @@ def test_grpo_on_an_image_env_under_ddp(tmp_path: Path) -> None:
     assert rows[0]["engine"].startswith("accelerate DDP, 2 processes")
     assert all(r["train/loss"] == r["train/loss"] for r in rows[1:])
     assert (tmp_path / "run" / "checkpoints" / "step-000002" / "model.safetensors").is_file()
+
+
+def test_a_tiny_vlm_checkpoint_resumes_with_its_processor_built_from_code(tmp_path: Path) -> None:
+    from agilerl.assembly.models import load_model_and_tokenizer
+    from agilerl.manifest.settings import ModelSettings
+    from agilerl.rollout.vision import processor_of
+
+    model, tokenizer = load_model_and_tokenizer(ModelSettings(name_or_path="tiny-vlm"), seed=1)
+    model.save_pretrained(tmp_path)
+    processor_of(tokenizer).save_pretrained(tmp_path)
+    resumed, again = load_model_and_tokenizer(ModelSettings(name_or_path="tiny-vlm"), checkpoint=tmp_path)
+    assert processor_of(again) is not None
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), resumed.state_dict().values()))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import ModelLoadError
 from agilerl.images import ImageLimits
-from agilerl.rollout.vision import attach_processor, limit_images
+from agilerl.rollout.vision import attach_processor, limit_images, processor_of
 from agilerl.registry import get_registry, resolve
 from agilerl.manifest.settings import LoraSettings, ModelSettings
 
@@ -37,6 +37,12 @@ def load_model_and_tokenizer(
     run continues from the saved ones; with LoRA it holds only the adapters.
     """
     if checkpoint is not None and settings.lora is None:
+        if settings.name_or_path in get_registry().names("model"):
+            model, tokenizer = resolve("model", settings.name_or_path)(seed=seed)
+            if processor_of(tokenizer) is not None:  # its processor is built from code, not loaded
+                model = type(model).from_pretrained(str(checkpoint))
+                limit_images(tokenizer, ImageLimits(max_pixels=settings.max_image_pixels, max_images=settings.max_images))
+                return model, tokenizer
         return _from_pretrained(str(checkpoint), None, settings)
     if settings.name_or_path in get_registry().names("model"):
         model, tokenizer = resolve("model", settings.name_or_path)(seed=seed)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import CheckpointError
+from agilerl.rollout.vision import processor_of
 
 if TYPE_CHECKING:
     import torch
@@ -121,7 +122,7 @@ def save_checkpoint(
         finally:
             if quiet:
                 logging.enable_progress_bar()
-        tokenizer.save_pretrained(partial)
+        (processor_of(tokenizer) or tokenizer).save_pretrained(partial)  # a VLM's: its image processor too
         if extra:
             torch.save(extra, partial / EXTRA_PARAMS_FILE)
         # last: what a resume checks the folder against (every rank's files are in by now)
