@@ -236,7 +236,7 @@ class _TextPlayer:
         role = self.chat.role_for(info, self.name)
         self.lines.append(f"[assistant] {action}")
         if info.get("tool_calls"):
-            self.lines += tool_call_lines(info["tool_calls"])
+            self.lines += _tool_call_lines(info["tool_calls"])
             return reward, terminated, truncated, info
         self.images += observation_images(observation)
         if observation or not (terminated or truncated):  # the harness renders no empty last one
@@ -255,7 +255,7 @@ def _shown(observation: Any) -> str:
     return observation if isinstance(observation, str) else observation.transcript()
 
 
-def tool_call_lines(records: list[dict[str, Any]]) -> list[str]:
+def _tool_call_lines(records: list[dict[str, Any]]) -> list[str]:
     """One turn's tool calls as transcript lines: each call, its status and its result."""
     lines = []
     for record in records:
@@ -324,7 +324,7 @@ def _play(player: Any, episode: int, args: argparse.Namespace, act: Any, summary
         if isinstance(info, dict) and isinstance(info.get("tool_calls"), list):
             scored[-1]["tool_calls"] = info["tool_calls"]  # name, arguments, status, error, result
             if isinstance(player, _TemplatedPlayer):  # the plain transcript already shows them
-                lines += ["  " + line for line in tool_call_lines(info["tool_calls"])]
+                lines += ["  " + line for line in _tool_call_lines(info["tool_calls"])]
         summary["terminated"] += int(terminated)
         summary["truncated"] += int(truncated)
     summary["turns"].append(turn)

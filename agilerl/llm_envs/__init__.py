@@ -65,6 +65,13 @@ _LAZY = {
     "EvalResult": "agilerl.rollout.results",
     "OpenAIChatPolicy": "agilerl.rollout.openai_policy",
     "MessageTokenizer": "agilerl.rollout.openai_policy",
+    # tool calls in the model's own format (a parser is a plugin kind: register_tool_parsers)
+    "ToolParser": "agilerl.tools",
+    "BodyCall": "agilerl.tools",
+    "ToolCall": "agilerl.tools",
+    "ToolSet": "agilerl.tools",
+    "ParsedCompletion": "agilerl.tools",
+    "resolve_tool_parser": "agilerl.tools",
     # evaluation (agilerl eval)
     "EvalPlan": "agilerl.assembly.evaluation",
     "EvalSummary": "agilerl.assembly.evaluation",

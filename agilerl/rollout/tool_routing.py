@@ -173,11 +173,11 @@ def tool_tail_text(
             refusals.append(exc)
             continue
         start = _common_prefix(prompt, after)  # where the answer's rendering starts
-        if calls_end:  # the model writes it (Harmony's <|call|>): the tail starts after it
-            end = after.rfind(calls_end, start)
-            end = end + len(calls_end) if end >= 0 else -1
-        else:  # the template's close of the answer is the first thing of the tail
-            end = after.find(renderer.assistant_close, start) if renderer.assistant_close else -1
+        end = after.rfind(calls_end, start) if calls_end else -1
+        if end >= 0:  # the model writes it (Harmony's <|call|>): the tail starts after it
+            end += len(calls_end or "")
+        elif renderer.assistant_close:  # the template's close of the answer begins the tail
+            end = after.find(renderer.assistant_close, start)
         if end < 0:
             raise ChatTemplateError(
                 "the chat template's render of a tool-calling answer holds no "

@@ -66,14 +66,37 @@ class ParsedCompletion:
     calls: tuple[ToolCall, ...] = ()
     unit: Literal["token", "char"] = "token"
     """What the calls' spans count."""
-    text: str = field(default="", repr=False)
-    """The whole completion as text (reasoning included): what an env that opted in receives."""
+    _text: Any = field(default="", repr=False, compare=False)
+
+    def __init__(
+        self,
+        content: str,
+        reasoning: str | None = None,
+        calls: tuple[ToolCall, ...] = (),
+        unit: Literal["token", "char"] = "token",
+        text: Any = "",
+    ) -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "reasoning", reasoning)
+        object.__setattr__(self, "calls", calls)
+        object.__setattr__(self, "unit", unit)
+        object.__setattr__(self, "_text", text)
+
+    @property
+    def text(self) -> str:
+        """The whole completion as text (reasoning included): what an env that opted in receives;
+        decoded only when asked for (``send_reasoning``)."""
+        text = self._text
+        if not isinstance(text, str):
+            text = text.whole()
+            object.__setattr__(self, "_text", text)
+        return text
 
     def checked(self, tools: ToolSet | None) -> ParsedCompletion:
         """The same completion with each parsed call checked against ``tools``."""
         if tools is None or not self.calls:
             return self
-        return replace(self, calls=tuple(tools.check(call) for call in self.calls))
+        return ParsedCompletion(self.content, self.reasoning, tuple(tools.check(c) for c in self.calls), self.unit, self._text)
 
 
 def function_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,4 +136,6 @@ class ToolSet:
         arguments, problem = check_arguments(self.schemas[call.name], call.arguments or {})
         if problem is not None:
             return replace(call, status="schema_violation", error=f"{call.name}: {problem}")
-        return replace(call, arguments=arguments)
+        if arguments == call.arguments:
+            return call
+        return ToolCall(call.name, arguments, call.status, call.span, call.raw, call.error, call.id)

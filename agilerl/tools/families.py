@@ -133,7 +133,7 @@ class Llama3JsonParser(ToolParser):
         body = [seg for seg in segments if seg.marker is None]
         text = "".join(text_of.one(seg) for seg in body)
         if not body or not (tagged or text.lstrip().startswith("{")):
-            return ParsedCompletion(content=text, unit=unit, text=text_of.whole())  # type: ignore[arg-type]
+            return ParsedCompletion(content=text, unit=unit, text=text_of)  # type: ignore[arg-type]
         span = (body[0].start, body[-1].end)
         calls = []
         decoder = json.JSONDecoder()
@@ -148,7 +148,7 @@ class Llama3JsonParser(ToolParser):
                 break
             calls.append(_record(_json_call(value), span, rest[:end], len(calls)))
             rest = rest[end:].lstrip().removeprefix(";").lstrip()
-        return ParsedCompletion(content="", calls=tuple(calls), unit=unit, text=text_of.whole())  # type: ignore[arg-type]
+        return ParsedCompletion(content="", calls=tuple(calls), unit=unit, text=text_of)  # type: ignore[arg-type]
 
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:
         return json.dumps({"name": name, "parameters": arguments})
@@ -381,7 +381,7 @@ class HarmonyParser(ToolParser):
             reasoning="".join(reasoning) if reasoning else None,
             calls=tuple(calls),
             unit=unit,  # type: ignore[arg-type]
-            text=text_of.whole(),
+            text=text_of,  # type: ignore[arg-type]
         )
 
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:

@@ -96,6 +96,10 @@ class ToolParser:
         """marker token id -> marker; None: parse text."""
         specials = set(getattr(tokenizer, "all_special_ids", None) or ())
         self._trailing = specials - set(ids or ())
+        # the Rust tokenizer's own decode: the same text without the Python wrapper's cost
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        clean = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self._backend = backend if backend is not None and not clean else None
         pattern = "|".join(re.escape(m) for m in sorted(self._markers, key=len, reverse=True))
         self._pattern = re.compile(pattern) if pattern else None
 
@@ -215,10 +219,12 @@ class ToolParser:
             reasoning="".join(reasoning) if reasoning or state == "reasoning" else None,
             calls=tuple(calls),
             unit=unit,  # type: ignore[arg-type]
-            text=text_of.whole(),
+            text=text_of,  # type: ignore[arg-type]
         )
 
     def _decode(self, ids: list[int], *, keep_special: bool) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=not keep_special)
         if self.tokenizer is None:
             raise ValueError(f"the {self.name} parser was built without a tokenizer: use parse_text(text)")
         return self.tokenizer.decode(ids, skip_special_tokens=not keep_special)

@@ -31,12 +31,20 @@ def check_arguments(schema: Mapping[str, Any], arguments: Any) -> tuple[Any, str
         return arguments, str(exc)
 
 
+_BOUNDS = frozenset(
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems"}
+)
+_CHOICES = ("anyOf", "oneOf")
+
+
 def _check(schema: Mapping[str, Any], value: Any, where: str) -> Any:
-    if not isinstance(schema, Mapping):
-        return value
-    for key in ("anyOf", "oneOf"):
+    if not isinstance(schema, dict):
+        if not isinstance(schema, Mapping):
+            return value
+        schema = dict(schema)
+    for key in _CHOICES:
         options = schema.get(key)
-        if isinstance(options, list) and options:
+        if options and isinstance(options, list):
             problems = []
             for option in options:
                 try:
@@ -55,7 +63,8 @@ def _check(schema: Mapping[str, Any], value: Any, where: str) -> Any:
         value = _check_object(schema, value, where)
     elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
         value = [_check(schema["items"], item, f"{where}[{i}]") for i, item in enumerate(value)]
-    _check_bounds(schema, value, where)
+    if not _BOUNDS.isdisjoint(schema):
+        _check_bounds(schema, value, where)
     return value
 
 
@@ -68,7 +77,7 @@ def _check_object(schema: Mapping[str, Any], value: dict[str, Any], where: str) 
     checked = {}
     for key, item in value.items():
         if key in properties:
-            checked[key] = _check(properties[key], item, f"{where}.{key}")
+            checked[key] = _check(properties[key], item, where + "." + key)
         elif extra is False:
             allowed = ", ".join(map(repr, properties)) or "none"
             raise _Violation(f"{where} has unexpected {key!r} (allowed: {allowed})")
@@ -78,6 +87,10 @@ def _check_object(schema: Mapping[str, Any], value: dict[str, Any], where: str) 
 
 
 def _typed(types: list[Any], value: Any, where: str) -> Any:
+    if len(types) == 1:  # the common case: one type, already right
+        kind = types[0]
+        if kind == "integer" and type(value) is int or kind == "string" and type(value) is str:
+            return value
     for kind in types:
         if _is(kind, value):
             return float(value) if kind == "number" and isinstance(value, int) else value
