@@ -216,7 +216,7 @@ def test_resume_replays_the_groups_in_flight_and_never_a_trained_one(chatml_toke
     with make(chatml_tokenizer, env=env) as collector:
         policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"), version=2)
         with RolloutPipeline(collector, policy, mode="async", max_staleness=2) as second:
-            second.load_state(state)
+            second.resume(2, state)
             replayed = len(second._replays)
             after = trainer_steps(second, policy, 4)
     with make(chatml_tokenizer, env=env) as collector:  # the task stream the run draws from

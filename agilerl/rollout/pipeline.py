@@ -149,14 +149,10 @@ class RolloutPipeline:
         t0 = time.perf_counter()
         batch = self.collector.collect(self.policy)
         waited = time.perf_counter() - t0
+        self._taken += self.batch_size  # sync trains the task stream in order, lost groups included
+        self._drawn = self._done_below = self._taken
         self._since_take["tokens"] += batch.stats.generated_tokens
         return batch, self._metrics(batch, self.policy.version, 0, waited)
-
-    def skip(self, steps: int) -> None:
-        """A resumed sync run passes over the tasks of the steps already trained (async runs
-        restore their exact task stream with ``load_state``)."""
-        if self.mode == "sync":
-            self.collector.skip(steps * self.groups_per_step // self.batch_size)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: which task numbers were trained, so a resume replays the rest
@@ -164,10 +160,18 @@ class RolloutPipeline:
         with self._cond:
             return {"trained_below": self._done_below, "trained": sorted(self._done), "taken": self._taken}
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Continue the task stream of a checkpoint: tasks drawn but never trained come first."""
-        if self.mode == "sync" or not state:
+    def resume(self, steps: int, state: dict[str, Any] | None = None) -> None:
+        """Continue after ``steps`` trained steps. Sync passes over their tasks. Async restores
+        the task stream of ``state`` (its checkpoint's): tasks drawn but never trained come
+        first; without one (a sync run's checkpoint) the first ``steps`` steps' tasks count as
+        trained, as sync would have drawn them."""
+        done = steps * self.groups_per_step
+        if self.mode == "sync":
+            self.collector.skip(steps * self.groups_per_step // self.batch_size)
+            self._taken = self._drawn = self._done_below = done
             return
+        if "trained_below" not in (state or {}):
+            state = {"trained_below": done, "trained": [], "taken": done}
         below, trained = int(state["trained_below"]), set(state["trained"])
         end = max(trained, default=below - 1) + 1
         for number in range(end):
@@ -175,7 +179,7 @@ class RolloutPipeline:
             if number >= below and number not in trained:
                 self._replays.append((number, task))
         self._drawn, self._done_below, self._done = end, below, trained
-        self._taken = int(state.get("taken", 0))
+        self._taken = int(state["taken"])
 
     def close(self) -> None:
         """Stop the lanes (groups in flight are dropped); waits a bounded time for them."""

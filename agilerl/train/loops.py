@@ -141,9 +141,7 @@ def train_llm_rollout(
     mine = saved[trainer.world.rank] if trainer.world.rank < len(saved) else {}
     if "tasks" in mine:  # adaptive draws follow outcomes: the stream is restored, then passed over
         collector.assigner.load_state_dict(mine["tasks"])
-    pipeline.skip(trainer.step)  # a resumed run plays on
-    if resume_from is not None:
-        pipeline.load_state(mine)
+    pipeline.resume(trainer.step, mine)  # a resumed run plays on
 
     def next_batch() -> tuple[Any, dict[str, float]]:
         with own_weights(), trainer.accelerator.autocast():
