@@ -76,3 +76,25 @@ def tiny_llava(processor: Any) -> Any:
     )
     torch.manual_seed(0)
     return LlavaForConditionalGeneration(config)
+
+
+def tiny_idefics3(processor: Any) -> Any:
+    """A randomly initialised tiny Idefics3 (SmolVLM's architecture) matching ``idefics3_processor()``:
+    32x32 images in 8x8 patches, pixel-shuffled by 2: 4 image tokens, as the processor expands."""
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+    tokenizer = processor.tokenizer
+    config = Idefics3Config(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 32, "patch_size": 8},
+        text_config={"model_type": "llama", "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+                     "max_position_embeddings": 2048, "pad_token_id": tokenizer.pad_token_id,
+                     "eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id},
+        scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    return Idefics3ForConditionalGeneration(config)
