@@ -213,6 +213,11 @@ def _checked(processor: ObservationProcessor, ref: object) -> ObservationProcess
     def read(observation: dict[str, Any]) -> Any:
         text = processor(observation)
         if not isinstance(text, str):
+            if not isinstance(text, dict):
+                raise ObservationError(
+                    f"observation_processor {ref!r} returned {type(text).__name__}; it must return str "
+                    "(or a mapping with 'text' and 'image'/'images')."
+                )
             from agilerl.images import observation_from
 
             try:  # a processor may return the protocol's mapping: text and image(s)
