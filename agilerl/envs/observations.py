@@ -223,9 +223,7 @@ def _checked(processor: ObservationProcessor, ref: object) -> ObservationProcess
             try:  # a processor may return the protocol's mapping: text and image(s)
                 return observation_from(text, f"observation_processor {ref!r}")
             except EnvProtocolError as exc:
-                raise ObservationError(
-                    f"{exc}; it must return str, or a mapping with 'text' and 'image'/'images'."
-                ) from None
+                raise ObservationError(str(exc)) from None
         return text
 
     return read
