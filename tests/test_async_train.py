@@ -78,17 +78,21 @@ def test_an_async_run_resumed_trains_every_task_once(tmp_path):
     streams show 4 x batch_size distinct tasks trained, none twice, none skipped."""
     from agilerl.cli.main import main
 
-    manifest = tmp_path / "m.yaml"
-    manifest.write_text(
-        (EXAMPLES / "guess" / "manifest.yaml").read_text()
-        .replace("max_steps: 100", "max_steps: 2\n  rollout_mode: async\n  max_staleness: 1")
-        .replace("evaluation_interval: 10", "evaluation_interval: 0")
-    )
     out = tmp_path / "run"
-    assert main(["train", str(manifest), "--output-dir", str(out), "--no-progress"]) == 0
+
+    def manifest(steps: int) -> str:
+        path = tmp_path / f"m{steps}.yaml"
+        path.write_text(
+            (EXAMPLES / "guess" / "manifest.yaml").read_text()
+            .replace("max_steps: 100", f"max_steps: {steps}\n  rollout_mode: async\n  max_staleness: 1\n  output_dir: {out}")
+            .replace("evaluation_interval: 10", "evaluation_interval: 0")
+        )
+        return str(path)
+
+    assert main(["train", manifest(2), "--no-progress"]) == 0
     first = json.loads((out / "checkpoints" / "step-000002" / "trainer_state.json").read_text())["rollout"][0]
     assert first["taken"] == 16
-    assert main(["train", str(manifest), "--output-dir", str(out), "--no-progress", "--resume", "--max-steps", "4"]) == 0
+    assert main(["train", manifest(4), "--no-progress", "--resume"]) == 0
     final = json.loads((out / "checkpoints" / "step-000004" / "trainer_state.json").read_text())["rollout"][0]
     assert final["taken"] == 32
     trained = set(range(final["trained_below"])) | set(final["trained"])
