@@ -187,3 +187,22 @@ def test_a_tiny_vlm_checkpoint_resumes_with_its_processor_built_from_code(tmp_pa
     resumed, again = load_model_and_tokenizer(ModelSettings(name_or_path="tiny-vlm"), checkpoint=tmp_path)
     assert processor_of(again) is not None
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), resumed.state_dict().values()))
+
+
+@pytest.mark.timeout(900)
+def test_async_training_on_an_image_env(tmp_path: Path) -> None:
+    """rollout_mode async: groups played by the inference copy (the images with them) are trained
+    a step later; the importance weights stay near 1 (the sampler's log-probs are the trainer's)."""
+    from agilerl.train.loops import train_llm_rollout
+    from agilerl.train.metrics import read_metrics
+    from agilerl.train.tiny_model import tiny_vlm_and_tokenizer
+
+    model, tokenizer = tiny_vlm_and_tokenizer()
+    with RolloutCollector(lambda: ColorsEnv(max_turns=2, format_reward=0.2), tokenizer, batch_size=2, group_size=4,
+                          seed=0, sampling=SamplingParams(max_new_tokens=2)) as collector:
+        train_llm_rollout(model, tokenizer, collector, "grpo",
+                          {"max_steps": 3, "output_dir": str(tmp_path), "rollout_mode": "async", "max_staleness": 1,
+                           "evaluation_interval": 0}, show_progress=False)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert len(rows) == 3 and max(r["rollout/staleness_max"] for r in rows) == 1
+    assert all(abs(r["algo/importance_weight_mean"] - 1) < 0.05 for r in rows)
