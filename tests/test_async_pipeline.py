@@ -275,3 +275,4 @@ def test_a_long_episode_dropped_at_the_bound_is_trained_on_its_replay(chatml_tok
     assert len(dropped) == len(set(dropped))  # never dropped twice
     assert set(dropped[: len(dropped) // 2]) <= trained  # the early ones are trained by now
     assert all(m["rollout/staleness_max"] <= 1 for *_, m in taken)
+

@@ -121,6 +121,9 @@ class RolloutPipeline:
         version = self.policy.version
         groups: list[_Group] = []
         with self._cond:
+            # lanes paused while the trainer was away (an update, an evaluation) were not stalled:
+            # the stall clock starts at the latest when the trainer starts waiting
+            self._progress_at = max(self._progress_at, time.monotonic())
             depth = len(self._queue)
             while len(groups) < self.batch_size:
                 self._raise_failure()
