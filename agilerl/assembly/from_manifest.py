@@ -97,7 +97,9 @@ def _with_overrides(training: TrainingSettings, overrides: dict[str, Any]) -> Tr
     if not overrides:
         return training
     try:
-        return TrainingSettings.model_validate({**training.model_dump(), **overrides})
+        # only what the manifest set: a dump of every default would mark them all as set, and the
+        # validators that ask what was set (max_staleness, task_sampling_floor) would misfire
+        return TrainingSettings.model_validate({**training.model_dump(exclude_unset=True), **overrides})
     except ValidationError as exc:
         raise ManifestError(format_validation_error(exc, "training")) from None
 
