@@ -9,6 +9,7 @@ Both are marked slow: ``-m "not slow"`` leaves them out while developing; CI run
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,17 +20,18 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(1500)
-def test_grpo_learns_the_guess_example(tmp_path):
+def train_example(name: str, steps: int, output_dir: Path) -> tuple[Any, list[dict[str, Any]], list[float]]:
+    """GRPO on ``examples/<name>/manifest.yaml`` for ``steps`` steps, evaluated before and at the
+    end: the result, the metrics rows and each step's train reward."""
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.policy import SamplingParams
     from agilerl.train.loops import train_llm_rollout
     from agilerl.train.metrics import read_metrics
     from agilerl.assembly.models import load_model_and_tokenizer
 
-    manifest = load_manifest(EXAMPLES / "guess" / "manifest.yaml")
+    manifest = load_manifest(EXAMPLES / name / "manifest.yaml")
     training = manifest.training.model_copy(
-        update={"max_steps": 90, "evaluation_interval": 90, "output_dir": str(tmp_path)}
+        update={"max_steps": steps, "evaluation_interval": steps, "output_dir": str(output_dir)}
     )
     model, tokenizer = load_model_and_tokenizer(manifest.model, seed=training.seed)
     with RolloutCollector.from_spec(
@@ -38,9 +40,13 @@ def test_grpo_learns_the_guess_example(tmp_path):
         sampling=SamplingParams(max_new_tokens=training.max_new_tokens),
     ) as collector:
         result = train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False)
+    records = read_metrics(output_dir / "metrics.jsonl")
+    return result, records, [r["train/reward"] for r in records if "train/reward" in r]
 
-    records = read_metrics(tmp_path / "metrics.jsonl")
-    rewards = [r["train/reward"] for r in records if "train/reward" in r]
+
+@pytest.mark.timeout(1500)
+def test_grpo_learns_the_guess_example(tmp_path):
+    result, records, rewards = train_example("guess", 90, tmp_path)
     assert records[0]["eval/reward"] < 0.5  # the untrained model's greedy guess is wrong
     assert sum(rewards[:5]) / 5 < 0.1  # sampling starts near chance
     assert max(rewards) > 0.9, rewards
