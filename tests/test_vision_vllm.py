@@ -32,3 +32,14 @@ def test_vllm_generates_from_the_harness_image_prompt_and_the_trainer_scores_it(
     assert max(abs(a - b) for a, b in zip(text["vllm"], text["trainer"])) < 1e-4, text
     # with the image, vLLM's Idefics3 on CPU lands near the trainer, not within 1e-4 (see the report)
     assert max(abs(a - b) for a, b in zip(image["vllm"], image["trainer"])) < 0.1, image
+
+
+def test_the_colocated_backend_pushes_the_weights_and_generates_with_the_image(vllm_venv: Path, tmp_path: Path) -> None:
+    out = tmp_path / "backend.json"
+    result = subprocess.run(
+        [str(vllm_venv), str(ROOT / "tests" / "vllm_vision_check.py"), str(out), "backend"],
+        capture_output=True, text=True, env=vllm_env(), cwd=ROOT, timeout=900, check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    backend = json.loads(out.read_text())["backend"]
+    assert len(backend["ids"]) == 3 and all(-20 < lp < 0 for lp in backend["logprobs"])

@@ -5,7 +5,8 @@ without torchvision, which this host cannot install; Idefics3, SmolVLM's archite
 runs. So: a tiny Idefics3 and its processor (tests/vision_models.py) saved to a folder; the
 harness renders a colors episode's prompt (the processor's expansion); vLLM generates from those
 ids with the image as ``multi_modal_data``; the trainer recomputes the log-probs with the same
-pixels. A text-only prompt on the same engine is the control. Writes a JSON report to argv[1].
+pixels. A text-only prompt on the same engine is the control. Writes a JSON report to argv[1]. With ``backend`` as argv[2]:
+the colocated backend (``VLLMPolicy``) instead, in its own process.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def main() -> None:
     folder = tempfile.mkdtemp()
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
+    if sys.argv[2:] == ["backend"]:  # one engine a process: vLLM's parallel state is process-wide
+        Path(sys.argv[1]).write_text(json.dumps({"backend": _backend(model, processor)}))
+        return
     llm = vllm.LLM(model=folder, enforce_eager=True, max_model_len=512, dtype="float32", seed=0,
                    limit_mm_per_prompt={"image": 2}, gpu_memory_utilization=0.1)
     params = vllm.SamplingParams(max_tokens=4, temperature=1.0, logprobs=0, seed=0, ignore_eos=True)
@@ -52,6 +56,23 @@ def main() -> None:
         report[name] = {"ids": ids, "vllm": sampled, "trainer": scores[batch.action_mask].tolist(),
                         "images": 0 if prompt.media is None else prompt.media.num_images}
     Path(sys.argv[1]).write_text(json.dumps(report))
+
+
+def _backend(model, processor) -> dict[str, object]:
+    """The colocated backend (VLLMPolicy) on the same model: it pushes the trainer's weights and
+    generates from the harness's image prompt."""
+    from agilerl.builtins.colors import ColorsEnv
+    from agilerl.rollout.harness import RolloutHarness
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.rollout.vision import attach_processor
+    from agilerl.rollout.vllm_policy import VLLMPolicy
+
+    tokenizer = attach_processor(processor)
+    policy = VLLMPolicy(model, tokenizer, max_model_len=512, dtype="float32", gpu_memory_utilization=0.1)
+    harness = RolloutHarness.local(ColorsEnv(), tokenizer)
+    prompt, _ = harness.reset(seed=0)
+    generation = policy.generate([prompt], SamplingParams(max_new_tokens=3))[0]
+    return {"ids": generation.token_ids, "logprobs": generation.logprobs}
 
 
 class _TextEnv:

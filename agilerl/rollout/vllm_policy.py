@@ -31,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agilerl.errors import AgileRLWarning, InvalidArgument
 from agilerl.rollout.policy import FinishReason, Generation, SamplingParams
+from agilerl.rollout.vision import processor_of
+from agilerl.images import DEFAULT_MAX_IMAGES
 from agilerl.rollout.weights import hf_weights
 
 if TYPE_CHECKING:
@@ -134,10 +136,15 @@ class VLLMPolicy:
                 "transformers<5.20, so give it its own venv)."
             ) from None
         self.stops = _stop_ids(tokenizer)
-        self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", None)
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.max_model_len = max_model_len or getattr(text_config, "max_position_embeddings", None)
         self.sleeps = torch.cuda.is_available() if sleep is None else sleep
         self._config_dir = tempfile.TemporaryDirectory(prefix="agilerl-vllm-")
         _base_model(model).config.save_pretrained(self._config_dir.name)  # the architecture; weights follow
+        processor = processor_of(tokenizer)
+        if processor is not None:  # a vision model: vLLM's multimodal processing reads its processor
+            processor.save_pretrained(self._config_dir.name)
+        images = {} if processor is None else {"limit_mm_per_prompt": {"image": _max_images(processor)}}
         # launched ranks (accelerate launch, torchrun): one engine each, in the launcher's group
         distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
         rank = int(os.environ.get("RANK", "0"))
@@ -148,7 +155,7 @@ class VLLMPolicy:
         with _trainer_threads_kept():
             self.llm = vllm.LLM(
                 model=self._config_dir.name,
-                skip_tokenizer_init=True,  # token ids in, token ids out
+                skip_tokenizer_init=processor is None,  # token ids in, token ids out (images need the processor)
                 load_format="dummy",
                 dtype=str(next(model.parameters()).dtype).removeprefix("torch.") if dtype == "auto" else dtype,
                 max_model_len=self.max_model_len,
@@ -172,7 +179,7 @@ class VLLMPolicy:
             return out
         indices = [i for i, _ in requests]
         results = self.llm.generate(
-            [{"prompt_token_ids": list(prompts[i])} for i in indices],
+            [engine_prompt(prompts[i]) for i in indices],
             [vllm.SamplingParams(**fields) for _, fields in requests],
             use_tqdm=False,
         )
@@ -198,6 +205,20 @@ class VLLMPolicy:
         if self.sleeps and not self._asleep:
             self.llm.sleep(level=2)  # the weights are pushed again on waking: drop them too
             self._asleep = True
+
+
+def engine_prompt(prompt: Sequence[int]) -> dict[str, Any]:
+    """vLLM's prompt for our ids: the ids (the processor's expansion already in them) and, for a
+    prompt that shows images, the pictures as ``multi_modal_data``."""
+    media = getattr(prompt, "media", None)
+    if media is None or not media.images:
+        return {"prompt_token_ids": list(prompt)}
+    return {"prompt_token_ids": list(prompt), "multi_modal_data": {"image": [image.pil() for image in media.images]}}
+
+
+def _max_images(processor: Any) -> int:
+    limits = getattr(processor, "agilerl_image_limits", None)
+    return limits.max_images if limits is not None else DEFAULT_MAX_IMAGES
 
 
 def engine_requests(
