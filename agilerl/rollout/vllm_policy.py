@@ -166,6 +166,7 @@ class VLLMPolicy:
                 gpu_memory_utilization=gpu_memory_utilization,
                 enable_sleep_mode=self.sleeps,
                 **({"distributed_executor_backend": "external_launcher"} if distributed else {}),
+                **images,
             )
         self._asleep = False
         self.load_weights(hf_weights(model))
