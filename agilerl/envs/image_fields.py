@@ -17,7 +17,7 @@ from typing import Any
 from agilerl.errors import InvalidArgument, ObservationError
 from agilerl.images import EnvImage, image_from_value
 
-__all__ = ["WIRE_IMAGES", "images_at", "without_field"]
+__all__ = ["WIRE_IMAGES", "images_at", "without_field", "with_images_reader"]
 
 WIRE_IMAGES = "images"
 """The payload key our server puts an observation's images under (data URLs)."""

@@ -38,7 +38,9 @@ from agilerl.rollout.weights import hf_weights
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VLLMOptions", "WeightTransferKind", "build_vllm_policy", "VLLMPolicy", "engine_requests", "to_generation"]
+__all__ = [
+    "VLLMOptions", "WeightTransferKind", "build_vllm_policy", "VLLMPolicy", "engine_prompt", "engine_requests", "to_generation"
+]
 
 
 WeightTransferKind = Literal["disk", "nccl", "gloo"]  # how a push reaches vllm serve replicas
