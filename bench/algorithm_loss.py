@@ -1,8 +1,11 @@
 """Cost of each algorithm's loss + backward against a plain NLL step on the same batch.
 
 The baseline is what any trainer pays anyway: one forward pass, token log-probs, a masked mean
-and backward. The ratio is what advantages, ratios, GAE and value heads add on top. Also times
-``collate_trajectories`` against the baseline step. Run: ``python bench/algorithm_loss.py [--rounds 9] [--batch 16]``.
+and backward. The ratio is what advantages, ratios, GAE and value heads add on top. Rows marked
+"sampler log-probs" carry a perturbed copy's log-probs, so the off-policy correction (weights,
+masks, its metrics) runs in full; the same algorithm's row without them is its cost's baseline,
+in the same run. Also times ``collate_trajectories`` against the baseline step.
+Run: ``python bench/algorithm_loss.py [--rounds 9] [--batch 16]``.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ import argparse
 import random
 import statistics
 import time
+from dataclasses import replace
 from functools import partial
 
 import torch
 
 from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
+from agilerl.builtins.algorithms.off_policy import off_policy_correction
 from agilerl.train.algorithm import build_algorithm
 from agilerl.train.batch import collate_trajectories
 from agilerl.train.logprobs import masked_mean, policy_logprobs
@@ -38,6 +43,14 @@ def rollouts(vocab: int, batch: int = BATCH) -> list[Trajectory]:
             traj.turn_ids += [turn] * (COMPLETION + OBSERVATION)
         out.append(traj)
     return out
+
+
+def sampler_logprobs(model, batch) -> torch.Tensor:
+    """Log-probs as a sampler a little off the trainer reports them (another engine, older weights)."""
+    with torch.no_grad():
+        exact = policy_logprobs(model, batch.input_ids, batch.attention_mask)
+    noise = 0.3 * torch.randn(exact.shape, generator=torch.Generator().manual_seed(0))
+    return (exact + noise) * batch.action_mask
 
 
 def seconds(step) -> float:
@@ -72,6 +85,7 @@ def main() -> None:
     trajs = rollouts(len(tokenizer), args.batch)
     batch = collate_trajectories(trajs, pad_id=tokenizer.pad_token_id)
     reference = build_tiny_model(tokenizer, seed=1).eval()
+    sampled = replace(batch, old_logprobs=sampler_logprobs(model, batch))
 
     def baseline() -> None:
         model.zero_grad()
@@ -83,22 +97,32 @@ def main() -> None:
     print(f"batch {tuple(batch.input_ids.shape)}, {int(batch.loss_mask.sum())} action tokens")
     print(f"baseline NLL step: {base * 1e3:.1f} ms")
     print(f"collate_trajectories: {collate * 1e3:.2f} ms ({collate_ratio:.3f}x baseline)")
+    config = build_algorithm({"name": "grpo"}).config
+    trainer = sampled.old_logprobs + 0.01  # any detached log-probs: the correction's cost is shape-bound
+    correct = partial(off_policy_correction, trainer, sampled.old_logprobs, sampled.loss_mask, config)
+    took, correct_ratio = paired(correct, baseline, rounds)
+    print(f"off-policy correction alone: {took * 1e3:.2f} ms ({correct_ratio:.4f}x baseline)")
     print("| algorithm | ms/step | vs baseline |\n|---|---|---|")
-    for section in (
-        {"name": "grpo"},
-        {"name": "grpo", "beta": 0.04},
-        {"name": "cispo"},
-        {"name": "gspo"},
-        {"name": "llmppo", "advantage_granularity": "token"},
-        {"name": "llmppo", "advantage_granularity": "turn"},
-        {"name": "llmreinforce", "advantage_granularity": "token"},
+    for section, with_sampler in (
+        ({"name": "grpo"}, False),
+        ({"name": "grpo"}, True),
+        ({"name": "grpo", "beta": 0.04}, False),
+        ({"name": "cispo"}, False),
+        ({"name": "cispo"}, True),
+        ({"name": "gspo"}, False),
+        ({"name": "gspo"}, True),
+        ({"name": "llmppo", "advantage_granularity": "token"}, False),
+        ({"name": "llmppo", "advantage_granularity": "token"}, True),
+        ({"name": "llmppo", "advantage_granularity": "turn"}, False),
+        ({"name": "llmreinforce", "advantage_granularity": "token"}, False),
+        ({"name": "llmreinforce", "advantage_granularity": "token"}, True),
     ):
         algorithm = build_algorithm(section)
         policy = algorithm.prepare_policy(model)
-
-        took, ratio = paired(partial(loss_step, algorithm, policy, batch, reference), baseline, rounds)
-        label = ", ".join(f"{k}={v}" for k, v in section.items() if k != "name")
-        name = f"{section['name']} ({label})" if label else section["name"]
+        rows = sampled if with_sampler else batch
+        took, ratio = paired(partial(loss_step, algorithm, policy, rows, reference), baseline, rounds)
+        labels = [f"{k}={v}" for k, v in section.items() if k != "name"] + ["sampler log-probs"] * with_sampler
+        name = f"{section['name']} ({', '.join(labels)})" if labels else section["name"]
         print(f"| {name} | {took * 1e3:.1f} | {ratio:.2f}x |")
 
 
