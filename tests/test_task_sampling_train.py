@@ -40,6 +40,8 @@ def _train(out: Path, steps: int, mode: str, resume: Path | None = None) -> dict
     return state["rollout"][0]["tasks"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_resumed_adaptive_run_draws_what_the_unbroken_run_drew(tmp_path, mode):
     unbroken = _train(tmp_path / "unbroken", 4, mode)
