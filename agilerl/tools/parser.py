@@ -125,14 +125,23 @@ class ToolParser:
         ids = list(ids)
         while ids and ids[-1] in self._trailing:
             ids.pop()  # the end-of-turn token closes the completion, it is no part of a call
+        hits = []  # (position, marker): each marker id found by list.index, a scan in C
+        for token, marker in self._ids.items():
+            at = -1
+            while True:
+                try:
+                    at = ids.index(token, at + 1)
+                except ValueError:
+                    break
+                hits.append((at, marker))
+        hits.sort()
         segments = []
         start = 0
-        for i, token in enumerate(ids):
-            if token in self._ids:
-                if start < i:
-                    segments.append(Segment(None, start, i))
-                segments.append(Segment(self._ids[token], i, i + 1))
-                start = i + 1
+        for i, marker in hits:
+            if start < i:
+                segments.append(Segment(None, start, i))
+            segments.append(Segment(marker, i, i + 1))
+            start = i + 1
         if start < len(ids):
             segments.append(Segment(None, start, len(ids)))
         text_of = _IdText(self, ids)
