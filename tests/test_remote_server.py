@@ -157,7 +157,7 @@ def test_health_metadata_and_schema(env_cls: type[CountedEnv]) -> None:
         assert client.server_metadata()["max_concurrent_envs"] == 5
         schema = get("/schema")
         assert schema["action"]["properties"]["message"]["type"] == "string"
-        assert set(schema["observation"]["properties"]) == {"text", "truncated", "metadata"}
+        assert set(schema["observation"]["properties"]) == {"text", "images", "truncated", "metadata"}
 
 
 class ToolQuizEnv:
