@@ -1,0 +1,95 @@
+"""The same tool calls through ``agilerl eval --base-url`` against a real OpenAI-compatible server:
+the tiny model under ``vllm serve --enable-auto-tool-choice --tool-call-parser hermes`` (in
+.venv-vllm), which parses the model's ``<tool_call>`` text into structured ``tool_calls``.
+
+The tiny model is first fitted (a few hundred plain gradient steps on two sequences) to answer
+the task's first prompt with ``add(2, 3)`` and, once the tool's result is in the conversation,
+with ``submit(5)``: a random model writes no call. vLLM renders both prompts with the Qwen2.5
+template, from the messages our endpoint policy sends (the second carries the answer's
+structured ``tool_calls`` and the ``tool`` message with its ``tool_call_id``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agilerl.cli.main import main
+from tests.test_tools_endpoint import ENV
+from tests.tool_families import family_tokenizer
+from tests.vllm_serve import VLLMServe
+
+pytestmark = pytest.mark.slow
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
+    {"type": "function", "function": {"name": "submit", "description": "Submit the answer.", "parameters": {
+        "type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}}}]
+
+
+def _fitted_model_dir(tmp_path):
+    """The tiny model (hermes tokens, Qwen2.5 template) fitted to call add, then submit."""
+    import torch
+
+    from agilerl.train.tiny_model import build_tiny_model
+
+    tokenizer = family_tokenizer("hermes")
+    model = build_tiny_model(tokenizer, num_heads=1)
+    user = [{"role": "user", "content": "What is 2+3?"}]
+    add = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    submit = '<tool_call>\n{"name": "submit", "arguments": {"answer": 5}}\n</tool_call>'
+    sequences = []
+    for arguments in ({"a": 2, "b": 3}, '{"a": 2, "b": 3}'):  # however the server hands them to the template
+        called = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "add", "arguments": arguments}}]}
+        for content in ("", None):
+            messages = [*user, {**called, "content": content}, {"role": "tool", "tool_call_id": "x", "content": "5"}]
+            sequences.append((messages, submit))
+    sequences.append((user, add))
+    rows = []
+    for messages, reply in sequences:
+        prompt = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        target = tokenizer.encode(reply + "<|im_end|>", add_special_tokens=False)
+        rows.append((ids + target, len(ids)))
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(300):
+        for ids, start in rows:
+            x = torch.tensor([ids])
+            logits = model(x).logits[0, start - 1 : -1]
+            loss = torch.nn.functional.cross_entropy(logits, x[0, start:])
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    folder = tmp_path / "tiny-tools"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.timeout(1800)
+def test_vllm_tool_calls_run_through_eval_base_url(vllm_venv, tmp_path, capsys):
+    from tests.test_vllm import vllm_env
+
+    folder = _fitted_model_dir(tmp_path)
+    serve = VLLMServe(
+        vllm_venv, folder, tmp_path / "vllm.log", "--served-model-name", "tiny", "--max-model-len", "1024",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", env=vllm_env(),
+    )
+    (tmp_path / "calc.py").write_text(ENV)
+    try:
+        url = serve.wait_healthy() + "/v1"
+        capsys.readouterr()
+        code = main(["eval", str(tmp_path / "calc.py") + ":CalcEnv", "--base-url", url, "--model", "tiny",
+                     "--tool-parser", "hermes", "-n", "1", "--max-turns", "3", "--max-new-tokens", "64",
+                     "--output", str(tmp_path / "out.jsonl"), "--json", "--no-progress"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+    finally:
+        serve.stop()
+    assert json.loads(captured.out)["reward_mean"] == 1.0, (tmp_path / "out.jsonl").read_text()
+    (row,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    called = [m["tool_calls"][0]["function"] for m in row["messages"] if m.get("tool_calls")]
+    assert called == [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "submit", "arguments": {"answer": 5}}]
+    assert [m["content"] for m in row["messages"] if m["role"] == "tool"] == ["5", "done"]
