@@ -1,0 +1,143 @@
+"""OpenEnv envs that show pictures, on openenv-core's real base classes (the side venv): BrowserGym's
+nested ``screenshot`` and Atari's flat ``screen`` with ``screen_shape`` become images through
+``image_field``, in process and served by ``agilerl serve``, with the same pixels either way."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import subprocess
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agilerl.remote.client import RemoteEnvClient
+from tests.test_openenv_native import run_script, side_python  # noqa: F401 - the side venv fixture
+from tests.test_remote_openenv import openenv_python  # noqa: F401
+from tests.test_remote_server import wait_for_health
+
+ENVS = textwrap.dedent('''
+    from typing import List, Optional
+
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+
+
+    def frame(seed):
+        return [[[(seed * 40 + x * 7 + y * 3 + c * 50) % 256 for c in range(3)] for x in range(12)] for y in range(8)]
+
+
+    class ClickAction(Action):
+        command: str
+
+
+    class BrowserObservation(Observation):
+        text: str = ""
+        url: str = ""
+        screenshot: Optional[List[List[List[int]]]] = None
+        goal: str = ""
+
+
+    class BrowserEnv(Environment):
+        """BrowserGym's observation shape: a nested [height][width][channels] screenshot."""
+
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            self.seed = seed or 0
+            return BrowserObservation(text="page", url="http://x", screenshot=frame(self.seed), goal="click")
+
+        def step(self, action: ClickAction, timeout_s=None, **kwargs):
+            return BrowserObservation(text=f"clicked {action.command}", screenshot=frame(self.seed + 1), reward=1.0, done=True)
+
+        @property
+        def state(self):
+            return State()
+
+
+    class AtariAction(Action):
+        action_id: int = 0
+
+
+    class AtariObservation(Observation):
+        screen: List[int] = []
+        screen_shape: List[int] = []
+        lives: int = 3
+
+
+    class AtariEnv(Environment):
+        """Atari's observation shape: flat pixels with their shape beside them."""
+
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            pixels = frame(seed or 0)
+            return AtariObservation(screen=[v for row in pixels for px in row for v in px], screen_shape=[8, 12, 3])
+
+        def step(self, action: AtariAction, timeout_s=None, **kwargs):
+            return AtariObservation(screen=[0] * 288, screen_shape=[8, 12, 3], lives=2, done=True)
+
+        @property
+        def state(self):
+            return State()
+''')
+
+
+def _frame_sha(seed: int) -> str:
+    pixels = np.array(
+        [[[(seed * 40 + x * 7 + y * 3 + c * 50) % 256 for c in range(3)] for x in range(12)] for y in range(8)],
+        dtype=np.uint8,
+    )
+    return hashlib.sha256(pixels.tobytes()).hexdigest()
+
+
+@pytest.fixture
+def envs_dir(tmp_path: Path) -> Path:
+    (tmp_path / "envs.py").write_text(ENVS)
+    return tmp_path
+
+
+IN_PROCESS = '''
+    import hashlib, json
+    import numpy as np
+    from agilerl.envs.client import InProcessEnvClient
+    from agilerl.envs.entrypoints import entrypoint_factory
+
+    def sha(observation):
+        return [hashlib.sha256(np.asarray(i.pil()).tobytes()).hexdigest() for i in observation.images]
+
+    seen = {}
+    for name, field in (("BrowserEnv", "screenshot"), ("AtariEnv", "screen")):
+        client = InProcessEnvClient(entrypoint_factory(f"envs.py:{name}", {}, image_field=field)())
+        prompt, _ = client.reset(seed=2)
+        seen[name] = {"text": prompt.text, "images": sha(prompt), "size": list(prompt.images[0].size)}
+        client.close()
+    print(json.dumps(seen))
+'''
+
+
+def test_openenv_image_fields_become_images_in_process(side_python: Path, envs_dir: Path) -> None:  # noqa: F811
+    seen = run_script(side_python, IN_PROCESS, envs_dir)
+    assert seen["BrowserEnv"] == {"text": "page", "images": [_frame_sha(2)], "size": [12, 8]}
+    assert seen["AtariEnv"]["images"] == [_frame_sha(2)] and "screen" not in seen["AtariEnv"]["text"]
+
+
+def test_served_openenv_image_fields_reach_the_client_as_the_same_pixels(side_python: Path, envs_dir: Path) -> None:  # noqa: F811
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    log = envs_dir / "serve.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen([str(side_python), "-m", "agilerl", "serve", "envs.py:BrowserEnv", "--port", str(port)],
+                                  cwd=envs_dir, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_health(url, server, log)
+        with RemoteEnvClient(url, image_field="screenshot", action_field="command") as client:
+            prompt, _ = client.reset(seed=2)
+            observation, reward, terminated, _, _ = client.step("go")
+        assert prompt.text == "page" and "screenshot" not in prompt.text
+        assert [hashlib.sha256(np.asarray(i.pil()).tobytes()).hexdigest() for i in prompt.images] == [_frame_sha(2)]
+        assert observation.text == "clicked go" and reward == 1.0 and terminated
+        assert hashlib.sha256(np.asarray(observation.images[0].pil()).tobytes()).hexdigest() == _frame_sha(3)
+    finally:
+        server.terminate()
+        server.wait(30)
