@@ -58,7 +58,10 @@ class TextEnv(Protocol):
     (a list of JSON-schema tool specs rendered through the chat template), ``dataset_size`` (then
     ``reset(seed, *, row_index=None, evaluation=None)`` picks a row) and ``eval_dataset_size``
     (rows of its held-out split), ``max_turns`` (the turn budget used when a manifest leaves it
-    out), ``max_reward`` (for accuracy), ``system_prompt``; and ``close()``.
+    out), ``max_reward`` (for accuracy), ``system_prompt``, ``send_reasoning`` (with a tool
+    parser: ``step`` also receives the model's reasoning); and ``close()``. An env with ``tools``
+    may take the model's parsed calls through ``call_tool(name, arguments) -> StepResult``
+    (``environment.tool_parser``, docs/tools.md).
     """
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
@@ -96,9 +99,12 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
         lambda v: isinstance(v, numbers.Real) and not _is_bool(v) and math.isfinite(v),
     ),
     "max_concurrent_envs": ("an int >= 1", lambda v: _is_int(v) and v >= 1),
+    "send_reasoning": ("a bool", lambda v: isinstance(v, bool)),
 }
 
-DESCRIBED_MEMBERS = ("max_turns", "tools", "system_prompt", "dataset_size", "eval_dataset_size", "max_reward")
+DESCRIBED_MEMBERS = (
+    "max_turns", "tools", "system_prompt", "dataset_size", "eval_dataset_size", "max_reward", "send_reasoning"
+)
 """The optional members an env may declare (``TextEnv``); a server publishes them at ``/metadata``."""
 
 
@@ -146,6 +152,8 @@ class EnvInfo:
     """The best episode reward (accuracy is reward / max_reward)."""
     max_concurrent_envs: int | None = None
     """Sessions the env's server admits at once (replicas summed); None in process: no limit."""
+    send_reasoning: bool | None = None
+    """With a tool parser: the env's ``step`` receives the model's reasoning too (it opted in)."""
 
     def __post_init__(self) -> None:
         given = {name: value for name in _RULES if (value := getattr(self, name)) is not None}

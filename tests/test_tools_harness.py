@@ -94,6 +94,14 @@ def test_a_completion_without_a_call_is_a_text_step_without_its_reasoning():
     opted.step(_completion(tokenizer, parser, drafted))
     assert "maybe" in opted.client.env.steps[0]
 
+    class Reader(CalcEnv):
+        send_reasoning = True  # the env itself opts in
+
+    own = RolloutHarness.local(Reader(), tokenizer, tool_parser="hermes")
+    own.reset(seed=0)
+    own.step(_completion(tokenizer, parser, drafted))
+    assert "maybe" in own.client.env.steps[0]
+
 
 def test_literal_tag_text_is_not_a_call():
     tokenizer = family_tokenizer("hermes")

@@ -116,6 +116,8 @@ class RolloutHarness:
             self.client = ToolCallingClient(self.client)
         self.info: EnvInfo = self.client.describe()
         """What the env declares about itself."""
+        if self.tool_routing is not None and self.info.send_reasoning:
+            self.tool_routing.send_reasoning = True  # the env opted in to the model's reasoning
         self.max_turns = self.info.turn_budget(max_turns)
         self.vision = VisionTurns.of(tokenizer)
         """Renders image observations with the model's processor (a processor given as
