@@ -142,3 +142,23 @@ def test_tool_stats_per_episode_become_metrics_and_tool_format_pays_for_well_for
     assert tool_format(completion=parser.format_call("add", {"a": 1, "b": 2}) + "<tool_call>{oops</tool_call>") == 0.5
     assert tool_format(completion="no call") == 0.0
     assert tool_format(completion="", info={"tool_calls": [{"status": "ok"}]}) == 1.0
+
+
+def test_a_template_without_a_tool_role_gets_the_results_as_a_user_message_and_goes_on():
+    tokenizer = family_tokenizer("hermes")
+    strict = tokenizer.__class__(
+        tokenizer_object=tokenizer.backend_tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        chat_template=(
+            "{%- for m in messages %}{%- if m.role not in ('system', 'user', 'assistant') %}"
+            "{{ raise_exception('roles are system, user and assistant') }}{%- endif %}"
+            "{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}{%- endfor %}"
+            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+        ),
+    )
+    harness = RolloutHarness.local(CalcEnv(), strict, tool_parser="hermes")
+    harness.reset(seed=0)
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    with pytest.warns(UserWarning, match="rendered as one user message"):
+        _, _, done, _, info = harness.step(strict.encode(call, add_special_tokens=False) + [strict.convert_tokens_to_ids("<|im_end|>")])
+    assert not done and info[TOOL_CALLS_INFO][0]["result"] == "5"
+    assert strict.decode(harness.trajectory.token_ids).endswith("<|im_start|>user\n5<|im_end|>\n<|im_start|>assistant\n")

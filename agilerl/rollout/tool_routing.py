@@ -55,6 +55,7 @@ class ToolRouting:
         self._tails: dict[tuple[int, tuple[str, ...], bool], list[str] | None] = {}
         self._specials: frozenset[int] | None = None
         self._warned = False
+        self._warned_role = False
 
     @classmethod
     def build(cls, setting: Any, tokenizer: Any, *, send_reasoning: bool = False) -> ToolRouting:
@@ -94,7 +95,10 @@ class ToolRouting:
                 self._tails[key] = None  # rendered each time, with the fallback below
         pieces = self._tails[key]
         if pieces is None:
-            text = self._tail_text(renderer, names, results, final, ids)
+            try:
+                text = self._tail_text(renderer, names, results, final, ids)
+            except ChatTemplateError as exc:  # no tool role at all: the results as one observation
+                return self._as_observation(renderer, results, final, exc)
         else:
             text = pieces[0] + "".join(result + piece for result, piece in zip(results, pieces[1:]))
         tail = renderer.encode(text)
@@ -120,6 +124,23 @@ class ToolRouting:
             )
         joined = ["\n".join(results)]
         return tool_tail_text(renderer, names[:1], joined, final=final, calls_end=self.parser.calls_end, ids=ids[:1])
+
+    def _as_observation(
+        self, renderer: ChatRenderer, results: list[str], final: bool, exc: ChatTemplateError
+    ) -> list[int]:
+        """A template that cannot render a tool result after a call (no ``tool`` role, no
+        ``tool_calls``) gets the results as one observation, in the ``tool`` role when it renders
+        one after an answer, else the user's; warned once. The episode goes on."""
+        role = "tool" if renderer.renders_role("tool") else "user"
+        if not self._warned_role:
+            self._warned_role = True
+            warnings.warn(
+                f"the chat template cannot render tool results after a call ({exc}); they are "
+                f"rendered as one {role} message",
+                AgileRLWarning,
+                stacklevel=4,
+            )
+        return renderer.turn_tail_ids(role, "\n".join(results), final=final)
 
     def _special_ids(self, renderer: ChatRenderer) -> frozenset[int]:
         if self._specials is None:
