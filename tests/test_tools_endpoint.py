@@ -89,7 +89,9 @@ def test_an_endpoints_tool_calls_run_as_calls_and_return_as_tool_messages(tmp_pa
         endpoint.close()
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert json.loads(captured.out)["reward_mean"] == 1.0
+    summary = json.loads(captured.out)
+    assert summary["reward_mean"] == 1.0
+    assert summary["tools"]["tools/calls_per_episode"] == 3.0 and summary["tools"]["tools/failed/unknown_tool"] == 1.0
     first, second = endpoint.requests
     assert [t["function"]["name"] for t in first["tools"]] == ["add", "submit"]
     answer, *results = second["messages"][-3:]

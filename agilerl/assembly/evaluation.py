@@ -33,6 +33,7 @@ from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import Policy, SamplingParams
 from agilerl.rollout.trajectory import Trajectory
 from agilerl.rollout.versioned import VersionedPolicy
+from agilerl.tools.metrics import TOOL_STATS_KEY, tool_call_metrics
 from agilerl.train.metrics import judge_metrics, reward_component_metrics
 
 __all__ = ["EvalPlan", "EvalSummary", "pass_at_k", "evaluate_spec", "ResultsFile"]
@@ -86,6 +87,8 @@ class EvalSummary:
     """``reward/<name>``: each reward component's mean over the finished episodes."""
     judge: dict[str, float] = field(default_factory=dict)
     """``judge/...`` over this run's judge calls, when a judge scored."""
+    tools: dict[str, float] = field(default_factory=dict)
+    """``tools/...`` (calls per episode, the well-formed share, failures by status), with a tool parser."""
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(vars(self))
@@ -237,6 +240,7 @@ def _summary(
         resumed=resumed,
         reward_components=reward_component_metrics(r.get("reward_components") for r in good),
         judge=judge_metrics(),
+        tools=tool_call_metrics((r.get("info") or {}).get(TOOL_STATS_KEY) for r in good),
     )
 
 

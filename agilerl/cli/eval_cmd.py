@@ -215,6 +215,8 @@ def _print_summary(summary: Any) -> None:
         print("pass@k:   n/a (an episode passes at --pass-threshold, default max_reward; neither is set)")
     if summary.reward_components:
         print("components: " + "  ".join(f"{k} {v:.4f}" for k, v in summary.reward_components.items()))
+    if summary.tools:
+        print("tool calls: " + "  ".join(f"{k.removeprefix('tools/')} {v:.4f}" for k, v in summary.tools.items()))
     if summary.judge:
         print("judge:    " + "  ".join(f"{k.removeprefix('judge/')} {v:g}" for k, v in summary.judge.items()))
     print(f"results:  {summary.output}")
