@@ -162,3 +162,20 @@ def test_a_template_without_a_tool_role_gets_the_results_as_a_user_message_and_g
         _, _, done, _, info = harness.step(strict.encode(call, add_special_tokens=False) + [strict.convert_tokens_to_ids("<|im_end|>")])
     assert not done and info[TOOL_CALLS_INFO][0]["result"] == "5"
     assert strict.decode(harness.trajectory.token_ids).endswith("<|im_start|>user\n5<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_text_env_served_by_us_takes_parsed_calls_over_the_wire():
+    """``agilerl serve`` of a text env with call_tool: its tools come from /metadata, each call
+    travels as OpenEnv's call_tool step frame and reaches the env's call_tool."""
+    from agilerl.llm_envs.openenv_server import resolve_env
+
+    tokenizer = family_tokenizer("hermes")
+    url, server = resolve_env(CalcEnv, {})
+    with server, RolloutHarness(url, tokenizer, tool_parser="hermes") as harness:
+        harness.reset(seed=0)
+        assert [t["function"]["name"] for t in harness.chat.tools] == ["add", "submit"]
+        parser = harness.tool_routing.parser
+        _, _, done, _, info = harness.step(_completion(tokenizer, parser, [("add", {"a": 2, "b": "3"})]))
+        assert info[TOOL_CALLS_INFO][0]["result"] == "5" and not done
+        _, reward, done, _, _ = harness.step(_completion(tokenizer, parser, [("submit", {"answer": 5})]))
+        assert reward == 1.0 and done

@@ -74,7 +74,14 @@ class TextSession:
             kind = frame["type"]
             client = self.client
             if kind == "step":
-                text, reward, terminated, truncated, info = await client.astep(frame["data"]["message"])
+                data = frame["data"]
+                if "tool_name" in data:  # a parsed tool call (tool_parser): the env's call_tool
+                    result = await client.acall_tool(data["tool_name"], data.get("arguments") or {})
+                elif "message" not in data:
+                    raise FrameError(ErrorCode.VALIDATION_ERROR, "invalid message: data.message: Field required")
+                else:
+                    result = await client.astep(data["message"])
+                text, reward, terminated, truncated, info = result
                 self.steps += 1
                 return observation_frame(text, reward, terminated, truncated, info if self.with_info else None)
             if kind == "reset":

@@ -107,9 +107,14 @@ def _scalar_as_text(value: Any) -> Any:
 
 @with_config(_LENIENT)
 class StepData(TypedDict):
-    message: Annotated[str, BeforeValidator(_scalar_as_text), Field(
+    message: NotRequired[Annotated[str, BeforeValidator(_scalar_as_text), Field(
         description="The model's text (a JSON number or bool is taken as its text)."
-    )]
+    )]]
+    type: NotRequired[Annotated[Literal["call_tool"], Field(
+        description="With tool_name: one parsed tool call, as OpenEnv's MCP CallToolAction (the env's call_tool)."
+    )]]
+    tool_name: NotRequired[str]
+    arguments: NotRequired[dict[str, Any]]
 
 
 @with_config(_LENIENT)
