@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from agilerl.tools.schema import check_arguments
+from agilerl.tools.schema import compile_check
 
 __all__ = ["CallStatus", "CALL_STATUSES", "ToolCall", "ParsedCompletion", "ToolSet", "function_tool"]
 
@@ -118,6 +118,7 @@ class ToolSet:
         self.schemas: dict[str, dict[str, Any]] = {
             s["function"]["name"]: s["function"].get("parameters") or {} for s in self.specs
         }
+        self._checks = {name: compile_check(schema) for name, schema in self.schemas.items()}
 
     def __contains__(self, name: object) -> bool:
         return name in self.schemas
@@ -133,7 +134,7 @@ class ToolSet:
         if call.name not in self.schemas:
             known = ", ".join(sorted(self.schemas)) or "none"
             return replace(call, status="unknown_tool", error=f"unknown tool {call.name!r}; the tools are: {known}")
-        arguments, problem = check_arguments(self.schemas[call.name], call.arguments or {})
+        arguments, problem = self._checks[call.name](call.arguments or {})
         if problem is not None:
             return replace(call, status="schema_violation", error=f"{call.name}: {problem}")
         if arguments == call.arguments:

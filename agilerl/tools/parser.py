@@ -125,14 +125,11 @@ class ToolParser:
         ids = list(ids)
         while ids and ids[-1] in self._trailing:
             ids.pop()  # the end-of-turn token closes the completion, it is no part of a call
-        hits = []  # (position, marker): each marker id found by list.index, a scan in C
+        hits = []  # (position, marker): each marker id counted and found by scans in C
         for token, marker in self._ids.items():
             at = -1
-            while True:
-                try:
-                    at = ids.index(token, at + 1)
-                except ValueError:
-                    break
+            for _ in range(ids.count(token)):
+                at = ids.index(token, at + 1)
                 hits.append((at, marker))
         hits.sort()
         segments = []

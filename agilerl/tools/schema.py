@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["check_arguments"]
+__all__ = ["check_arguments", "compile_check"]
 
 _NO_VALUE = object()
 
@@ -35,6 +35,49 @@ _BOUNDS = frozenset(
     {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems"}
 )
 _CHOICES = ("anyOf", "oneOf")
+
+
+_PLAIN_TYPES = {"string": str, "integer": int, "boolean": bool}
+_PLAIN_KEYS = frozenset({"type", "description", "title"})
+
+
+def compile_check(schema: Mapping[str, Any]) -> Any:
+    """``check_arguments`` for one schema, with a fast path for the common tool schema (an object
+    of plain string/integer/boolean properties): arguments already of the right types are
+    accepted by a few dict lookups; anything else takes the full check."""
+    plain = _plain_object(schema)
+    if plain is None:
+        return lambda arguments: check_arguments(schema, arguments)
+    types, required, closed = plain
+
+    def check(arguments: Any) -> tuple[Any, str | None]:
+        if type(arguments) is dict and required.issubset(arguments) and (not closed or types.keys() >= arguments.keys()):
+            for key, value in arguments.items():
+                expected = types.get(key)
+                if expected is not None and type(value) is not expected:
+                    break
+            else:
+                return arguments, None
+        return check_arguments(schema, arguments)
+
+    return check
+
+
+def _plain_object(schema: Mapping[str, Any]) -> tuple[dict[str, type], frozenset[str], bool] | None:
+    if not isinstance(schema, Mapping) or schema.get("type") != "object":
+        return None
+    if set(schema) - {"type", "properties", "required", "additionalProperties", "title", "description"}:
+        return None
+    properties = schema.get("properties") or {}
+    types: dict[str, type] = {}
+    for name, spec in properties.items():
+        if not isinstance(spec, Mapping) or set(spec) - _PLAIN_KEYS or spec.get("type") not in _PLAIN_TYPES:
+            return None
+        types[name] = _PLAIN_TYPES[spec["type"]]
+    extra = schema.get("additionalProperties", True)
+    if extra not in (True, False):
+        return None
+    return types, frozenset(schema.get("required") or ()), extra is False
 
 
 def _check(schema: Mapping[str, Any], value: Any, where: str) -> Any:
