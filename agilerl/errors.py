@@ -7,7 +7,7 @@ that catches the built-in kinds keeps working.
     AgileRLError
     ├── InvalidArgument (ValueError)            a Python call got a value it cannot use
     │   ├── ConfigError                           settings given in Python are invalid
-│   ├── ChatTemplateError                     the tokenizer's template cannot be used
+    │   ├── ChatTemplateError                     the tokenizer's template cannot be used
     │   └── TrajectoryShapeError                  a trajectory's per-token lists disagree
     ├── MissingExtra (ImportError)              an optional dependency is not installed
     ├── ManifestError (ValueError)              a manifest file is invalid (manifests only)
@@ -23,6 +23,9 @@ that catches the built-in kinds keeps working.
     │   ├── OpenEnvAdapterError (ValueError)      an OpenEnv env cannot be driven with text
     │   └── EpisodeError                          reset/step/close called out of order
     ├── DataError → DatasetLoadError, RubricError, TemplateError
+    │   RubricError → JudgeFailed                 one judgement failed after its retries
+    │               → JudgeUnavailable            every judge call failed past give_up_after_s
+    │                 (EnvUnavailable too)
     └── TrainingError → CollectionError, CheckpointError, OutputDirError, ModelLoadError,
                         RankFailed, TrackerUnavailable (ImportError)
         CollectionError → EndpointError            a model endpoint refused or failed
@@ -72,6 +75,8 @@ __all__ = [
     "DataError",
     "DatasetLoadError",
     "RubricError",
+    "JudgeFailed",
+    "JudgeUnavailable",
     "TemplateError",
     "TrainingError",
     "CollectionError",
@@ -329,6 +334,14 @@ class DatasetLoadError(DataError):
 
 class RubricError(DataError):
     """A rubric cannot be bound, raised, or returned something that is not a reward."""
+
+
+class JudgeFailed(RubricError):
+    """One judgement could not be had (after its retries): scored by the rubric's failure policy."""
+
+
+class JudgeUnavailable(EnvUnavailable, RubricError):
+    """Every judge call failed for ``give_up_after_s``: the run stops, naming the URL."""
 
 
 class TemplateError(DataError):

@@ -26,7 +26,7 @@ def test_serve_with_an_env_config_the_env_refuses_exits_before_serving():
 def test_serve_refuses_an_empty_token_instead_of_turning_auth_off(token):
     result = _agilerl("serve", f"{GUESS}:GuessEnv", "--token", token, "--port", "0")
     assert result.returncode == 2
-    assert "--token is empty" in result.stderr
+    assert "--token is blank" in result.stderr
 
 
 def test_serve_refuses_an_unknown_event_loop_before_building_the_env():

@@ -207,4 +207,5 @@ def test_client_frames_are_built_and_read_in_one_place() -> None:
     inside = read_observation({"observation": {"text": "t", "metadata": {"a": 1}, "truncated": True}, "done": True})
     assert beside == ({"text": "t"}, 1.0, True, False, {"a": 1})
     assert inside[1:] == (0.0, False, True, {"a": 1})
-    assert read_observation(None) is None
+    with pytest.raises(EnvProtocolError, match="data must be an object, got None"):
+        read_observation(None)

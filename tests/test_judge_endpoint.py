@@ -18,10 +18,10 @@ import yaml
 
 from agilerl.assembly.env_factory import make_env_factory
 from agilerl.concurrency import LoopThread, run_in_threads, WorkerThreads
-from agilerl.data.judge import JUDGE_STATS, JudgeEndpoint, JudgeFailed, JudgeUnavailable
+from agilerl.data.judge import JUDGE_STATS, JudgeEndpoint
 from agilerl.data.judges import GroupJudge, LLMJudge, parse_score, parse_scores
 from agilerl.data.rubric import Rubric
-from agilerl.errors import EnvUnavailable, RubricError
+from agilerl.errors import EnvUnavailable, JudgeFailed, JudgeUnavailable, RubricError
 from agilerl.manifest.spec import load_manifest
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import ScriptedPolicy

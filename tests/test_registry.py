@@ -99,7 +99,7 @@ def test_unknown_name_lists_close_matches_and_installed_names(site, monkeypatch)
         resolve("env", "guess-the-numbr")
     message = str(err.value)
     assert "Did you mean 'guess-the-number'?" in message
-    with pytest.raises(NameNotRegistered, match=r"Installed envs: guess, guess-the-number\."):  # the built-in guess too
+    with pytest.raises(NameNotRegistered, match=r"Installed envs: colors, guess, guess-the-number\."):  # the built-ins colors and guess too
         resolve("env", "zzzz")  # nothing close: the few installed names are listed
     with pytest.raises(NameNotRegistered, match="is registered, but as another kind: rubric"):
         resolve("env", "guess-the-number-rubric")

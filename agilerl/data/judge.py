@@ -29,22 +29,14 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from agilerl.concurrency import shared_loop
-from agilerl.errors import EnvUnavailable, RubricError
+from agilerl.errors import JudgeFailed, JudgeUnavailable, RubricError
 
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["JudgeFailed", "JudgeUnavailable", "JudgeEndpoint", "JudgeStats", "JUDGE_STATS", "take_judge_metrics"]
+__all__ = ["JudgeEndpoint", "JudgeStats", "JUDGE_STATS", "take_judge_metrics"]
 
 _RETRIED_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-
-
-class JudgeFailed(RubricError):
-    """One judgement could not be had (after its retries): scored by the rubric's failure policy."""
-
-
-class JudgeUnavailable(EnvUnavailable, RubricError):
-    """Every judge call failed for ``give_up_after_s``: the run stops, naming the URL."""
 
 
 class JudgeStats:

@@ -22,8 +22,8 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agilerl.data.judge import JUDGE_STATS, JudgeEndpoint, JudgeFailed
-from agilerl.errors import RubricError
+from agilerl.data.judge import JUDGE_STATS, JudgeEndpoint
+from agilerl.errors import JudgeFailed, RubricError
 
 __all__ = ["DEFAULT_PROMPT", "DEFAULT_GROUP_PROMPT", "LLMJudge", "GroupJudge", "parse_score", "parse_scores"]
 
