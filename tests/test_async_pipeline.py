@@ -57,6 +57,7 @@ def trainer_steps(pipeline, policy, steps, *, update_s=0.0, rng=None):
         batch, metrics = pipeline.take()
         batches.append((policy.version, batch, metrics))
         time.sleep(rng.uniform(0, update_s) if rng else update_s)
+        pipeline.trained()
         policy.publish(policy.version + 1)
     return batches
 
@@ -190,6 +191,31 @@ def test_a_hung_generator_is_named_within_the_stall_bound(chatml_tokenizer):
         pipeline.close()
 
 
+def test_a_weight_push_behind_a_hung_generation_is_named_within_its_bound(chatml_tokenizer):
+    release, started = threading.Event(), threading.Event()
+
+    class Hangs(ScriptedPolicy):
+        def generate(self, prompts, params):
+            started.set()
+            release.wait(60)
+            return super().generate(prompts, params)
+
+    from agilerl.rollout.policy import SamplingParams
+
+    policy = VersionedPolicy(Hangs(chatml_tokenizer, "42"), publish_timeout_s=1.0)
+    lane = threading.Thread(target=policy.generate, args=([[1, 2]], SamplingParams(max_new_tokens=2)), daemon=True)
+    lane.start()
+    assert started.wait(10)
+    t0 = time.monotonic()
+    with pytest.raises(CollectionError, match=r"weight push to version 1 waited 1 s .*Hangs.generate"):
+        policy.publish(1)
+    assert time.monotonic() - t0 < 10 and policy.version == 0
+    release.set()
+    lane.join(10)
+    policy.publish(1)  # the generator is back: the push goes through
+    assert policy.version == 1
+
+
 def test_a_lane_that_fails_ends_the_run_at_the_next_take_with_its_error(chatml_tokenizer):
     class Fails(ScriptedPolicy):
         def generate(self, prompts, params):
@@ -226,6 +252,29 @@ def test_resume_replays_the_groups_in_flight_and_never_a_trained_one(chatml_toke
     end = state["trained_below"] + replayed + len(state["trained"])
     assert set(stream[:end]) <= set(trained)  # none skipped: every task drawn before the save is trained
     assert replayed > 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_batch_whose_update_never_finished_is_not_counted_trained(chatml_tokenizer, mode):
+    """A checkpoint saved between a take and the end of its update (an interrupt, a failure in
+    the update or in the next accumulation batch) counts that batch's tasks as not trained: a
+    resume replays them rather than skip them."""
+    with make(chatml_tokenizer) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"))
+        with RolloutPipeline(collector, policy, mode=mode, max_staleness=1) as first:
+            trained = trainer_steps(first, policy, 1)
+            unfinished, _ = first.take()  # its update fails: trained() is never called
+            state = first.state()
+    done = {g[0].seed for g in trained[0][1].groups}
+    lost = {g[0].seed for g in unfinished.groups}
+    assert state["taken"] == 3 and not lost & done
+    with make(chatml_tokenizer) as collector:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"), version=1)
+        with RolloutPipeline(collector, policy, mode="async", max_staleness=1) as second:
+            second.resume(1, state)
+            after = trainer_steps(second, policy, 2)
+    again = [g[0].seed for _, b, _ in after for g in b.groups]
+    assert lost <= set(again) and not done & set(again)
 
 
 def test_the_inference_copy_generates_as_the_model_and_follows_pushed_weights(tiny_model, chatml_tokenizer):

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from agilerl.rollout.results import RolloutBatch
     from agilerl.rollout.trajectory import Trajectory
 
-__all__ = ["RolloutPipeline", "staleness"]
+__all__ = ["RolloutPipeline", "staleness", "stall_bound"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class RolloutPipeline:
         self.collector, self.policy, self.mode, self.max_staleness = collector, policy, mode, max_staleness
         self.batch_size = collector.batch_size
         self.groups_per_step = groups_per_step or self.batch_size
-        self.stall_timeout_s = stall_timeout_s or _stall_bound(collector)
+        self.stall_timeout_s = stall_timeout_s or stall_bound(collector)
         self._cond = threading.Condition()
         self._queue: collections.deque[_Group] = collections.deque()
         self._replays: collections.deque[tuple[int, Task]] = collections.deque()
@@ -96,6 +96,7 @@ class RolloutPipeline:
         self._drawn = 0  # the next task number
         self._done_below = 0  # every task number below is trained (or lost)
         self._done: set[int] = set()  # task numbers trained (or lost) above it
+        self._handed: list[int] = []  # taken by the trainer, trained once its update is done (``trained``)
         self._error: BaseException | None = None
         self._stopping = False
         self._lost_in_a_row = 0
@@ -142,7 +143,7 @@ class RolloutPipeline:
                     self._outstanding -= 1
                     groups.append(group)
                     self._taken += 1
-                    self._finish_task(group.number)
+                    self._handed.append(group.number)
             self._cond.notify_all()  # room in the queue: paused lanes may start
         batch = merge_batches([g.batch for g in groups if g.batch is not None])
         return batch, self._metrics(batch, version, depth, time.perf_counter() - t0)
@@ -152,16 +153,30 @@ class RolloutPipeline:
         t0 = time.perf_counter()
         batch = self.collector.collect(self.policy)
         waited = time.perf_counter() - t0
-        self._taken += self.batch_size  # sync trains the task stream in order, lost groups included
-        self._drawn = self._done_below = self._taken
+        # sync trains the task stream in order, lost groups included
+        with self._cond:
+            self._handed.extend(range(self._taken, self._taken + self.batch_size))
+            self._taken += self.batch_size
+            self._drawn = self._taken
         self._since_take["tokens"] += batch.stats.generated_tokens
         return batch, self._metrics(batch, self.policy.version, 0, waited)
 
+    def trained(self) -> None:
+        """The update of every batch taken so far is done: their tasks count as trained from now
+        on. Until then a checkpoint (one saved on an interrupt or a failure between a ``take``
+        and the end of its update) counts them as not trained, and a resume replays them."""
+        with self._cond:
+            for number in self._handed:
+                self._finish_task(number)
+            self._handed.clear()
+
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: which task numbers were trained, so a resume replays the rest
-        (the groups in flight are dropped) and none twice."""
+        (the groups in flight, and those taken for an update that never finished, are dropped)
+        and none twice."""
         with self._cond:
-            return {"trained_below": self._done_below, "trained": sorted(self._done), "taken": self._taken}
+            taken = self._taken - len(self._handed)
+            return {"trained_below": self._done_below, "trained": sorted(self._done), "taken": taken}
 
     def resume(self, steps: int, state: dict[str, Any] | None = None) -> None:
         """Continue after ``steps`` trained steps. Sync passes over their tasks. Async restores
@@ -399,7 +414,7 @@ def _oldest_so_far(group: _Group) -> int:
     return known if known is not None else group.started_at
 
 
-def _stall_bound(collector: RolloutCollector) -> float:
+def stall_bound(collector: RolloutCollector) -> float:
     """Long enough for the slowest legitimate turn (an env call up to its timeout, retried, and
     a generation), short enough that a hang is named within minutes."""
     env = collector.env_timeout_s or 300.0

@@ -33,13 +33,14 @@ from agilerl.train.distributed import (
     describe_engine,
     failed_together,
     gathered_weights,
-    mean_over_ranks,
+    merge_over_ranks,
     prepare_reference,
     run_agreed,
 )
 from agilerl.train.metrics import (
     MetricsLog,
     ProgressBar,
+    combine_metrics,
     judge_metrics,
     plot_curves,
     reward_component_metrics,
@@ -106,7 +107,7 @@ def train_llm_rollout(
     of the weights (a ``WeightSyncedPolicy``: vLLM) gets them after every optimiser step.
     """
     from agilerl.rollout.generation import WeightSyncedPolicy
-    from agilerl.rollout.pipeline import RolloutPipeline
+    from agilerl.rollout.pipeline import RolloutPipeline, stall_bound
     from agilerl.rollout.policy import TransformersPolicy
     from agilerl.rollout.versioned import InferenceCopy, VersionedPolicy
     from agilerl.train.batch import collate_trajectories
@@ -129,7 +130,8 @@ def train_llm_rollout(
     trainer.synced = generator if isinstance(generator, WeightSyncedPolicy) else None
     # a synced policy generates from its own weights: the trainer's need no gathering
     own_weights = contextlib.nullcontext if trainer.synced else lambda: gathered_weights(trainer.policy)
-    policy = trainer.versioned = VersionedPolicy(generator, version=trainer.step)
+    # a push waits for the running generation as long as the pipeline waits for a lane
+    policy = trainer.versioned = VersionedPolicy(generator, version=trainer.step, publish_timeout_s=stall_bound(collector))
     if settings.task_sampling != collector.assigner.sampling:  # before the first draw
         collector.assigner = collector.assigner.with_sampling(settings.task_sampling, floor=settings.task_sampling_floor)
     pipeline = RolloutPipeline(
@@ -137,6 +139,7 @@ def train_llm_rollout(
         groups_per_step=collector.batch_size * settings.gradient_accumulation_steps,
     )
     trainer.rollout_state = lambda: {**pipeline.state(), "tasks": collector.assigner.state_dict()}
+    trainer.rollouts_trained = pipeline.trained
     saved = (read_state(resume_from).get("rollout") or []) if resume_from is not None else []
     mine = saved[trainer.world.rank] if trainer.world.rank < len(saved) else {}
     if "tasks" in mine:  # adaptive draws follow outcomes: the stream is restored, then passed over
@@ -274,6 +277,7 @@ class _Trainer:
         self.synced: WeightSyncedPolicy | None = None  # a policy with its own weights, pushed each step
         self.versioned: VersionedPolicy | None = None  # what generates: told each step's version (and weights)
         self.rollout_state: Callable[[], dict[str, Any]] | None = None  # the task stream, kept in checkpoints
+        self.rollouts_trained: Callable[[], None] | None = None  # told when an update has used its batches
         self._unlogged: dict[str, float] | None = None  # a finished step's metrics, until its row is written
         self._saved_step, self._saved_at = self.step, time.monotonic()
 
@@ -312,10 +316,12 @@ class _Trainer:
                         if self.synced is not None and settings.rollout_mode == "sync":
                             self.synced.sleep()  # its memory is the update's (async: it generates on)
                         metrics.update(self._update(batches))
+                        if self.rollouts_trained is not None:  # their tasks count as trained from here
+                            self.rollouts_trained()
                         self._unlogged = metrics  # the step is taken: its row is owed from here on
                         metrics.update(self._push_weights())
                         metrics["time/step_s"] = time.perf_counter() - t0
-                        last = self._unlogged = mean_over_ranks(self.accelerator, metrics)
+                        last = self._unlogged = merge_over_ranks(self.accelerator, metrics)
                         if self._due(settings.evaluation_interval):
                             last.update(run_agreed(self.accelerator, evaluate))  # rank 0's failure is everyone's
                         self._log_step(header)
@@ -342,15 +348,14 @@ class _Trainer:
         return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
 
     def _collect(self, next_batch: Callable[[], tuple[Any, dict[str, float]]]) -> tuple[list[Any], dict[str, float]]:
-        """The step's ``gradient_accumulation_steps`` batches, and their collection metrics averaged."""
-        batches, totals = [], {}
-        count = self.settings.gradient_accumulation_steps
-        for _ in range(count):
+        """The step's ``gradient_accumulation_steps`` batches, and their collection metrics as one row
+        (``combine_metrics``: counts summed, maxima the largest, the rest averaged)."""
+        batches, parts = [], []
+        for _ in range(self.settings.gradient_accumulation_steps):
             batch, metrics = next_batch()
             batches.append(batch)
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value / count
-        return batches, totals
+            parts.append(metrics)
+        return batches, combine_metrics(parts)
 
     def _update(self, batches: list[Any]) -> dict[str, float]:
         """One optimiser step over the step's batches, accumulating gradients over micro-batches;
@@ -419,7 +424,7 @@ class _Trainer:
         if settings.checkpoint_minutes is None:
             return False
         late = time.monotonic() - self._saved_at >= settings.checkpoint_minutes * 60
-        return mean_over_ranks(self.accelerator, {"late": float(late)})["late"] > 0
+        return merge_over_ranks(self.accelerator, {"late": float(late)})["late"] > 0
 
     def _save(self) -> Path | None:
         """Every rank takes part (a sharded state is saved by all); rank 0 gets the path."""
