@@ -18,10 +18,12 @@ optimiser state), so generation goes on while the optimiser updates the trainer'
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agilerl.errors import CollectionError
 from agilerl.rollout.policy import Generation, Policy, SamplingParams, TransformersPolicy
 
 if TYPE_CHECKING:
@@ -42,9 +44,10 @@ class _Request:
 class VersionedPolicy:
     """A policy whose generations carry their version; concurrent calls share one batch."""
 
-    def __init__(self, policy: Policy, *, version: int = 0) -> None:
+    def __init__(self, policy: Policy, *, version: int = 0, publish_timeout_s: float = 900.0) -> None:
         self.policy = policy
         self.version = version
+        self.publish_timeout_s = publish_timeout_s  # how long a push waits for a running generate call
         self.max_model_len: int | None = getattr(policy, "max_model_len", None)
         self.calls = 0  # batched calls of the wrapped policy
         self._cond = threading.Condition()
@@ -89,10 +92,19 @@ class VersionedPolicy:
 
     def publish(self, version: int, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """From the next generate call on: ``weights`` (into a policy holding its own copy) and
-        ``version``. Waits for a running call to end, never cuts one in half."""
+        ``version``. Waits for a running call to end, never cuts one in half; one that runs past
+        ``publish_timeout_s`` (a hung generator) is a ``CollectionError`` naming it."""
+        deadline = time.monotonic() + self.publish_timeout_s
         with self._cond:
             while self._busy:
-                self._cond.wait()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CollectionError(
+                        f"the weight push to version {version} waited {self.publish_timeout_s:.0f} s "
+                        f"(publish_timeout_s) for a running {type(self.policy).__name__}.generate call "
+                        "to end: the generator hangs. The last checkpoint is the one to resume from."
+                    )
+                self._cond.wait(timeout=left)
             self._busy = True
         try:
             if weights is not None:
