@@ -222,7 +222,7 @@ def test_async_entries_are_awaited_together_and_an_async_rubric_alone_is_awaited
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_ranks_reporting_different_components_average_each_over_the_ranks_that_have_it(tmp_path):
+def test_ranks_reporting_different_components_average_each_over_the_ranks_that_have_it_and_counts_add_up(tmp_path):
     import json
 
     from tests.test_train_distributed import _accelerate_launch
@@ -231,17 +231,23 @@ def test_ranks_reporting_different_components_average_each_over_the_ranks_that_h
     script.write_text(textwrap.dedent(f'''
         import json
         from accelerate import Accelerator
-        from agilerl.train.distributed import mean_over_ranks
+        from agilerl.train.distributed import merge_over_ranks
 
         accelerator = Accelerator(cpu=True)
         rank = accelerator.process_index
-        metrics = {{"train/reward": float(rank), f"reward/only{{rank}}": 1.0 + rank, "reward/both": 2.0 * rank}}
-        merged = mean_over_ranks(accelerator, metrics)
+        metrics = {{"train/reward": float(rank), f"reward/only{{rank}}": 1.0 + rank, "reward/both": 2.0 * rank,
+                    "rollout/dropped_stale": 1.0 + rank, "rollout/staleness_max": 3.0 * rank}}
+        merged = merge_over_ranks(accelerator, metrics)
         (__import__("pathlib").Path({str(tmp_path)!r}) / f"rank{{rank}}.json").write_text(json.dumps(merged))
+        accelerator.wait_for_everyone()
+        accelerator.end_training()  # the process group is destroyed: no rank exits with gloo's threads running
     '''))
     _accelerate_launch("ddp", [str(script)])
     merged = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert merged[0] == merged[1] == {"train/reward": 0.5, "reward/only0": 1.0, "reward/only1": 2.0, "reward/both": 1.0}
+    assert merged[0] == merged[1] == {
+        "train/reward": 0.5, "reward/only0": 1.0, "reward/only1": 2.0, "reward/both": 1.0,
+        "rollout/dropped_stale": 3.0, "rollout/staleness_max": 3.0,  # a count is the ranks' total, a max their largest
+    }
 
 
 def test_the_docs_manifests_validate():

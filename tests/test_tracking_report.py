@@ -46,3 +46,16 @@ def test_without_the_bar_a_line_every_tenth_of_the_run_or_every_few_seconds(caps
     quiet = ProgressBar(20, 0, show=False)  # another rank, or the bar off without lines: silent
     quiet.update(20, {"train/reward": 1.0})
     assert capsys.readouterr().err == ""
+
+
+def test_a_steps_batches_make_one_row_counts_summed_maxima_largest_the_rest_averaged():
+    from agilerl.train.metrics import combine_metrics
+
+    parts = [
+        {"train/reward": 0.25, "rollout/dropped_stale": 2.0, "rollout/staleness_max": 1.0, "judge/calls": 5.0},
+        {"train/reward": 0.75, "rollout/dropped_stale": 1.0, "rollout/staleness_max": 2.0, "reward/format": 1.0},
+    ]
+    assert combine_metrics(parts) == {
+        "train/reward": 0.5, "rollout/dropped_stale": 3.0, "rollout/staleness_max": 2.0,
+        "judge/calls": 5.0, "reward/format": 1.0,  # over the batches that report it
+    }

@@ -29,7 +29,7 @@ __all__ = [
     "current_world",
     "build_accelerator",
     "describe_engine",
-    "mean_over_ranks",
+    "merge_over_ranks",
     "run_agreed",
     "failed_together",
     "prepare_reference",
@@ -143,21 +143,34 @@ def describe_engine(accelerator: Accelerator) -> str:
     return f"accelerate {name}, {processes}, {precision}, {accelerator.device.type}"
 
 
-def mean_over_ranks(accelerator: Accelerator, metrics: Mapping[str, float]) -> dict[str, float]:
-    """Each metric averaged over the ranks that report it: the keys may differ between ranks (a
-    reward component, ``reward/<name>``, only some rank's episodes gave), so they are agreed on first."""
+def merge_over_ranks(accelerator: Accelerator, metrics: Mapping[str, float]) -> dict[str, float]:
+    """Each metric combined over the ranks that report it, as a step's batches are
+    (``metrics.reduction_of``: counts summed, maxima the largest, the rest averaged); the keys may
+    differ between ranks (a reward component, ``reward/<name>``, only some rank's episodes gave),
+    so they are agreed on first."""
     if accelerator.num_processes == 1:
         return dict(metrics)
+    import math
+
     import torch
     import torch.distributed as dist
+
+    from agilerl.train.metrics import reduction_of
 
     every: list[list[str] | None] = [None] * accelerator.num_processes
     dist.all_gather_object(every, sorted(metrics))
     keys = sorted({key for keys in every for key in keys or ()})
-    values = torch.tensor([float(metrics.get(k, 0.0)) for k in keys], dtype=torch.float64, device=accelerator.device)
-    counts = torch.tensor([float(k in metrics) for k in keys], dtype=torch.float64, device=accelerator.device)
-    values, counts = accelerator.reduce(values, reduction="sum"), accelerator.reduce(counts, reduction="sum")
-    return dict(zip(keys, (values / counts.clamp(min=1)).cpu().tolist()))
+    device = accelerator.device
+    values = torch.tensor([float(metrics.get(k, 0.0)) for k in keys], dtype=torch.float64, device=device)
+    counts = torch.tensor([float(k in metrics) for k in keys], dtype=torch.float64, device=device)
+    largest = torch.tensor([float(metrics.get(k, -math.inf)) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    means = (values / counts.clamp(min=1)).cpu().tolist()
+    sums, maxima = values.cpu().tolist(), largest.cpu().tolist()
+    by = {"mean": means, "sum": sums, "max": maxima}
+    return {key: by[reduction_of(key)][i] for i, key in enumerate(keys)}
 
 
 def run_agreed(accelerator: Accelerator, fn: Callable[[], T]) -> T:

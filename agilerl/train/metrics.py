@@ -20,6 +20,9 @@ __all__ = [
     "METRICS_FILE",
     "REWARD_COMPONENT",
     "JUDGE_METRICS",
+    "SUMMED_METRICS",
+    "reduction_of",
+    "combine_metrics",
     "reward_component_metrics",
     "judge_metrics",
     "MetricsLog",
@@ -36,6 +39,35 @@ REWARD_COMPONENT = "reward/{}"
 """A reward component's mean over a step's finished episodes (``reward/correct``, ``reward/judge``)."""
 JUDGE_METRICS = ("judge/calls", "judge/failures", "judge/cache_hits", "judge/latency_s", "judge/tokens")
 """What the LLM judges did since the last step (``latency_s``: the mean per call)."""
+
+
+SUMMED_METRICS = frozenset({
+    "rollout/generated_tokens", "rollout/generation_calls", "rollout/truncated", "rollout/context_truncated",
+    "rollout/retries", "rollout/lost", "rollout/failures", "rollout/groups_dropped", "rollout/informative_groups",
+    "rollout/dropped_stale", "rollout/dropped_stale_tokens",
+    "judge/calls", "judge/failures", "judge/cache_hits", "judge/tokens",
+})
+"""Counts: a step's row holds their total over its gradient-accumulation batches and its ranks
+(every drop, loss and judge call counted once), where other metrics are means."""
+
+
+def reduction_of(key: str) -> str:
+    """How a metric combines over a step's batches and ranks: ``max`` for a maximum (``*_max``:
+    ``rollout/staleness_max`` is the step's largest), ``sum`` for a count, else ``mean``."""
+    if key.endswith("_max"):
+        return "max"
+    return "sum" if key in SUMMED_METRICS else "mean"
+
+
+def combine_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Several batches' metrics as one row, each key by :func:`reduction_of` over the parts that have it."""
+    keys = sorted({key for part in parts for key in part})
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [part[key] for part in parts if key in part]
+        how = reduction_of(key)
+        out[key] = max(values) if how == "max" else math.fsum(values) if how == "sum" else math.fsum(values) / len(values)
+    return out
 
 
 def reward_component_metrics(episodes: Iterable[Mapping[str, float] | None]) -> dict[str, float]:
