@@ -166,6 +166,8 @@ def test_max_staleness_without_async_is_refused_naming_the_fix():
 
     with pytest.raises(ValidationError, match="max_staleness=3 applies to rollout_mode: async only.*set rollout_mode: async"):
         TrainingSettings(max_staleness=3)
+    with pytest.raises(ValidationError, match="max_staleness=1 applies to rollout_mode: async only"):
+        TrainingSettings(max_staleness=1)  # the default written out is still a setting sync ignores
     assert TrainingSettings(rollout_mode="async", max_staleness=0).max_staleness == 0
     with pytest.raises(ValidationError, match="max_staleness"):
         TrainingSettings(rollout_mode="async", max_staleness=-1)

@@ -275,7 +275,7 @@ class TrainingSettings(_Strict):
     @model_validator(mode="after")
     def _async_fits(self) -> TrainingSettings:
         """Combinations the async pipeline cannot honour, named with their fix."""
-        if self.rollout_mode == "sync" and self.max_staleness != 1 and "max_staleness" in self.model_fields_set:
+        if self.rollout_mode == "sync" and "max_staleness" in self.model_fields_set:
             raise ValueError(
                 f"max_staleness={self.max_staleness} applies to rollout_mode: async only (sync training "
                 "is always on-policy); set rollout_mode: async or remove max_staleness"
