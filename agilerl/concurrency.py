@@ -14,8 +14,8 @@ calls at once.
   bound to the thread that built it (sqlite, Playwright's sync API) works.
 - ``new_event_loop`` / ``run``: uvloop where it is installed (uvicorn, OpenEnv's server, picks it
   the same way), asyncio's own loop otherwise or when asked (``$AGILERL_EVENT_LOOP``, ``--loop``).
-- ``LoopThread`` and ``shared_loop()``: an event loop on its own thread; one per process for all
-  remote clients, one per env server.
+- ``LoopThread`` and ``shared_loop()``: an event loop on its own thread, which no coroutine's
+  ``sys.exit()`` ends; one per process for all remote clients, one per env server.
 - ``run_in_threads`` / ``run_on_loop``: one call per env at once, each bounded by a timeout.
 """
 
@@ -383,17 +383,34 @@ def run(coro: Coroutine[Any, Any, T], kind: str | None = None) -> T:
 
 
 class LoopThread:
-    """An asyncio event loop running forever on its own daemon thread."""
+    """An asyncio event loop running forever on its own daemon thread, whatever its coroutines raise.
+
+    asyncio (and uvloop) hand a task's ``SystemExit`` or ``KeyboardInterrupt`` to its awaiter and
+    also re-raise it out of ``run_forever``, which would end the thread: one ``sys.exit()`` in an
+    async rubric, judge or env would then leave every later call on the loop (every remote client
+    in the process) waiting forever. The loop thread resumes instead; the exception still reaches
+    whoever awaits that coroutine (a rubric's ``RubricError``, a failed episode, a re-raised
+    Ctrl-C). No signal reaches this thread, so such an exception is always a coroutine's own.
+    """
 
     def __init__(self, name: str) -> None:
         self.loop = new_event_loop()
         self._cleanups: list[Callable[[], Awaitable[Any]]] = []
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        while True:
+            try:
+                self.loop.run_forever()
+                return
+            except BaseException as exc:  # a coroutine's SystemExit or KeyboardInterrupt: not the loop's end
+                if self._stopping:
+                    return
+                log.debug("%s: a coroutine raised %r; its awaiter gets it, the loop goes on",
+                          self._thread.name, exc)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         """Schedule ``coro`` on the loop from any thread."""
@@ -430,6 +447,7 @@ class LoopThread:
                 self.submit(_run_all(cleanups)).result(timeout=5)
             except Exception:  # interpreter shutdown, or a cleanup that failed: nothing to report to
                 pass
+        self._stopping = True
         if self._thread.is_alive() and not self.on_loop_thread():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=10)

@@ -234,3 +234,34 @@ def test_sys_exit_in_a_rubric_is_that_rubric_s_error():
 
     with pytest.raises(RubricError, match="components sum past the largest float on train row 4"):
         Rubric.bind(overflows, name="overflows").score("hi", {}, {}, "train row 4")
+
+
+def test_sys_exit_in_an_async_rubric_is_its_error_and_the_shared_loop_goes_on():
+    import asyncio
+    import sys as system
+
+    from agilerl.concurrency import shared_loop
+    from agilerl.data.composite import CompositeRubric, RubricEntry
+    from agilerl.data.rubric import Rubric
+    from agilerl.errors import RubricError
+
+    async def quits(completion):
+        system.exit(3)
+
+    async def interrupts():
+        raise KeyboardInterrupt
+
+    async def five(completion=None):
+        await asyncio.sleep(0)
+        return 5.0
+
+    with pytest.raises(RubricError, match=r"rubric 'quits' raised SystemExit: 3 \(on train row 4\)"):
+        Rubric.bind(quits, name="quits").score("hi", {}, {}, "train row 4")
+    assert shared_loop().submit(five()).result(timeout=5) == 5  # it used to be dead: every call timed out
+    together = CompositeRubric([RubricEntry("quits", Rubric.bind(quits)), RubricEntry("five", Rubric.bind(five))])
+    with pytest.raises(RubricError, match="raised SystemExit: 3"):  # from a task gathered on the loop
+        Rubric.bind(together, name="together").score("hi", {}, {}, "train row 4")
+    assert shared_loop().submit(five()).result(timeout=5) == 5.0
+    with pytest.raises(KeyboardInterrupt):  # a coroutine's Ctrl-C reaches its caller, the loop survives it
+        shared_loop().run(interrupts())
+    assert shared_loop().submit(five()).result(timeout=5) == 5.0

@@ -28,12 +28,11 @@ episode before it is tokenized (``agilerl.rollout.context``). See docs/collector
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -340,10 +339,7 @@ class RolloutCollector:
             calls = [partial(getattr(c, method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)]
             results = run_in_threads(self._threads, calls, timeout, method)
         else:
-            acalls = [
-                partial(_contained, partial(getattr(c, "a" + method), *requests[s][0], **requests[s][1]))
-                for c, s in zip(clients, slots)
-            ]
+            acalls = [partial(getattr(c, "a" + method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)]
             results = run_on_loop(shared_loop(), acalls, timeout, method)
         run.env_time_s += time.perf_counter() - t0
         for result in results:
@@ -534,17 +530,6 @@ def check_capacity(info: EnvInfo, num_slots: int) -> None:
             f"(batch_size x group_size = {num_slots}, + 1 for evaluation); start the server with "
             f"max_concurrent_envs >= {needed} or lower batch_size/group_size"
         )
-
-
-async def _contained(call: Callable[[], Awaitable[Any]]) -> Any:
-    """An env coroutine's result, or what it raised: asyncio re-raises a ``SystemExit`` out of the
-    loop that runs it (ending the shared loop), so it comes back as a value like any error."""
-    try:
-        return await call()
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        raise
-    except BaseException as exc:  # an env's SystemExit is one failed episode
-        return exc
 
 
 def _close_quietly(env: Any) -> None:
