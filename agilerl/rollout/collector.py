@@ -339,7 +339,9 @@ class RolloutCollector:
             calls = [partial(getattr(c, method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)]
             results = run_in_threads(self._threads, calls, timeout, method)
         else:
-            acalls = [partial(getattr(c, "a" + method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)]
+            acalls = [
+                partial(getattr(c, "a" + method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)
+            ]
             results = run_on_loop(shared_loop(), acalls, timeout, method)
         run.env_time_s += time.perf_counter() - t0
         for result in results:
