@@ -5,9 +5,11 @@ surrogates are carried the same way on both sides. Real servers on 127.0.0.1: ou
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -23,7 +25,10 @@ from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import ScriptedPolicy
 
 WsReply = Callable[[dict[str, Any], int], str | None]
-"""``(frame, session number) -> raw text`` sent back (None: send nothing, hold the socket)."""
+"""``(frame, session number) -> raw text`` sent back (None: send nothing, hold the socket;
+``FREEZE``: read nothing more either, pings included, as a peer whose host froze)."""
+
+FREEZE = "<freeze>"
 
 
 def _free_port() -> int:
@@ -52,6 +57,8 @@ def foreign() -> Iterator[Callable[..., str]]:
                 if frame["type"] == "close":
                     break
                 raw = ws(frame, number) if ws is not None else None
+                if raw is FREEZE:
+                    await asyncio.Event().wait()  # the socket stays open; nothing is read or sent
                 if raw is not None:
                     await sock.send_str(raw)
             return sock
@@ -268,9 +275,12 @@ def test_a_metadata_answering_503_while_its_server_starts_is_retried_but_a_404_m
     assert RemoteEnvClient(foreign(), retry_budget_s=30).server_metadata() == {}  # no /metadata: nothing said
 
 
-def test_a_silent_peer_costs_request_timeout_and_the_episode_is_replayed(foreign: Any, chatml_tokenizer: Any) -> None:
-    """The first session's step is never answered (a peer gone without closing its socket): it
-    times out after request_timeout_s and the collector replays the episode on a new session."""
+def test_a_server_that_answers_pings_but_not_the_step_costs_request_timeout_and_is_replayed(
+    foreign: Any, chatml_tokenizer: Any
+) -> None:
+    """The first session's step is never answered, though its server is alive (aiohttp answers
+    the heartbeat's pings): it times out after request_timeout_s, not the heartbeat, and the
+    collector replays the episode on a new session."""
 
     def ws(frame: dict[str, Any], session: int) -> str | None:
         if frame["type"] == "reset":
@@ -281,14 +291,87 @@ def test_a_silent_peer_costs_request_timeout_and_the_episode_is_replayed(foreign
 
     url = foreign(ws)
     with RolloutCollector(
-        lambda: RemoteEnvClient(url, request_timeout_s=0.5, retry_budget_s=10), chatml_tokenizer,
+        lambda: RemoteEnvClient(url, request_timeout_s=1.5, heartbeat_s=0.5, retry_budget_s=10), chatml_tokenizer,
         batch_size=1, group_size=1, max_turns=2, seed=0,
     ) as c:
         batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="1"))
     [traj] = batch.trajectories
     assert traj.error is None and traj.total_reward == 1.0
     [failure] = batch.stats.failures
-    assert failure.retried and "request_timeout_s=0.5" in failure.error
+    assert failure.retried and "request_timeout_s=1.5" in failure.error
+
+
+def test_a_vanished_peer_is_found_by_the_heartbeat_not_request_timeout_and_replayed(
+    foreign: Any, chatml_tokenizer: Any
+) -> None:
+    """The first session's peer stops mid-step with its socket open (no reply, no pong): the
+    client's heartbeat finds it in about 1.5 x heartbeat_s, far inside request_timeout_s (300 s),
+    and the episode is replayed on a new session."""
+
+    def ws(frame: dict[str, Any], session: int) -> str | None:
+        if frame["type"] == "reset":
+            return observation({"observation": {"text": "go"}, "done": False})
+        if session == 0:
+            return FREEZE
+        return observation({"observation": {"text": "t"}, "reward": 1.0, "done": True})
+
+    url = foreign(ws)
+    with RolloutCollector(
+        lambda: RemoteEnvClient(url, heartbeat_s=0.5, retry_budget_s=10), chatml_tokenizer,
+        batch_size=1, group_size=1, max_turns=2, seed=0,
+    ) as c:
+        assert c.env_timeout_s is None or c.env_timeout_s >= 60  # only the heartbeat can end it soon
+        t0 = time.monotonic()
+        batch = c.collect(ScriptedPolicy(chatml_tokenizer, reply="1"))
+        took = time.monotonic() - t0
+    [traj] = batch.trajectories
+    assert traj.error is None and traj.total_reward == 1.0
+    [failure] = batch.stats.failures
+    assert failure.retried and "answered no heartbeat ping (heartbeat_s=0.5" in failure.error
+    assert took < 15, took  # 0.75 s to find it, plus a replay; request_timeout_s is 300
+
+
+class SlowStep:
+    """A step three times as long as the client's heartbeat."""
+
+    max_turns = 1
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        return "go", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        time.sleep(3.0)
+        return "done", 1.0, True, False, {}
+
+
+def test_a_step_longer_than_the_heartbeat_on_our_server_is_not_cut() -> None:
+    """Our server answers pings while an env call runs, so only a peer that is gone misses them."""
+    url, server = resolve_env(SlowStep)
+    with server, RemoteEnvClient(url, heartbeat_s=1.0) as client:
+        client.reset()
+        assert client.step("x") == ("done", 1.0, True, False, {})
+        client.reset()  # the same session goes on
+        assert client.state()["step_count"] == 0
+
+
+def test_heartbeat_s_is_a_remote_env_setting_and_bounded() -> None:
+    from agilerl.assembly.env_factory import make_env_factory
+    from agilerl.errors import ConfigError
+    from agilerl.manifest.spec import parse_env_spec
+    from agilerl.remote.connection import DEFAULT_CLIENT_HEARTBEAT_S
+
+    remote = {"env_type": "rollout", "env_url": "127.0.0.1:1"}
+    assert parse_env_spec(remote).heartbeat_s == DEFAULT_CLIENT_HEARTBEAT_S
+    assert make_env_factory(parse_env_spec({**remote, "heartbeat_s": 7}))().heartbeat_s == 7
+    assert make_env_factory(parse_env_spec({**remote, "heartbeat_s": 0}))().heartbeat_s is None  # off
+    for bad, said in ((-1, "greater than or equal to 0"), ("soon", "valid number"), (float("inf"), "finite"),
+                      (7200, "less than or equal to 3600")):
+        with pytest.raises(ConfigError, match=f"environment.heartbeat_s: Input should be .*{said}"):
+            parse_env_spec({**remote, "heartbeat_s": bad})
+    with pytest.raises(ConfigError, match="'heartbeat_s' applies to a remote env"):
+        parse_env_spec({"env_type": "rollout", "entrypoint": "x:y", "heartbeat_s": 5})
+    with pytest.raises(InvalidArgument, match="heartbeat_s must be a finite number"):
+        RemoteEnvClient("127.0.0.1:1", heartbeat_s=-1)
 
 
 # -- tokens ------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
                 image_field=spec.image_field,
                 mcp_tool=spec.mcp_tool,
                 request_timeout_s=spec.request_timeout_s,
+                heartbeat_s=spec.heartbeat_s,
                 retry_budget_s=spec.reconnect_timeout_s,
                 base_dir=base_dir,
             )

@@ -225,6 +225,13 @@ class EnvUrlSpec(_TextAdapterFields, RolloutSpec):
         description="How long a remote env may stay down (reconnecting with backoff) before the "
         "run stops, seconds.",
     )
+    heartbeat_s: float = Field(
+        20,
+        ge=0,
+        le=3600,
+        description="Ping a remote env silent this long; a pong not back within half of it drops the "
+        "session and replays the episode (a server gone without closing its socket), seconds (0 disables).",
+    )
 
     @property
     def env_urls(self) -> list[str]:

@@ -38,6 +38,7 @@ from agilerl.remote.frames import (
     step_frame,
 )
 from agilerl.remote.connection import (
+    DEFAULT_CLIENT_HEARTBEAT_S,
     DEFAULT_MAX_REPLY_BYTES,
     Connection,
     ConnectionLost,
@@ -64,6 +65,8 @@ class RemoteEnvClient(EnvClient):
 
     ``url`` may be a list of replica URLs: sessions start on different replicas and move on
     when one is full or down. ``request_timeout_s`` bounds each message (0 disables);
+    ``heartbeat_s`` pings a server silent that long and drops the session when the pong is not
+    back within half of it (a peer gone without closing its socket; None or 0 disables);
     connection failures and ``CAPACITY_REACHED`` at reset, and an unreachable ``/metadata``, are
     retried with jittered backoff for up to ``retry_budget_s`` (the outage a run rides out), then
     ``EnvUnavailable``. Replies are held to the protocol's rules (``EnvProtocolError`` names the
@@ -85,6 +88,7 @@ class RemoteEnvClient(EnvClient):
         image_field: str | None = None,
         mcp_tool: str | None = None,
         request_timeout_s: float = 300,
+        heartbeat_s: float | None = DEFAULT_CLIENT_HEARTBEAT_S,
         connect_timeout_s: float = 10,
         retry_budget_s: float = 120,
         max_message_bytes: int = DEFAULT_MAX_REPLY_BYTES,
@@ -101,6 +105,9 @@ class RemoteEnvClient(EnvClient):
         self.serves_mcp = False
         """Whether the server answered MCP ``tools/list`` (``list_tools``): its env is an MCP env."""
         self.request_timeout_s = request_timeout_s or None
+        if heartbeat_s is not None and not 0 <= heartbeat_s < float("inf"):
+            raise InvalidArgument(f"heartbeat_s must be a finite number of seconds (0 or None: off), not {heartbeat_s}")
+        self.heartbeat_s = heartbeat_s or None
         self.connect_timeout_s = connect_timeout_s
         self.retry_budget_s = retry_budget_s
         self.max_message_bytes = max_message_bytes
@@ -272,7 +279,7 @@ class RemoteEnvClient(EnvClient):
 
     async def _connect(self, url: str) -> None:
         self._conn = await Connection.open(
-            url, self._headers, self.connect_timeout_s, self.max_message_bytes
+            url, self._headers, self.connect_timeout_s, self.max_message_bytes, self.heartbeat_s
         )
         self.url = url
 

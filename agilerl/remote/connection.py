@@ -17,11 +17,23 @@ from agilerl.errors import RemoteEnvError
 from agilerl.remote.frames import CLOSE_FRAME, peer_text
 from agilerl.remote.limits import TOKEN_ENV_VAR
 
-__all__ = ["DEFAULT_MAX_REPLY_BYTES", "ConnectionLost", "Connection", "client_session", "token_refused"]
+__all__ = [
+    "DEFAULT_CLIENT_HEARTBEAT_S",
+    "DEFAULT_MAX_REPLY_BYTES",
+    "ConnectionLost",
+    "Connection",
+    "client_session",
+    "token_refused",
+]
 
 
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 """The largest frame a client reads: a bound on the memory one env answer can take."""
+
+DEFAULT_CLIENT_HEARTBEAT_S = 20.0
+"""A client pings a server that has sent nothing for this long; no pong within half of it ends
+the session. A peer gone without closing its socket is found in 1.5x this, not in
+``request_timeout_s``; a server answers pings while an env step runs (ours, aiohttp's, OpenEnv's)."""
 
 
 def token_refused(url: str, status: int, *, sent: bool) -> RemoteEnvError:
@@ -44,18 +56,22 @@ class Connection:
     pings are answered while the client is idle (the model may generate for minutes), and
     frames the server sends unasked (why it is closing) wait in order for the next request."""
 
-    def __init__(self, ws: Any, close_timeout_s: float) -> None:
+    def __init__(self, ws: Any, close_timeout_s: float, heartbeat_s: float | None = None) -> None:
         self._ws = ws
         self._close_timeout_s = close_timeout_s
+        self._heartbeat_s = heartbeat_s
         self._inbox: collections.deque[str | bytes | ConnectionLost] = collections.deque()
         self._waiter: asyncio.Future[str | bytes | ConnectionLost] | None = None
         self._reader = asyncio.ensure_future(self._read())
 
     @classmethod
     async def open(
-        cls, url: str, headers: dict[str, str], timeout_s: float, max_message_bytes: int
+        cls, url: str, headers: dict[str, str], timeout_s: float, max_message_bytes: int,
+        heartbeat_s: float | None = None,
     ) -> Connection:
-        """Open a session on ``url`` within ``timeout_s``; a frame over ``max_message_bytes`` ends it."""
+        """Open a session on ``url`` within ``timeout_s``; a frame over ``max_message_bytes`` ends
+        it, and so does a ping unanswered for ``heartbeat_s / 2`` (sent after ``heartbeat_s`` of
+        silence; None: no heartbeat)."""
         import aiohttp
 
         try:
@@ -66,6 +82,7 @@ class Connection:
                     max_msg_size=max_message_bytes,
                     timeout=aiohttp.ClientWSTimeout(ws_close=timeout_s),
                     compress=0,
+                    heartbeat=heartbeat_s or None,
                 ),
                 timeout=timeout_s,
             )
@@ -75,7 +92,7 @@ class Connection:
             raise ConnectionLost(f"cannot open a session on {url}: {peer_text(str(exc))}") from exc
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
-        return cls(ws, timeout_s)
+        return cls(ws, timeout_s, heartbeat_s or None)
 
     @property
     def closed(self) -> bool:
@@ -92,7 +109,12 @@ class Connection:
                     self._deliver(msg.data)
                     continue
                 reason = f"the server closed the connection (code {ws.close_code})"
-                if msg.type is aiohttp.WSMsgType.ERROR:
+                if msg.type is aiohttp.WSMsgType.ERROR and isinstance(msg.data, aiohttp.ServerTimeoutError):
+                    reason = (  # aiohttp's only timeout on an open socket: the heartbeat's pong
+                        f"the server answered no heartbeat ping (heartbeat_s={self._heartbeat_s}, the pong "
+                        "due within half of it): it is gone, or its host is frozen"
+                    )
+                elif msg.type is aiohttp.WSMsgType.ERROR:
                     reason = f"the connection failed: {peer_text(str(msg.data))}"
                     if getattr(msg.data, "code", None) == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
                         reason += " (raise the client's max_message_bytes if the env means it)"

@@ -29,7 +29,7 @@ from itertools import count
 from typing import Any, TypeVar
 
 import pydantic_core
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from agilerl.concurrency import EnvCaller, WorkerThreads
 from agilerl.errors import InvalidArgument
@@ -70,6 +70,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _HTTP_STATUS = {ErrorCode.VALIDATION_ERROR.value: 422, ErrorCode.INVALID_JSON.value: 400}
+PONG_WITHIN_S = 0.25
+"""A session busy in an env call answers its client's pings within this (a client's heartbeat,
+``RemoteEnvClient(heartbeat_s=...)``, drops a session whose pong is late), however long the call."""
 
 
 class EnvServer:
@@ -120,6 +123,8 @@ class EnvServer:
         self._closing: set[asyncio.Task[Any]] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
         self._sessions: set[asyncio.Task[Any]] = set()  # every /ws handler, until it returns
+        self._pongers: dict[Link, asyncio.Task[WSMessage]] = {}  # reading busy sessions' sockets
+        self._ponging: asyncio.Task[None] | None = None
         self.watchdog = Watchdog(
             self._links, self._spawn, session_timeout_s=self.session_timeout_s, heartbeat_s=heartbeat_s,
             send_timeout_s=send_timeout_s, close_timeout_s=close_timeout_s,
@@ -196,6 +201,7 @@ class EnvServer:
             ) from None
         self.port = self._listener.sockets[0].getsockname()[1]
         self._watcher = asyncio.create_task(self.watchdog.run())
+        self._ponging = asyncio.create_task(self._answer_pings_while_busy())
         return self.url
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -214,8 +220,9 @@ class EnvServer:
             return remaining if cap is None else min(cap, remaining)
 
         self._stopping = True
-        if self._watcher is not None:
-            self._watcher.cancel()
+        for task in (self._watcher, self._ponging):
+            if task is not None:
+                task.cancel()
         if self._listener is not None:
             self._listener.close()  # no new connections while the sessions end
         await asyncio.gather(
@@ -475,8 +482,10 @@ class EnvServer:
                 ErrorCode.SESSION_ERROR, f"the env's session could not start: {type(exc).__name__}: {exc}",
             )))
             return
+        held: WSMessage | None = None  # what the socket's reader got during the last env call
         while True:
-            msg = await ws.receive()
+            msg = held or await ws.receive()
+            held = None
             kind = msg.type
             if kind is not WSMsgType.TEXT and kind is not WSMsgType.BINARY:
                 if kind is WSMsgType.PONG:
@@ -493,6 +502,12 @@ class EnvServer:
             finally:
                 link.busy = False
                 link.last_active = link.last_seen = time.monotonic()
+                ponger = self._pongers.pop(link, None) if self._pongers else None
+                if ponger is not None:
+                    ponger.cancel()
+            if ponger is not None:
+                await asyncio.wait((ponger,))  # it must stop reading before this handler reads
+                held = None if ponger.cancelled() or ponger.exception() else ponger.result()
             if reply is None:
                 await self.watchdog.hang_up(ws, link.transport, WSCloseCode.OK)
                 return
@@ -502,6 +517,16 @@ class EnvServer:
                     return
             finally:
                 link.sending = False
+
+    async def _answer_pings_while_busy(self) -> None:
+        """Forever: give each session busy in an env call a reader of its socket until the call
+        returns (its handler reads nothing meanwhile), so a slow step answers its client's
+        heartbeat pings and is not taken for a peer that is gone. A fast call never gets one."""
+        while True:
+            await asyncio.sleep(PONG_WITHIN_S)
+            for link in self._links:
+                if link.busy and link not in self._pongers and not link.ws.closed:
+                    self._pongers[link] = asyncio.ensure_future(_pong_meanwhile(link))
 
     async def _leave(self, session: Session) -> None:
         """Close what the session held open (an MCP client session), within ``close_timeout_s``."""
@@ -522,6 +547,19 @@ class EnvServer:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
         return task
+
+
+async def _pong_meanwhile(link: Link) -> WSMessage:
+    """Answer pings on ``link`` and note pongs; the first other message (a close, a frame sent
+    before the reply) is returned for its handler to take next."""
+    ws = link.ws
+    while True:
+        msg = await ws.receive()
+        if msg.type is WSMsgType.PING:
+            await ws.pong(msg.data)
+        elif msg.type is not WSMsgType.PONG:
+            return msg
+        link.last_seen = time.monotonic()
 
 
 async def _json_body(request: web.Request, default: Any) -> Any:
