@@ -36,6 +36,16 @@ def test_serve_refuses_an_unknown_event_loop_before_building_the_env():
     assert "no_such_module" not in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("value", ["1048577", "10000000000"])
+def test_eval_refuses_max_new_tokens_past_the_manifests_bound(value):
+    from agilerl.manifest.settings import MAX_NEW_TOKENS
+
+    result = _agilerl("eval", f"{GUESS}:GuessEnv", "--model", "tiny", "--max-new-tokens", value)
+    assert result.returncode == 2
+    assert f"argument --max-new-tokens: must be at most {MAX_NEW_TOKENS}" in result.stderr
+    assert f"got {value}" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_no_command_prints_usage_and_exits_2():
     result = _agilerl()
     assert result.returncode == 2

@@ -7,7 +7,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["json_object", "positive_float", "positive_int", "ADAPTER_FLAGS", "add_adapter_flags", "adapter_options"]
+__all__ = [
+    "json_object", "positive_float", "positive_int", "new_tokens", "ADAPTER_FLAGS", "add_adapter_flags",
+    "adapter_options",
+]
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -38,6 +41,20 @@ def _above_zero(convert: Callable[[str], float], noun: str) -> Callable[[str], A
 
 positive_float = _above_zero(float, "a number")
 positive_int = _above_zero(int, "a whole number")
+
+
+def new_tokens(text: str) -> int:
+    """``--max-new-tokens``: from 1 to the manifest's own bound (``MAX_NEW_TOKENS``), read only
+    when the flag is given, so ``--help`` never imports the manifest (and pydantic)."""
+    from agilerl.manifest.settings import MAX_NEW_TOKENS
+
+    value = positive_int(text)
+    if value > MAX_NEW_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_NEW_TOKENS} (training.max_new_tokens' bound: no model's context "
+            f"holds more), got {text}"
+        )
+    return value
 
 
 ADAPTER_FLAGS = (

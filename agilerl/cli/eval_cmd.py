@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agilerl.cli.args import json_object, positive_float, positive_int
+from agilerl.cli.args import json_object, new_tokens, positive_float, positive_int
 from agilerl.errors import InvalidArgument
 
 __all__ = ["DEFAULT_MAX_NEW_TOKENS", "DEFAULT_BACKEND", "add_parser"]
@@ -62,7 +62,7 @@ def add_parser(subparsers: Any) -> None:
     plan.add_argument("--temperature", type=float, help="Default: 0 (greedy) with -k 1, else 1.0.")
     plan.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling (default: 1, off).")
     plan.add_argument("--top-k", type=int, default=0, help="Top-k sampling (default: 0, off).")
-    plan.add_argument("--max-new-tokens", type=positive_int, help="Tokens per turn (default: the manifest's, else 256).")
+    plan.add_argument("--max-new-tokens", type=new_tokens, help="Tokens per turn (default: the manifest's, else 256).")
     plan.add_argument("--max-reward", type=positive_float, help="Accuracy is reward / max_reward (default: the env's).")
     plan.add_argument("--pass-threshold", type=float, help="An episode passes at this reward (default: max_reward).")
     out = parser.add_argument_group("output")
