@@ -17,6 +17,7 @@ calls at once.
 - ``LoopThread`` and ``shared_loop()``: an event loop on its own thread, which no coroutine's
   ``sys.exit()`` ends; one per process for all remote clients, one per env server.
 - ``run_in_threads`` / ``run_on_loop``: one call per env at once, each bounded by a timeout.
+- ``stop_signals``: the signals a long-running command (``train``, ``serve``) stops cleanly on.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import inspect
 import logging
 import os
 import queue
+import signal
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
@@ -51,6 +53,7 @@ __all__ = [
     "shared_loop",
     "run_in_threads",
     "run_on_loop",
+    "stop_signals",
 ]
 
 T = TypeVar("T")
@@ -575,3 +578,13 @@ def _timeout(what: str, timeout_s: float | None) -> EnvTimeoutError:
         f"env {what} did not finish within env_timeout_s={timeout_s}s; the env was replaced "
         "(raise env_timeout_s if the env is just slow)"
     )
+
+
+def stop_signals() -> list[signal.Signals]:
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session), less SIGHUP where it is
+    ignored, as ``nohup`` leaves it: a command started that way must outlive its terminal."""
+    stops = [signal.SIGINT, signal.SIGTERM]
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is not None and signal.getsignal(hangup) is not signal.SIG_IGN:
+        stops.append(hangup)
+    return stops

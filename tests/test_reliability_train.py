@@ -142,6 +142,33 @@ def test_a_second_run_on_a_busy_output_dir_is_refused_and_sighup_saves(tmp_path)
                  "--max-steps", str(step + 1)]) == 0  # the folder is free again
 
 
+def _ignore_sighup() -> None:  # what nohup does before it starts the command
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_under_nohup_sighup_leaves_the_run_going(tmp_path):
+    """Started as `nohup agilerl train` does (SIGHUP ignored), a closed terminal does not stop
+    the run: it writes further rows, and Ctrl-C still stops and saves it."""
+    manifest = _sft_manifest(tmp_path, max_steps=10_000)
+    out = tmp_path / "out"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sighup,
+    )
+    try:
+        _wait_for_rows(out, run)
+        run.send_signal(signal.SIGHUP)
+        _wait_for_rows(out, run, rows=len(_steps(out)) + 2)  # still training
+        run.send_signal(signal.SIGINT)
+        stdout, stderr = run.communicate(timeout=240)
+    finally:
+        run.kill()
+    assert run.returncode == 130, stderr
+    assert "resume with:" in stdout
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_burst_of_ctrl_c_saves_once_and_prints_the_resume_command(tmp_path):

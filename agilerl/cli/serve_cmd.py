@@ -131,13 +131,12 @@ def _build_one_env(args: argparse.Namespace) -> int:
 async def _run_until_signal(server: Any, loop_name: str) -> None:
     import asyncio
     import gc
-    import signal
+
+    from agilerl.concurrency import stop_signals
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a closed terminal stops it cleanly too
-        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
-            continue  # started under nohup: a closed terminal must not stop it
+    for sig in stop_signals():  # a closed terminal stops it cleanly too, unless under nohup
         loop.add_signal_handler(sig, stop.set)
     url = await server.start()
     # Everything alive now (modules, the env class) lives as long as the process: frozen, it is

@@ -96,12 +96,15 @@ _STOPS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
 def _hangup_as_interrupt() -> Iterator[None]:
     """SIGHUP (the terminal or the ssh session closed) stops a run as Ctrl-C does: the trainer
     saves a checkpoint and the command says how to resume, instead of dying with nothing saved.
-    The handlers are put back as they were at the end."""
+    Under ``nohup`` (SIGHUP ignored) the run outlives its terminal. The handlers are put back as
+    they were at the end."""
+    from agilerl.concurrency import stop_signals
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {signum: signal.getsignal(signum) for signum in _STOPS}
-    if hasattr(signal, "SIGHUP"):
+    if hasattr(signal, "SIGHUP") and signal.SIGHUP in stop_signals():
         signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGINT))
     try:
         yield

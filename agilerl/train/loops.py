@@ -46,6 +46,7 @@ from agilerl.train.metrics import (
     reward_component_metrics,
 )
 from agilerl.train.tracking import Tracking, run_config
+from agilerl.concurrency import stop_signals
 from agilerl.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -478,9 +479,8 @@ class _Trainer:
                 self._shielding = True  # the next of a burst of Ctrl-Cs waits: the way out saves
                 raise KeyboardInterrupt
 
-        # SIGHUP: the terminal or ssh session closed; stop and save as for the other two
-        stops = [signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
-        previous = {signum: signal.signal(signum, handler) for signum in stops}
+        # SIGHUP: the terminal or ssh session closed; stop and save as for the other two (not under nohup)
+        previous = {signum: signal.signal(signum, handler) for signum in stop_signals()}
         try:
             yield
         finally:
