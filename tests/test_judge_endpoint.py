@@ -254,6 +254,14 @@ def test_the_api_key_is_sent_and_never_seen_in_errors_logs_metrics_or_transcript
     seen += [str(caught.value), repr(caught.value), json.dumps(judge_metrics()), caplog.text]
     assert stub.auth and all(a == f"Bearer {KEY}" for a in stub.auth)  # it was sent...
     assert "bad key: Bearer ***" in str(caught.value)  # ...the endpoint echoed it, and it was scrubbed
+    stub.mode, stub.reply = "ok", lambda prompt: f"I cannot judge this, my key is {KEY}"  # a 200 echoing it
+    try:
+        with pytest.raises(RubricError) as unscored:
+            score(judge(stub, api_key_env=KEY_ENV, retries=0, failure_score=None))
+    finally:
+        stub.reply = lambda prompt: "Score: 7"
+    assert "holds no score" in str(unscored.value) and "my key is ***" in str(unscored.value)
+    seen += [str(unscored.value), caplog.text]
     assert not [text for text in seen if KEY in text]
 
 

@@ -6,7 +6,8 @@ flight, a timeout per call, retries with backoff, a cache, counters and a bounde
 
 - **Key:** read from the environment variable the manifest names (``api_key_env``), never
   written in a manifest, and never in a message, log, metric or transcript: every error text
-  this module builds passes through ``_scrub`` (the test sends a sentinel key and greps for it).
+  this module builds, and every reply it returns, passes through ``_scrub`` (the test sends a
+  sentinel key and greps for it).
 - **Cache:** keyed by the model and the rendered prompt; identical requests in flight share one
   call. A judge at temperature 0 answers a repeated prompt the same way, so a hit is exact.
 - **Failures:** a call that still fails after its retries raises ``JudgeFailed`` (the rubric
@@ -226,7 +227,7 @@ class JudgeEndpoint:
         usage = reply.get("usage") or {}
         tokens = usage.get("total_tokens") if isinstance(usage, dict) else None
         JUDGE_STATS.add(tokens=int(tokens) if isinstance(tokens, int) else 0)
-        return str(content)
+        return self._scrub(str(content))  # a reply echoing the key carries it nowhere (errors, cache)
 
     def _open(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
         """The session and the cap, made on the shared loop at the first call."""
