@@ -43,3 +43,14 @@ def test_the_colocated_backend_pushes_the_weights_and_generates_with_the_image(v
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     backend = json.loads(out.read_text())["backend"]
     assert len(backend["ids"]) == 3 and all(-20 < lp < 0 for lp in backend["logprobs"])
+
+
+def test_the_served_backend_refuses_a_vision_model_rather_than_sample_without_its_images(tmp_path: Path) -> None:
+    from agilerl.assembly.models import load_model_and_tokenizer
+    from agilerl.errors import InvalidArgument
+    from agilerl.manifest.settings import ModelSettings
+    from agilerl.rollout.vllm_policy import build_vllm_policy
+
+    model, tokenizer = load_model_and_tokenizer(ModelSettings(name_or_path="tiny-vlm"))
+    with pytest.raises(InvalidArgument, match=r"'server' does not carry images yet.*generation.mode: colocate"):
+        build_vllm_policy(model, tokenizer, mode="server", base_urls=["http://127.0.0.1:9"], weights_dir=str(tmp_path))

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from agilerl.concurrency import shared_loop
 from agilerl.errors import AgileRLWarning, EndpointError, InvalidArgument
 from agilerl.rollout.policy import Generation, SamplingParams
+from agilerl.rollout.vision import processor_of
 from agilerl.rollout.vllm_policy import WeightTransferKind, _stop_ids, engine_requests, to_generation
 from agilerl.rollout.weights import hf_weights
 
@@ -70,6 +71,11 @@ class VLLMServerPolicy:
     ) -> None:
         if not base_urls:
             raise InvalidArgument("VLLMServerPolicy needs at least one base URL (http://host:port of vllm serve)")
+        if processor_of(tokenizer) is not None:  # its requests would carry the image tokens without the images
+            raise InvalidArgument(
+                "generation.mode 'server' does not carry images yet, and this model takes images: generate with "
+                "the colocated vllm backend (generation.mode: colocate) or the transformers backend."
+            )
         self.base_urls = [url.rstrip("/").removesuffix("/v1") for url in base_urls]
         if weight_transfer not in WEIGHT_TRANSFERS:
             raise InvalidArgument(f"weight_transfer {weight_transfer!r} is not one of {', '.join(WEIGHT_TRANSFERS)}")
