@@ -15,8 +15,10 @@ are learned against a conversation they accept, with observations after an answe
 some templates put after a finished conversation (Phi-3's eos) belongs to no turn: it is left out.
 
 Some templates rewrite earlier turns as a conversation goes on (Qwen3 drops old thinking and
-empty think blocks). No full render then shows what the model saw at each turn; conversations
-are built append-only, which is what the model saw and generated, and a warning says so.
+empty think blocks; Mistral v0.3 moves the tool list to the newest user turn). No full render
+then shows what the model saw at each turn; conversations are built append-only, which is what
+the model saw and generated, and a warning says so. A moved tool list stays where the model first
+saw it; later turns are appended as the template renders them without it.
 
 What frames an episode (system prompt, tools, the role observations take) is one ``EpisodeChat``
 value: the env's defaults, overridden per episode by the same keys in ``reset``'s info.
@@ -416,6 +418,10 @@ class ChatRenderer:
             else self._closed_text(extended)
         )
         if not text.startswith(before):
+            if self.tools is not None:
+                # the template moves the tool list to the newest user turn (Mistral v0.3): it stays
+                # where the model first saw it, and what follows is appended as rendered without it
+                return self.with_tools(None)._after(context, message, add_generation_prompt=add_generation_prompt)
             raise ChatTemplateError(
                 "the chat template renders earlier messages differently once a message is appended; "
                 "it cannot be rendered incrementally"

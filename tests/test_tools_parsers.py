@@ -143,10 +143,7 @@ def test_schema_check_names_the_field_and_coerces_only_what_the_schema_says():
     assert "lacks required 'n'" in check_arguments(schema, {})[1]
 
 
-# Mistral v0.3's template moves the tool list to the newest user message, so the chat renderer
-# cannot learn a user observation after an answer with tools (a ChatRenderer limit, not the
-# parser's): its calls parse above, its tool turns are not rendered incrementally yet.
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "mistral"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_tool_turn_renders_token_for_token_as_the_family_template_renders_it(family):
     """Incremental: prompt + generated call + tool result + next prompt; the part after the call
     is the family template's own render of the result, and for templates that do not rewrite
@@ -173,3 +170,23 @@ def test_a_tool_turn_renders_token_for_token_as_the_family_template_renders_it(f
         assert view == tokenizer.encode(full, add_special_tokens=False)
     traj = harness.trajectory
     assert [t for t, m in zip(traj.token_ids, traj.action_mask) if m] == generated
+
+
+def test_a_template_that_moves_its_tool_list_keeps_it_where_the_model_first_saw_it():
+    """Mistral v0.3 renders the tool list before the newest user message, so a full render moves
+    it every turn: the conversation is appended instead (what the model saw), the list stays in
+    front of the first question, and a later user turn is the template's own [INST] turn."""
+    tokenizer = family_tokenizer("mistral")
+    harness = RolloutHarness.local(CalcEnv(), tokenizer, tool_parser="mistral")
+    prompt, _ = harness.reset(seed=0)
+    user = [{"role": "user", "content": "What is 2+3?"}]
+    call = _generated("mistral", tokenizer, user, [_call(arguments={"a": 2, "b": 3}, family="mistral")])
+    after_call, *_ = harness.step(call)
+    answer = tokenizer.encode("It is 5.", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("</s>")]
+    view, _, done, _, _ = harness.step(answer)
+    assert not done and list(view[: len(after_call) + len(answer)]) == list(after_call) + answer
+    text = tokenizer.decode(list(view))
+    assert text.count("[AVAILABLE_TOOLS]") == 1 and text.index("[AVAILABLE_TOOLS]") < text.index("What is 2+3?")
+    plain = [*user, {"role": "assistant", "content": "a"}]  # the template's turn, rendered without tools
+    before, after = (tokenizer.apply_chat_template(m, tokenize=False) for m in (plain, [*plain, {"role": "user", "content": "Use the tools."}]))
+    assert list(view[len(after_call) + len(answer) :]) == tokenizer.encode(after.removeprefix(before), add_special_tokens=False)
