@@ -304,3 +304,70 @@ def test_serve_and_env_check_take_every_adapter_option_as_a_flag() -> None:
     from agilerl.envs.openenv_native import ADAPTER_OPTIONS
 
     assert [option for option, _ in ADAPTER_FLAGS] == list(ADAPTER_OPTIONS)
+
+
+ON_OPENENV = textwrap.dedent('''
+    import json, socket, subprocess, sys, time, urllib.request
+    from agilerl.remote.client import RemoteEnvClient
+
+    SERVER = ("import sys, uvicorn, layouts; from openenv.core.env_server.http_server import create_app; "
+              "app = create_app(getattr(layouts, sys.argv[1]), getattr(layouts, sys.argv[2]), layouts.Echo); "
+              "uvicorn.run(app, host='127.0.0.1', port=int(sys.argv[3]), log_level='warning')")
+
+    def serve(env, action):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, env, action, str(port)])
+        return proc, f"http://127.0.0.1:{port}"
+
+    def healthy(url, proc):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise SystemExit(f"{url} never answered /health")
+
+    def steps(url, texts, **options):
+        out = []
+        with RemoteEnvClient(url, observation_field="seen", request_timeout_s=60, **options) as client:
+            client.reset()
+            for text in texts:
+                try:
+                    out.append(json.loads(client.step(text)[0]))
+                except Exception as exc:  # the server's VALIDATION_ERROR
+                    out.append(type(exc).__name__)
+        return out
+
+    servers = {"control": serve("ControlEnv", "ControlAction"), "grid": serve("GridEnv", "GridAction"),
+               "carla": serve("CarlaEnv", "CarlaAction"), "drive": serve("DriveEnv", "DriveAction")}
+    try:
+        for proc, url in servers.values():
+            healthy(url, proc)
+        seen = {
+            "control": steps(servers["control"][1], ["[0.5, -0.5]", "fast"], action_field="vector"),
+            "grid": steps(servers["grid"][1], ["down", '"UP"'], action_field="direction"),
+            "carla": steps(servers["carla"][1], ['{"throttle": 0.5, "brake": true}']),
+            "drive": steps(servers["drive"][1], ["brake"], action_field="action_type"),
+        }
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
+    print(json.dumps(seen))
+''')
+
+
+@pytest.mark.slow
+def test_on_openenvs_own_server_the_client_fills_each_field_from_the_text(side_python: Path, layouts: Path) -> None:  # noqa: F811
+    """OpenEnv's server validates the fields as sent: the client reads its /schema and sends a
+    list as a list, an enum by its value, a JSON object of fields as the whole Action."""
+    (layouts / "on_openenv.py").write_text(ON_OPENENV)
+    seen = run_script(side_python, "exec(open('on_openenv.py').read())", layouts)
+    assert seen["control"] == [{"vector": [0.5, -0.5]}, "RemoteEnvError"]  # not a list: the server says so
+    assert seen["grid"] == [{"direction": "DOWN"}, {"direction": "UP"}]
+    assert seen["carla"] == [{"throttle": 0.5, "steer": 0.0, "brake": True}]
+    assert seen["drive"] == [{"action_type": "brake"}]

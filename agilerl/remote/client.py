@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import random
 import time
@@ -24,6 +25,7 @@ from agilerl.concurrency import shared_loop
 from agilerl.envs.client import EnvClient
 from agilerl.errors import EnvProtocolError, EnvUnavailable, InvalidArgument, RemoteEnvError, RemoteEnvTimeout
 from agilerl.protocol import EnvInfo, StepResult, valid_text
+from agilerl.remote.action_schema import ActionFields
 from agilerl.remote.frames import (
     LIST_TOOLS_FRAME,
     STATE_FRAME,
@@ -50,6 +52,7 @@ from agilerl.remote.observations import ObservationProcessor, make_observation_r
 
 __all__ = ["RemoteEnvClient"]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _RETRIED_AT_RESET = frozenset({ErrorCode.CAPACITY_REACHED.value, ErrorCode.SESSION_ERROR.value})
@@ -121,6 +124,8 @@ class RemoteEnvClient(EnvClient):
         self._loop = shared_loop()
         self._conn: Connection | None = None
         self._info: EnvInfo | None = None
+        self._fields: ActionFields | None = None  # how a text fills the server's Action (its /schema)
+        self._fields_read = False
         self.url: str | None = None
         """The replica this client's session is on (None before the first reset)."""
 
@@ -224,8 +229,12 @@ class RemoteEnvClient(EnvClient):
     async def _step(self, action: str) -> StepResult:
         if self._conn is None or self._conn.closed:
             raise RemoteEnvError("step() before reset(), or after the session ended: call reset() first.")
+        if not self._fields_read and not self.mcp_tool:
+            self._fields, self._fields_read = await self._action_fields(), True
         try:
-            reply = await self._request(step_frame(action, self.action_field, self.mcp_tool), "step", "observation")
+            reply = await self._request(
+                step_frame(action, self.action_field, self.mcp_tool, self._fields), "step", "observation"
+            )
         except ConnectionLost as exc:
             await self._drop()
             raise RemoteEnvError(
@@ -380,6 +389,23 @@ class RemoteEnvClient(EnvClient):
         if not isinstance(metadata, dict):
             raise RemoteEnvError(f"{url}/metadata is not a JSON object: {peer_text(body[:80].decode('utf-8', 'replace'))}")
         return metadata
+
+    async def _action_fields(self) -> ActionFields | None:
+        """How a text fills the Action of the server this session is on, from its ``GET /schema``
+        (remote/action_schema.py); None (the text goes in ``action_field`` as it is) when the
+        server publishes no usable schema."""
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.connect_timeout_s)  # a server slow to say loses nothing but this
+        try:
+            async with client_session().get(f"{self.url}/schema", headers=self._headers, timeout=timeout) as resp:
+                if resp.status != 200:
+                    return None
+                action = decode_peer(await _read_at_most(resp, MAX_METADATA_BYTES, f"{self.url}/schema")).get("action")
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, RemoteEnvError, ValueError, AttributeError) as exc:
+            log.debug("no Action schema from %s/schema (%s): the text goes as it is", self.url, exc)
+            return None
+        return ActionFields(action, self.action_field) if isinstance(action, dict) else None
 
     def _unavailable(self, what: str, backoff: _Backoff, last: object) -> EnvUnavailable:
         return EnvUnavailable(

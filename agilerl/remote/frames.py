@@ -27,6 +27,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from agilerl.errors import EnvProtocolError, validation_problems
 from agilerl.protocol import reset_kwargs, reward_problem, valid_text
+from agilerl.remote.action_schema import ActionFields
 
 __all__ = [
     "ErrorCode",
@@ -313,14 +314,16 @@ def reset_frame(seed: int | None, row_index: int | None = None, evaluation: bool
     return encode({"type": "reset", "data": {"seed": seed, **reset_kwargs(row_index, evaluation)}})
 
 
-def step_frame(action: str, action_field: str = "message", mcp_tool: str | None = None) -> bytes:
-    """A step request carrying ``action`` in ``action_field``, or as the one argument of an MCP
-    ``call_tool`` when ``mcp_tool`` is set."""
+def step_frame(
+    action: str, action_field: str = "message", mcp_tool: str | None = None, fields: ActionFields | None = None
+) -> bytes:
+    """A step request carrying ``action`` in ``action_field`` (filled by the server's Action schema
+    when ``fields`` is given), or as the one argument of an MCP ``call_tool`` when ``mcp_tool`` is set."""
     action = valid_text(action)
     if mcp_tool:
         data: dict[str, Any] = {"type": "call_tool", "tool_name": mcp_tool, "arguments": {action_field: action}}
     else:
-        data = {action_field: action}
+        data = fields.data(action) if fields is not None else {action_field: action}
     return encode({"type": "step", "data": data})
 
 
