@@ -100,6 +100,8 @@ SIZES = {
     "group_size": ("training: {group_size: 1000000000}", "training.group_size: 1,000,000,000 is past the bound of 4,096"),
     "product": ("training: {batch_size: 60000, group_size: 4000}",
                 "batch_size 60,000 x group_size 4,000 is 240,000,000 rollouts held at once, past the bound of 1,048,576"),
+    "async_lanes": ("training: {batch_size: 4, group_size: 4, rollout_mode: async, max_staleness: 1000000000}",
+                    "batch_size 4 x group_size 4 x (max_staleness 1,000,000,000 + 1) is 16,000,000,016 rollouts held"),
     "max_new_tokens": ("training: {max_new_tokens: 10000000000}",
                        "training.max_new_tokens: 10,000,000,000 is past the bound of 1,048,576"),
     "eval_episodes": ("training: {eval_episodes: 1000000000}", "training.eval_episodes: 1,000,000,000 is past the bound of"),

@@ -262,11 +262,14 @@ class TrainingSettings(_Strict):
 
     @model_validator(mode="after")
     def _rollouts_fit(self) -> TrainingSettings:
-        """Each collection holds ``batch_size x group_size`` rollouts (envs, token lists) at once."""
+        """Each collection holds ``batch_size x group_size`` rollouts (envs, token lists) at once;
+        async mode ``max_staleness + 1`` times as many (a lane per group the bound admits)."""
         rollouts = self.batch_size * self.group_size
-        if rollouts > MAX_ROLLOUTS_PER_STEP:
+        lanes = self.max_staleness + 1 if self.rollout_mode == "async" else 1
+        if rollouts * lanes > MAX_ROLLOUTS_PER_STEP:
+            held = f" x (max_staleness {self.max_staleness:,} + 1)" if lanes > 1 else ""
             raise ValueError(
-                f"batch_size {self.batch_size:,} x group_size {self.group_size:,} is {rollouts:,} "
+                f"batch_size {self.batch_size:,} x group_size {self.group_size:,}{held} is {rollouts * lanes:,} "
                 f"rollouts held at once, past the bound of {MAX_ROLLOUTS_PER_STEP:,}; lower one of "
                 "them (gradient_accumulation_steps or more processes train on more per step)"
             )
