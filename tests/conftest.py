@@ -124,10 +124,16 @@ def extra_venv_of(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests needing an extra venv run after the others, in the order the venvs build."""
+    """Tests needing an extra venv run after the others, in the order the venvs build. Each
+    file's tests go to one xdist worker (``--dist loadgroup``: its module fixtures are built once),
+    those needing a venv as a group of their own, so a worker never waits for a venv's build
+    between a file's other tests."""
     order = list(VENVS)
     rank = {item.nodeid: 1 + order.index(name) if (name := extra_venv_of(item)) else 0 for item in items}
     items.sort(key=lambda item: rank[item.nodeid])  # stable: each group keeps its collected order
+    for item in items:
+        venv = extra_venv_of(item)
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0] + (f"+{venv}" if venv else "")))
 
 
 _background_build: subprocess.Popen[bytes] | None = None
