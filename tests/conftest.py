@@ -123,6 +123,7 @@ def extra_venv_of(item: pytest.Item) -> str | None:
     return next((name for fixture, name in EXTRA_VENV_FIXTURES.items() if fixture in getattr(item, "fixturenames", ())), None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests needing an extra venv run after the others, in the order the venvs build. Each
     file's tests go to one xdist worker (``--dist loadgroup``: its module fixtures are built once),
