@@ -46,6 +46,7 @@ __all__ = ["RolloutPipeline", "staleness", "stall_bound"]
 log = logging.getLogger(__name__)
 
 RolloutMode = Literal["sync", "async"]
+_IDLE_WAKE_S = 1.0  # a held lane looks again at least this often (every event that may admit it wakes it at once)
 
 
 @dataclass(eq=False)
@@ -105,6 +106,7 @@ class RolloutPipeline:
         self._lanes: list[_Lane] = []
         self._in_flight: set[_Group] = set()
         if mode == "async":
+            policy.on_publish(self._wake)  # a new version may admit the groups the bound held back
             wanted = lanes or self.batch_size * (max_staleness + 1)  # as many groups as the bound admits
             have = collector.num_slots // collector.group_size
             collector.add_groups(wanted - have)
@@ -245,7 +247,7 @@ class RolloutPipeline:
             self._set(lane, "waiting for the bound or queue room")
             lane.paused_at = time.perf_counter()
             while not self._stopping and not self._admissible():
-                self._cond.wait(timeout=1.0)
+                self._cond.wait(timeout=_IDLE_WAKE_S)  # woken by a take, a finished group or a publish
             self._since_take["paused_s"] += time.perf_counter() - lane.paused_at
             lane.paused_at = None
             if self._stopping:
@@ -261,6 +263,10 @@ class RolloutPipeline:
             group = _Group(number, task, replay=replay, started_at=self.policy.version)
             self._in_flight.add(group)
             return group
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _last_chance_in_flight(self, version: int) -> bool:
         """A replayed group still playing whose oldest token this update is the last one to

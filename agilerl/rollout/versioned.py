@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,12 @@ class VersionedPolicy:
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
         self._busy = False
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_publish(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each publish: a version that moved may let waiting work start
+        (the async pipeline's lanes, held by the staleness bound)."""
+        self._listeners.append(listener)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Complete ``prompts``; a call made while another runs joins the next batch."""
@@ -114,6 +120,8 @@ class VersionedPolicy:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+        for listener in self._listeners:
+            listener()
 
 
 def _outcome(request: _Request) -> list[Generation]:
