@@ -268,13 +268,18 @@ def test_a_batch_whose_update_never_finished_is_not_counted_trained(chatml_token
     done = {g[0].seed for g in trained[0][1].groups}
     lost = {g[0].seed for g in unfinished.groups}
     assert state["taken"] == 3 and not lost & done
+    again: list[int] = []
     with make(chatml_tokenizer) as collector:
         policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"), version=1)
         with RolloutPipeline(collector, policy, mode="async", max_staleness=1) as second:
             second.resume(1, state)
-            after = trainer_steps(second, policy, 2)
-    again = [g[0].seed for _, b, _ in after for g in b.groups]
-    assert lost <= set(again) and not done & set(again)
+            # a replay whose lane starts late (a loaded host) is trained a step later, still within
+            # the bound: steps until every lost task is back, a few at most
+            for _ in range(6):
+                again += [g[0].seed for _, b, _ in trainer_steps(second, policy, 1) for g in b.groups]
+                if lost <= set(again):
+                    break
+    assert lost <= set(again) and not done & set(again) and len(again) == len(set(again))
 
 
 def test_the_inference_copy_generates_as_the_model_and_follows_pushed_weights(tiny_model, chatml_tokenizer):
