@@ -218,3 +218,48 @@ def test_a_replica_that_lost_the_last_push_reloads_it_from_the_folder(trained, r
     assert alone[1].generate([prompt], greedy)[0].logprobs == held.logprobs  # the last push again
     for one in alone:
         one.close()
+
+
+def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokenizer, tmp_path):
+    """A replica that resets the connection a completion came on (a kept-alive connection it
+    closed as the client reused it, on a loaded host) costs one more request, not the run; a
+    second reset in a row is the error naming the replica."""
+    from aiohttp import web
+
+    from agilerl.concurrency import LoopThread
+    from agilerl.errors import EndpointError
+    from agilerl.rollout.vllm_server import VLLMServerPolicy
+
+    resets = {"left": 1}
+
+    async def completions(request):
+        await request.json()
+        if resets["left"]:
+            resets["left"] -= 1
+            request.transport.abort()  # the connection goes down without a reply
+            return web.Response()
+        return web.json_response({"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.5, -0.25]},
+                                               "finish_reason": "stop"}]})
+
+    async def start():
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    loop = LoopThread("replica")
+    runner, url = loop.run(start())
+    policy = VLLMServerPolicy([url], chatml_tokenizer, weights_dir=tmp_path)
+    try:
+        complete = lambda: policy._loop.run(policy._all([policy._complete(url, [1, 2], {})]))  # noqa: E731
+        assert complete() == [([5, 6], [-0.5, -0.25], "stop")]
+        resets["left"] = 2
+        with pytest.raises(EndpointError, match=f"cannot reach {url}/v1/completions"):
+            complete()
+    finally:
+        policy.close()
+        loop.run(runner.cleanup())
+        loop.stop()

@@ -240,7 +240,9 @@ class VLLMServerPolicy:
 
     async def _complete(self, url: str, prompt: list[int], fields: dict[str, Any]) -> tuple[list[int], list[float], str]:
         body = {k: v for k, v in fields.items() if k != "detokenize"}
-        reply = await self._request("POST", f"{url}/v1/completions", {**body, "prompt": prompt, "return_token_ids": True})
+        reply = await self._request(
+            "POST", f"{url}/v1/completions", {**body, "prompt": prompt, "return_token_ids": True}, again_on_reset=True
+        )
         try:
             choice = reply["choices"][0]
             return list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"]), choice["finish_reason"]
@@ -260,15 +262,26 @@ class VLLMServerPolicy:
             self._request(method, f"{url}/{path}", body, missing_ok) for url, body in zip(urls or self.base_urls, bodies)
         ))
 
-    async def _request(self, method: str, url: str, body: dict[str, Any] | None, missing_ok: bool = False) -> Any:
+    async def _request(
+        self, method: str, url: str, body: dict[str, Any] | None, missing_ok: bool = False, again_on_reset: bool = False
+    ) -> Any:
+        """One request; ``again_on_reset``: a completion whose connection the server reset or closed
+        is sent once more, on a new connection (a kept-alive connection the server closed as it was
+        reused: seen with two replicas on a loaded host). Nothing else is retried here."""
         import aiohttp
 
         assert self._session is not None
-        try:
-            async with self._session.request(method, url, json=body) as response:
-                text = await response.text()
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-            raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}); is vllm serve running?") from None
+        for attempt in (0, 1):
+            try:
+                async with self._session.request(method, url, json=body) as response:
+                    text = await response.text()
+                break
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if again_on_reset and attempt == 0 and not isinstance(exc, aiohttp.ClientConnectorError):
+                    continue
+                raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc}); is vllm serve running?") from None
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}); is vllm serve running?") from None
         if response.status == 404 and missing_ok:
             return None
         if response.status == 404 and not url.endswith("/completions"):
