@@ -228,6 +228,7 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
 
     from agilerl.concurrency import LoopThread
     from agilerl.errors import EndpointError
+    from agilerl.rollout.policy import SamplingParams
     from agilerl.rollout.vllm_server import VLLMServerPolicy
 
     resets = {"left": 1}
@@ -254,11 +255,11 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
     runner, url = loop.run(start())
     policy = VLLMServerPolicy([url], chatml_tokenizer, weights_dir=tmp_path)
     try:
-        complete = lambda: policy._loop.run(policy._all([policy._complete(url, [1, 2], {})]))  # noqa: E731
-        assert complete() == [([5, 6], [-0.5, -0.25], "stop")]
+        [generation] = policy.generate([[1, 2]], SamplingParams(max_new_tokens=4))
+        assert (generation.token_ids, generation.logprobs) == ([5, 6], [-0.5, -0.25])
         resets["left"] = 2
         with pytest.raises(EndpointError, match=f"cannot reach {url}/v1/completions"):
-            complete()
+            policy.generate([[1, 2]], SamplingParams(max_new_tokens=4))
     finally:
         policy.close()
         loop.run(runner.cleanup())

@@ -104,8 +104,9 @@ def _hangup_as_interrupt() -> Iterator[None]:
         yield
         return
     previous = {signum: signal.getsignal(signum) for signum in _STOPS}
-    if hasattr(signal, "SIGHUP") and signal.SIGHUP in stop_signals():
-        signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGINT))
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup in stop_signals():
+        signal.signal(hangup, signal.getsignal(signal.SIGINT))
     try:
         yield
     finally:

@@ -401,10 +401,11 @@ class RemoteEnvClient(EnvClient):
             async with client_session().get(f"{self.url}/schema", headers=self._headers, timeout=timeout) as resp:
                 if resp.status != 200:
                     return None
-                action = decode_peer(await _read_at_most(resp, MAX_METADATA_BYTES, f"{self.url}/schema")).get("action")
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, RemoteEnvError, ValueError, AttributeError) as exc:
+                schemas = decode_peer(await _read_at_most(resp, MAX_METADATA_BYTES, f"{self.url}/schema"))
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, RemoteEnvError, ValueError) as exc:
             log.debug("no Action schema from %s/schema (%s): the text goes as it is", self.url, exc)
             return None
+        action = schemas.get("action") if isinstance(schemas, dict) else None
         return ActionFields(action, self.action_field) if isinstance(action, dict) else None
 
     def _unavailable(self, what: str, backoff: _Backoff, last: object) -> EnvUnavailable:

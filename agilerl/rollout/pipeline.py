@@ -105,8 +105,9 @@ class RolloutPipeline:
         self._since_take = self._interval()
         self._lanes: list[_Lane] = []
         self._in_flight: set[_Group] = set()
+        self._unsubscribe = lambda: None
         if mode == "async":
-            policy.on_publish(self._wake)  # a new version may admit the groups the bound held back
+            self._unsubscribe = policy.on_publish(self._wake)  # a new version may admit held groups
             wanted = lanes or self.batch_size * (max_staleness + 1)  # as many groups as the bound admits
             have = collector.num_slots // collector.group_size
             collector.add_groups(wanted - have)
@@ -204,6 +205,8 @@ class RolloutPipeline:
     def close(self) -> None:
         """Stop the lanes (groups in flight are dropped); waits a bounded time for them."""
         with self._cond:
+            if not self._stopping:
+                self._unsubscribe()
             self._stopping = True
             self._cond.notify_all()
         deadline = time.monotonic() + 10.0

@@ -55,10 +55,11 @@ class VersionedPolicy:
         self._busy = False
         self._listeners: list[Callable[[], None]] = []
 
-    def on_publish(self, listener: Callable[[], None]) -> None:
+    def on_publish(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener`` after each publish: a version that moved may let waiting work start
-        (the async pipeline's lanes, held by the staleness bound)."""
+        (the async pipeline's lanes, held by the staleness bound). Returns what removes it."""
         self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Complete ``prompts``; a call made while another runs joins the next batch."""

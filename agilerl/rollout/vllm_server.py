@@ -276,12 +276,12 @@ class VLLMServerPolicy:
                 async with self._session.request(method, url, json=body) as response:
                     text = await response.text()
                 break
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if again_on_reset and attempt == 0 and not isinstance(exc, aiohttp.ClientConnectorError):
-                    continue
-                raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc}); is vllm serve running?") from None
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-                raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}); is vllm serve running?") from None
+                reset = isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) and not isinstance(
+                    exc, aiohttp.ClientConnectorError  # refused: the replica is down, not a closed connection
+                )
+                if not (again_on_reset and reset and attempt == 0):
+                    raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}); is vllm serve running?") from None
         if response.status == 404 and missing_ok:
             return None
         if response.status == 404 and not url.endswith("/completions"):
