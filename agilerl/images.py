@@ -89,7 +89,7 @@ class EnvImage:
     """One image of an observation: its size, and its bytes or pixels (each made from the other
     once, when first asked for). Equal images compare equal by their RGB pixels' checksum."""
 
-    __slots__ = ("width", "height", "_encoded", "_format", "_pil", "_digest")
+    __slots__ = ("width", "height", "_encoded", "_format", "_pil", "_digest", "_pixels_png")
 
     def __init__(self, width: int, height: int, *, encoded: bytes | None = None, fmt: str | None = None, pil: Any = None) -> None:
         self.width = width
@@ -98,6 +98,7 @@ class EnvImage:
         self._format = fmt
         self._pil = pil
         self._digest: str | None = None
+        self._pixels_png: bytes | None = None
 
     @property
     def pixels(self) -> int:
@@ -159,15 +160,28 @@ class EnvImage:
     def encoded(self) -> tuple[bytes, str]:
         """``(bytes, mime)``: the bytes given, or the pixels as PNG (lossless)."""
         if self._encoded is None:
-            buffer = io.BytesIO()
-            self._pil.save(buffer, format="PNG")
-            self._encoded, self._format = buffer.getvalue(), "PNG"
+            self._encoded, self._format = self._png(), "PNG"
+            self._pixels_png = self._encoded
         return self._encoded, _MIME[self._format or "PNG"]
 
     def data_url(self) -> str:
         """The image as a base64 data URL: how it travels inside an observation payload."""
         data, mime = self.encoded()
         return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+    def pixels_data_url(self) -> str:
+        """The RGB pixels ``pil()`` gives, as a PNG data URL: what an engine that decodes images
+        itself is sent, to see exactly the pixels the trainer's processor saw (given bytes may be
+        JPEG, which another decoder may round differently, or hold alpha, which it may flatten
+        onto a background instead of dropping)."""
+        if self._pixels_png is None:
+            self._pixels_png = self._png()
+        return f"data:image/png;base64,{base64.b64encode(self._pixels_png).decode('ascii')}"
+
+    def _png(self) -> bytes:
+        buffer = io.BytesIO()
+        self.pil().save(buffer, format="PNG")
+        return buffer.getvalue()
 
     def pil(self) -> Any:
         """The RGB pixels as a PIL image (decoded once). Do not mutate it."""

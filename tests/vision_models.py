@@ -1,9 +1,11 @@
-"""Processors of three vision-language families, built offline from code (no hub): the tiny BPE
-plus each family's image tokens, and the family's real processor class sized for small images.
+"""Processors of four vision-language families, built offline from code (no hub): the tiny BPE
+plus each family's image tokens, and the family's real processor class sized for small images;
+and a tiny randomly initialised model of each.
 
-``QWEN2_VL`` is the built-in ``tiny-vlm``'s; LLaVA and Idefics3 (SmolVLM's processor family) are
-built here for the tests. Their chat templates are ChatML with each family's image placeholder
-(``<image>``), taking plain and list content alike.
+Qwen2-VL's is the built-in ``tiny-vlm``'s; Qwen2.5-VL's shares its image processor and template;
+LLaVA and Idefics3 (SmolVLM's family, with and without tiles) are built here for the tests, their
+chat templates ChatML with each family's image placeholder (``<image>``), taking plain and list
+content alike. ``AlbumEnv`` shows pictures of several sizes over several turns.
 """
 
 from __future__ import annotations
@@ -24,6 +26,17 @@ def _tokenizer(tokens: list[str]) -> Any:
 
 def qwen2_vl_processor() -> Any:
     return build_tiny_vlm_processor()
+
+
+def qwen2_5_vl_processor() -> Any:
+    """Qwen2.5-VL's processor class over tiny-vlm's image processor and tokenizer (images only:
+    its video processor needs torchvision)."""
+    from transformers import Qwen2_5_VLProcessor
+
+    from agilerl.train.tiny_model import _images_only
+
+    base = build_tiny_vlm_processor()
+    return _images_only(Qwen2_5_VLProcessor)(base.image_processor, base.tokenizer, chat_template=QWEN2_VL_TEMPLATE)
 
 
 def llava_processor() -> Any:
@@ -52,7 +65,45 @@ def idefics3_processor(*, split: bool = False) -> Any:
     return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4, chat_template=IMAGE_TEMPLATE)
 
 
-FAMILIES = {"qwen2_vl": qwen2_vl_processor, "llava": llava_processor, "idefics3": idefics3_processor}
+def square(rgb: tuple[int, int, int], width: int = 40, height: int = 24) -> Any:
+    """A ``width`` x ``height`` picture of ``rgb``, patterned (not flat: resizing has something to keep)."""
+    import numpy
+
+    pixels = numpy.zeros((height, width, 3), dtype=numpy.uint8)
+    pixels[:] = rgb
+    pixels[::3, ::5] = 255 - numpy.array(rgb, dtype=numpy.uint8)
+    return pixels
+
+
+class AlbumEnv:
+    """Shows a picture at reset and with every answer (two on the second turn), then text."""
+
+    max_turns = 4
+
+    def __init__(self, text: str = "") -> None:
+        self.text = text
+        self.turn = 0
+
+    def reset(self, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
+        self.turn = 0
+        return {"text": f"What is this?{self.text}", "image": square((200, 20, 20))}, {}
+
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self.turn += 1
+        if self.turn == 1:
+            return {"text": "And these?", "images": [square((20, 200, 20), 24, 40), square((20, 20, 200))]}, 0.0, False, False, {}
+        if self.turn == 2:
+            return f"Now in words.{self.text}", 0.5, False, False, {}
+        return {"text": "Last one.", "image": square((90, 90, 90), 64, 64)}, 1.0, False, False, {}
+
+
+FAMILIES = {
+    "qwen2_vl": qwen2_vl_processor,
+    "qwen2_5_vl": qwen2_5_vl_processor,
+    "llava": llava_processor,
+    "idefics3": idefics3_processor,
+    "idefics3_tiles": lambda: idefics3_processor(split=True),
+}
 
 
 def tiny_llava(processor: Any) -> Any:
@@ -78,7 +129,7 @@ def tiny_llava(processor: Any) -> Any:
     return LlavaForConditionalGeneration(config)
 
 
-def tiny_idefics3(processor: Any) -> Any:
+def tiny_idefics3(processor: Any, seed: int = 0) -> Any:
     """A randomly initialised tiny Idefics3 (SmolVLM's architecture) matching ``idefics3_processor()``:
     32x32 images in 8x8 patches, pixel-shuffled by 2: 4 image tokens, as the processor expands."""
     import torch
@@ -96,5 +147,42 @@ def tiny_idefics3(processor: Any) -> Any:
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     return Idefics3ForConditionalGeneration(config)
+
+
+def tiny_qwen2_5_vl(processor: Any) -> Any:
+    """A randomly initialised tiny Qwen2.5-VL matching ``qwen2_5_vl_processor()``: windowed
+    attention in the vision tower's first block, full in its second."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from agilerl.train.tiny_model import TINY_VLM_PATCH
+
+    tokenizer = processor.tokenizer
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 4096,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]},
+            "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+            "patch_size": TINY_VLM_PATCH, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "window_size": TINY_VLM_PATCH * 4, "fullatt_block_indexes": [1],
+        },
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def tiny_model(family: str, processor: Any) -> Any:
+    """The tiny model of ``family`` (a key of ``FAMILIES``) for its processor."""
+    from agilerl.train.tiny_model import build_tiny_vlm
+
+    builders = {"qwen2_vl": build_tiny_vlm, "qwen2_5_vl": tiny_qwen2_5_vl, "llava": tiny_llava}
+    return builders.get(family, tiny_idefics3)(processor)

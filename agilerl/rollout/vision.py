@@ -20,6 +20,7 @@ only token facts (pad ids, stop tokens, decoding) keeps the tokenizer it had.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -108,6 +109,10 @@ class VisionMedia:
     placeholder_counts: list[int] = field(default_factory=list)
     """Placeholder tokens each chunk's turn holds (to cut an episode between turns)."""
     placeholder_ids: tuple[int, ...] = ()
+    engine_spans: list[tuple[int, tuple[int, ...]] | None] = field(default_factory=list)
+    """Per chunk: how many ids its images' expansion spans (first placeholder to last), and the
+    ids the chat template wrote there before the processor expanded them (``engine_ids``); None
+    where the turn's text shows no placeholder."""
     ended: bool = False
     """The model sampled a placeholder: the episode ends at that turn."""
 
@@ -124,8 +129,38 @@ class VisionMedia:
             n += 1
         images = sum(_images_in(chunk) for chunk in self.chunks[:n])
         return replace(
-            self, images=self.images[:images], chunks=self.chunks[:n], placeholder_counts=self.placeholder_counts[:n]
+            self, images=self.images[:images], chunks=self.chunks[:n], placeholder_counts=self.placeholder_counts[:n],
+            engine_spans=self.engine_spans[:n],
         )
+
+    def engine_ids(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as an inference engine that expands images itself takes them (vLLM): each image
+        turn's placeholder as the chat template wrote it, one per image. The engine expands it
+        with the pictures, as the processor did, back to ``ids``.
+
+        The spans are found in order: no placeholder id lies outside them (env text is escaped,
+        and a sampled one ends the episode)."""
+        ids = list(ids)
+        if not self.engine_spans:
+            return ids
+        placeholders = frozenset(self.placeholder_ids)
+        out: list[int] = []
+        at = 0
+        for k, span in enumerate(self.engine_spans):
+            if span is None:
+                raise InvalidArgument(
+                    f"image turn {k}'s text shows none of the processor's placeholders, so an engine that expands "
+                    "images itself cannot be given its ids; generate with the transformers backend"
+                )
+            length, compact = span
+            start = next((i for i in range(at, len(ids)) if ids[i] in placeholders), None)
+            if start is None or start + length > len(ids) or ids[start + length - 1] not in placeholders:
+                raise InvalidArgument(f"image turn {k}'s placeholder ids are not where the episode's media says")
+            out += ids[at:start]
+            out += compact
+            at = start + length
+        out += ids[at:]
+        return out
 
     @property
     def num_images(self) -> int:
@@ -238,6 +273,8 @@ class VisionTurns:
         """Every special token an image's expansion uses: escaped in env text, and ending the
         episode when the model samples one."""
         self._placeholder_set = frozenset(self.placeholder_ids)
+        self._placeholder_pattern = re.compile("|".join(map(re.escape, self.placeholder_strings)))
+        self._snippets: dict[str, tuple[int, ...]] = {}
         self._first_chars = frozenset(p[0] for p in self.placeholder_strings)
 
     @classmethod
@@ -344,9 +381,30 @@ class VisionTurns:
         media.images.extend(images)
         media.chunks.append({key: value for key, value in out.items() if key not in _TEXT_KEYS and hasattr(value, "ndim")})
         media.placeholder_counts.append(sum(1 for t in ids if t in self._placeholder_set))
+        media.engine_spans.append(self._engine_span(ids, text))
         media.placeholder_ids = self.placeholder_ids
         if "mm_token_type_ids" in out and not media.image_token_ids:
             media.image_token_ids = (self.tokenizer.convert_tokens_to_ids(self.image_token),)
+        return ids
+
+    def _engine_span(self, expanded: list[int], text: str) -> tuple[int, tuple[int, ...]] | None:
+        """``(length of the images' span in the expanded ids, the ids of that span as the template
+        wrote it)``: from the first placeholder to the last in each (a special token bounds the
+        span, so it tokenizes alone as it does in the turn; vLLM reports the ids it expanded, and
+        ``check_expansion`` holds them to ours). None where the text shows no placeholder."""
+        inside = [i for i, token in enumerate(expanded) if token in self._placeholder_set]
+        written = [match.span() for match in self._placeholder_pattern.finditer(text)]
+        if not inside or not written:
+            return None
+        return inside[-1] + 1 - inside[0], self._written_ids(text[written[0][0] : written[-1][1]])
+
+    def _written_ids(self, snippet: str) -> tuple[int, ...]:
+        """``snippet``'s ids: a few snippets recur (one image, two, ...), so they are kept."""
+        ids = self._snippets.get(snippet)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(snippet, add_special_tokens=False))
+            if len(self._snippets) < 256:
+                self._snippets[snippet] = ids
         return ids
 
     def _learn_placeholders(self) -> tuple[tuple[str, ...], tuple[int, ...]]:

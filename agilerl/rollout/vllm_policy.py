@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "VLLMOptions", "WeightTransferKind", "build_vllm_policy", "VLLMPolicy", "engine_prompt", "engine_requests", "to_generation"
+    "VLLMOptions", "WeightTransferKind", "build_vllm_policy", "VLLMPolicy", "check_expansion", "engine_prompt",
+    "engine_requests", "to_generation",
 ]
 
 
@@ -142,7 +143,7 @@ class VLLMPolicy:
         self.max_model_len = max_model_len or getattr(text_config, "max_position_embeddings", None)
         self.sleeps = torch.cuda.is_available() if sleep is None else sleep
         self._config_dir = tempfile.TemporaryDirectory(prefix="agilerl-vllm-")
-        _base_model(model).config.save_pretrained(self._config_dir.name)  # the architecture; weights follow
+        _save_config(_base_model(model), self._config_dir.name)  # the architecture; weights follow
         processor = processor_of(tokenizer)
         if processor is not None:  # a vision model: vLLM's multimodal processing reads its processor
             processor.save_pretrained(self._config_dir.name)
@@ -187,6 +188,7 @@ class VLLMPolicy:
             use_tqdm=False,
         )
         for (i, fields), result in zip(requests, results):
+            check_expansion(prompts[i], result.prompt_token_ids, "the colocated vLLM engine")
             completion = result.outputs[0]
             ids = list(completion.token_ids)
             logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
@@ -211,12 +213,30 @@ class VLLMPolicy:
 
 
 def engine_prompt(prompt: Sequence[int]) -> dict[str, Any]:
-    """vLLM's prompt for our ids: the ids (the processor's expansion already in them) and, for a
-    prompt that shows images, the pictures as ``multi_modal_data``."""
+    """vLLM's prompt for our ids: the ids and, for a prompt that shows images, the pictures as
+    ``multi_modal_data``, each image's placeholder as the chat template wrote it (vLLM expands it
+    itself, with the picture: given the expansion, it would expand it again)."""
     media = getattr(prompt, "media", None)
     if media is None or not media.images:
         return {"prompt_token_ids": list(prompt)}
-    return {"prompt_token_ids": list(prompt), "multi_modal_data": {"image": [image.pil() for image in media.images]}}
+    return {
+        "prompt_token_ids": media.engine_ids(prompt),
+        "multi_modal_data": {"image": [image.pil() for image in media.images]},
+    }
+
+
+def check_expansion(prompt: Sequence[int], expanded: Sequence[int] | None, where: str) -> None:
+    """vLLM's expansion of an image prompt (the prompt ids it ran) must be the processor's, which
+    the trainer scores: else the sampled log-probs are of another context."""
+    if expanded is None or getattr(prompt, "media", None) is None or list(expanded) == list(prompt):
+        return
+    ours = list(prompt)
+    at = next((i for i, (a, b) in enumerate(zip(ours, expanded)) if a != b), min(len(ours), len(expanded)))
+    raise InvalidArgument(
+        f"{where} expanded the prompt's images to {len(expanded)} ids where the model's processor made {len(ours)} "
+        f"(first difference at id {at}): its image processor settings differ from the trainer's (is the processor "
+        "saved beside the served model the one the trainer loaded? vLLM's --mm-processor-kwargs?)"
+    )
 
 
 def _max_images(processor: Any) -> int:
@@ -285,6 +305,18 @@ def _trainer_threads_kept() -> Iterator[None]:
 def _stop_ids(tokenizer: Any) -> list[int]:
     eos = getattr(tokenizer, "eos_token_id", None)
     return [eos] if eos is not None else []
+
+
+def _save_config(model: Any, folder: str) -> None:
+    """``model``'s config into ``folder``, naming its class in ``architectures`` (vLLM picks its
+    implementation by that; a model built from code, never saved or loaded, has none)."""
+    import copy
+
+    config = model.config
+    if not getattr(config, "architectures", None):
+        config = copy.deepcopy(config)
+        config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
 
 
 def _base_model(model: Any) -> Any:

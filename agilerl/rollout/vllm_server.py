@@ -7,7 +7,10 @@ Start each replica with the options that keep it token-exact and its weights pus
 
 ``VLLM_SERVER_DEV_MODE`` turns on the routes the weight push uses. Generation posts token ids to
 ``/v1/completions`` (``return_token_ids``, ``logprobs=0``), one request per prompt, all at once;
-the copies of one prompt (a GRPO group) go to one replica, so its prefix cache serves them.
+the copies of one prompt (a GRPO group) go to one replica, so its prefix cache serves them. A
+prompt that shows images goes to vLLM's token-in route, ``/inference/v1/generate``, with its
+pictures (the completions route takes none): a vision model's replicas also need
+``--enable-scale-out`` (vllm >= 0.32) and the model's processor saved beside it.
 
 The weight push goes one of three ways (``weight_transfer``):
 
@@ -39,8 +42,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from agilerl.concurrency import shared_loop
 from agilerl.errors import AgileRLWarning, EndpointError, InvalidArgument
 from agilerl.rollout.policy import Generation, SamplingParams
-from agilerl.rollout.vision import processor_of
-from agilerl.rollout.vllm_policy import WeightTransferKind, _stop_ids, engine_requests, to_generation
+from agilerl.rollout.vllm_policy import WeightTransferKind, _stop_ids, check_expansion, engine_requests, to_generation
 from agilerl.rollout.weights import hf_weights
 
 if TYPE_CHECKING:
@@ -71,11 +73,6 @@ class VLLMServerPolicy:
     ) -> None:
         if not base_urls:
             raise InvalidArgument("VLLMServerPolicy needs at least one base URL (http://host:port of vllm serve)")
-        if processor_of(tokenizer) is not None:  # its requests would carry the image tokens without the images
-            raise InvalidArgument(
-                "generation.mode 'server' does not carry images yet, and this model takes images: generate with "
-                "the colocated vllm backend (generation.mode: colocate) or the transformers backend."
-            )
         self.base_urls = [url.rstrip("/").removesuffix("/v1") for url in base_urls]
         if weight_transfer not in WEIGHT_TRANSFERS:
             raise InvalidArgument(f"weight_transfer {weight_transfer!r} is not one of {', '.join(WEIGHT_TRANSFERS)}")
@@ -106,7 +103,7 @@ class VLLMServerPolicy:
             key = tuple(prompts[i])
             url = replica_of.setdefault(key, replicas[len(replica_of) % len(replicas)])
             calls.append((i, url, fields))
-        results = self._loop.run(self._all(self._complete(url, list(prompts[i]), fields) for i, url, fields in calls))
+        results = self._loop.run(self._all(self._complete(url, prompts[i], fields) for i, url, fields in calls))
         for (i, _, fields), (ids, logprobs, finish) in zip(calls, results):
             out[i] = to_generation(ids, logprobs, finish, fields["max_tokens"], params.max_new_tokens)
         return out
@@ -238,10 +235,13 @@ class VLLMServerPolicy:
             self._loop.at_stop(self._session.close)
         return list(await asyncio.gather(*calls))
 
-    async def _complete(self, url: str, prompt: list[int], fields: dict[str, Any]) -> tuple[list[int], list[float], str]:
+    async def _complete(self, url: str, prompt: Sequence[int], fields: dict[str, Any]) -> tuple[list[int], list[float], str]:
+        media = getattr(prompt, "media", None)
+        if media is not None and media.images:
+            return await self._complete_with_images(url, prompt, fields)
         body = {k: v for k, v in fields.items() if k != "detokenize"}
         reply = await self._request(
-            "POST", f"{url}/v1/completions", {**body, "prompt": prompt, "return_token_ids": True}, again_on_reset=True
+            "POST", f"{url}/v1/completions", {**body, "prompt": list(prompt), "return_token_ids": True}, again_on_reset=True
         )
         try:
             choice = reply["choices"][0]
@@ -250,6 +250,33 @@ class VLLMServerPolicy:
             raise EndpointError(
                 f"{url}/v1/completions answered without choices[0].token_ids and logprobs: {str(reply)[:200]}; "
                 "is it vllm serve (>= 0.11, which returns token ids)?"
+            ) from None
+
+    async def _complete_with_images(
+        self, url: str, prompt: Sequence[int], fields: dict[str, Any]
+    ) -> tuple[list[int], list[float], str]:
+        """An image prompt through vLLM's token-in route (``/inference/v1/generate``, which the
+        completions route lacks: it takes no images): the ids with each image's placeholder as the
+        template wrote it and the pictures as PNG data URLs of the pixels the processor saw; vLLM expands them as the processor did
+        (checked against the prompt ids it reports)."""
+        media = getattr(prompt, "media")
+        body = {
+            "token_ids": media.engine_ids(prompt),
+            "content_parts": [{"type": "image_url", "url": image.pixels_data_url()} for image in media.images],
+            "sampling_params": fields,
+            "return_token_ids": True,
+        }
+        route = f"{url}/inference/v1/generate"
+        refused = f"; images go to vllm serve's token-in route, {route}: start the replicas with --enable-scale-out (vllm >= 0.32)"
+        reply = await self._request("POST", route, body, again_on_reset=True, refused=refused)
+        try:
+            choice = reply["choices"][0]
+            ids, logprobs = list(choice["token_ids"]), [step["logprob"] for step in choice["logprobs"]["content"]]
+            check_expansion(prompt, reply["prompt_token_ids"], f"vllm serve at {url}")
+            return ids, logprobs, choice["finish_reason"]
+        except (KeyError, IndexError, TypeError):
+            raise EndpointError(
+                f"{route} answered without choices[0].token_ids, logprobs and prompt_token_ids: {str(reply)[:200]}"
             ) from None
 
     def _each(
@@ -263,11 +290,13 @@ class VLLMServerPolicy:
         ))
 
     async def _request(
-        self, method: str, url: str, body: dict[str, Any] | None, missing_ok: bool = False, again_on_reset: bool = False
+        self, method: str, url: str, body: dict[str, Any] | None, missing_ok: bool = False, again_on_reset: bool = False,
+        refused: str = "",
     ) -> Any:
         """One request; ``again_on_reset``: a completion whose connection the server reset or closed
         is sent once more, on a new connection (a kept-alive connection the server closed as it was
-        reused: seen with two replicas on a loaded host). Nothing else is retried here."""
+        reused: seen with two replicas on a loaded host). Nothing else is retried here. ``refused``
+        ends the error of a 403 or 404 (what turns the route on)."""
         import aiohttp
 
         assert self._session is not None
@@ -284,10 +313,11 @@ class VLLMServerPolicy:
                     raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}); is vllm serve running?") from None
         if response.status == 404 and missing_ok:
             return None
-        if response.status == 404 and not url.endswith("/completions"):
+        if response.status == 404 and not url.endswith(("/completions", "/generate")):
             raise EndpointError(f"{url}: 404; start the server with VLLM_SERVER_DEV_MODE=1 to push weights")
         if response.status != 200:
-            raise EndpointError(f"{url} answered {response.status}: {text[:300]}")
+            hint = refused if response.status in (403, 404) else ""
+            raise EndpointError(f"{url} answered {response.status}: {text[:300]}{hint}")
         return json.loads(text) if text else None
 
 
