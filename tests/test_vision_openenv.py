@@ -120,24 +120,46 @@ def test_openenv_image_fields_become_images_in_process(side_python: Path, envs_d
     assert seen["AtariEnv"]["images"] == [_frame_sha(2)] and "screen" not in seen["AtariEnv"]["text"]
 
 
-def test_served_openenv_image_fields_reach_the_client_as_the_same_pixels(side_python: Path, envs_dir: Path) -> None:  # noqa: F811
+OPENENV_SERVER = (
+    "import sys, uvicorn, envs; from openenv.core.env_server.http_server import create_app; "
+    "app = create_app(getattr(envs, sys.argv[1]), getattr(envs, sys.argv[2]), getattr(envs, sys.argv[3])); "
+    "uvicorn.run(app, host='127.0.0.1', port=int(sys.argv[4]), log_level='warning')"
+)
+SERVED = {  # env: (its Action and Observation classes, image field, action field, what the step shows)
+    "BrowserEnv": ("ClickAction", "BrowserObservation", "screenshot", "command", "clicked go"),
+    "AtariEnv": ("AtariAction", "AtariObservation", "screen", "action_id", "lives: 2"),
+}
+
+
+@pytest.mark.parametrize("server", ["agilerl serve", "openenv create_app"])
+@pytest.mark.parametrize("env", sorted(SERVED))
+def test_served_openenv_image_fields_reach_the_client_as_the_same_pixels(
+    side_python: Path, envs_dir: Path, env: str, server: str  # noqa: F811
+) -> None:
+    """BrowserGym's nested screenshot and Atari's flat screen, served by ``agilerl serve`` and by
+    OpenEnv's own server: the client reads the field (``image_field``) into the env's pixels."""
+    action_cls, observation_cls, image_field, action_field, shown = SERVED[env]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
+    if server == "agilerl serve":
+        command = [str(side_python), "-m", "agilerl", "serve", f"envs.py:{env}", "--port", str(port)]
+    else:
+        command = [str(side_python), "-c", OPENENV_SERVER, env, action_cls, observation_cls, str(port)]
     log = envs_dir / "serve.log"
     with log.open("wb") as out:
-        server = subprocess.Popen([str(side_python), "-m", "agilerl", "serve", "envs.py:BrowserEnv", "--port", str(port)],
-                                  cwd=envs_dir, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=envs_dir, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for_health(url, server, log)
-        with RemoteEnvClient(url, image_field="screenshot", action_field="command") as client:
+        wait_for_health(url, process, log)
+        with RemoteEnvClient(url, image_field=image_field, action_field=action_field) as client:
             prompt, _ = client.reset(seed=2)
-            observation, reward, terminated, _, _ = client.step("go")
-        assert prompt.text == "page" and "screenshot" not in prompt.text
+            observation, _, terminated, _, _ = client.step("1" if env == "AtariEnv" else "go")
+        assert image_field not in prompt.text and f"{image_field}_shape" not in prompt.text
         assert [hashlib.sha256(np.asarray(i.pil()).tobytes()).hexdigest() for i in prompt.images] == [_frame_sha(2)]
-        assert observation.text == "clicked go" and reward == 1.0 and terminated
-        assert hashlib.sha256(np.asarray(observation.images[0].pil()).tobytes()).hexdigest() == _frame_sha(3)
+        assert shown in observation.text and terminated
+        step_frame = hashlib.sha256(bytes(8 * 12 * 3)).hexdigest() if env == "AtariEnv" else _frame_sha(3)  # black
+        assert hashlib.sha256(np.asarray(observation.images[0].pil()).tobytes()).hexdigest() == step_frame
     finally:
-        server.terminate()
-        server.wait(30)
+        process.terminate()
+        process.wait(30)
