@@ -260,6 +260,12 @@ class ChatRenderer:
                 self._store_body(key, body)
         return body if final else body + self._generation_ids
 
+    def parts_tail_ids(self, role: str, content: list[dict[str, Any]], *, final: bool) -> list[int]:
+        """``turn_tail_ids`` for a message of content parts (pictures for a chat endpoint that
+        reads them): one template render, not memoised."""
+        ids = self.encode(self.assistant_close + self.appended_text({"role": role, "content": content}))
+        return ids if final else ids + self._generation_ids
+
     def warm(
         self,
         openings: Sequence[list[dict[str, Any]]] = (),

@@ -188,3 +188,24 @@ def test_the_samplers_logprobs_are_the_trainers_with_images_in_every_turn(family
         scores = policy_logprobs(model, tensors.input_ids, tensors.attention_mask, mask=tensors.action_mask, media=tensors.media)
     mask = tensors.action_mask
     assert torch.allclose(scores[mask], tensors.old_logprobs[mask], atol=1e-4)
+
+
+def test_a_chat_endpoint_is_sent_each_picture_as_an_image_url_part_beside_its_text() -> None:
+    """Without a processor, a policy behind a chat endpoint (``MessageTokenizer``) gets image
+    observations as OpenAI content parts: the endpoint's processor reads the pictures."""
+    from agilerl.images import EnvImage
+    from agilerl.rollout.openai_policy import MessageTokenizer
+
+    tokenizer = MessageTokenizer()
+    harness = RolloutHarness.local(AlbumEnv(), tokenizer, max_turns=3)
+    prompt, _ = harness.reset(seed=0)
+    prompt, *_ = harness.step("a red square")
+    messages, _ = tokenizer.messages(prompt)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    parts = messages[2]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "image_url", "text"] and parts[2]["text"] == "And these?"
+    shown = [EnvImage.from_data_url(p["image_url"]["url"]) for p in parts[:2]]
+    expected = [EnvImage.from_array(square((20, 200, 20), 24, 40)), EnvImage.from_array(square((20, 20, 200)))]
+    assert [i.checksum() for i in shown] == [i.checksum() for i in expected]
+    prompt, *_ = harness.step("green and blue")
+    assert tokenizer.messages(prompt)[0][-1] == {"role": "user", "content": "Now in words."}

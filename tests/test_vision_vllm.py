@@ -14,7 +14,10 @@ here."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,7 +76,7 @@ def idefics3_replica(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) 
     server = VLLMServe(
         vllm_venv, folder / "model", folder / "replica.log", "--max-model-len", "512",
         "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--enable-scale-out",
-        env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        "--served-model-name", "tiny-idefics3", env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
     try:
         yield server.wait_healthy()
@@ -88,3 +91,32 @@ def test_the_served_backend_carries_every_image_turn_and_samples_on_policy(
     assert served["images"] == [4, 4] and len(served["ids"]) == 2 * 3 * 4  # a group of two, three turns each
     # the replica started from other weights: it samples the pushed ones, with the images
     assert _max_gap(served) < LOGPROB_TOLERANCE
+
+
+def _prompt_tokens(url: str) -> float:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    return sum(float(m) for m in re.findall(r"^vllm:prompt_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+
+
+def test_eval_over_a_chat_endpoint_sends_the_pictures(idefics3_replica: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``agilerl eval --base-url`` on an image env: each picture travels as an ``image_url`` part,
+    and the endpoint's prompt is the processor's (its image tokens and all) for every episode."""
+    from agilerl.builtins.colors import ColorsEnv
+    from agilerl.cli.main import main
+    from agilerl.rollout.harness import RolloutHarness
+    from tests.vision_models import idefics3_processor
+
+    expected, _ = RolloutHarness.local(ColorsEnv(), idefics3_processor()).reset(seed=0)
+    before = _prompt_tokens(idefics3_replica)
+    capsys.readouterr()
+    out = tmp_path / "eval.jsonl"
+    code = main(["eval", "colors", "--base-url", idefics3_replica + "/v1", "--model", "tiny-idefics3", "-n", "3",
+                 "--max-new-tokens", "3", "--output", str(out), "--json"])
+    assert code == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and all(row["error"] is None for row in rows)
+    assert all(row["messages"][0]["content"].startswith("[image 32x32]\n") for row in rows)  # the row's transcript
+    deadline = time.monotonic() + 10  # the counter is bumped as the engine finishes, maybe after it answered
+    while _prompt_tokens(idefics3_replica) - before < 3 * len(expected) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _prompt_tokens(idefics3_replica) - before == 3 * len(expected)  # 7 of each prompt's ids are the picture's

@@ -332,13 +332,13 @@ def _progress(show: bool, total: int, done: int) -> Iterator[Callable[[int], Non
 
 
 class _Transcript:
-    """The conversation one episode's env saw, as messages."""
+    """The conversation one episode's env saw, as messages (an image as ``[image WxH]``)."""
 
     def __init__(self, system_prompt: str | None, prompt: str, info: dict[str, Any]) -> None:
         opening = info.get("messages")
         if not opening:
             opening = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-                {"role": "user", "content": prompt}
+                {"role": "user", "content": _shown(prompt)}
             ]
         self.messages: list[dict[str, Any]] = list(opening)
 
@@ -346,7 +346,13 @@ class _Transcript:
         self.messages.append({"role": "assistant", "content": action})
         observation, _, terminated, truncated, _ = result
         if observation or not (terminated or truncated):  # an empty last word is no message
-            self.messages.append({"role": "user", "content": observation})
+            self.messages.append({"role": "user", "content": _shown(observation)})
+
+
+def _shown(observation: Any) -> Any:
+    """An observation as a results row holds it: text, or an image observation's transcript."""
+    transcript = getattr(observation, "transcript", None)
+    return transcript() if callable(transcript) and not isinstance(observation, str) else observation
 
 
 class _Recorded(EnvClient):

@@ -20,7 +20,7 @@ from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.tool_routing import TOOL_CALLS_INFO, ToolCallingClient, ToolRouting
 from agilerl.tools.metrics import count_calls
 from agilerl.rollout.trajectory import Trajectory
-from agilerl.rollout.vision import VisionMedia, VisionTurns, text_only
+from agilerl.rollout.vision import VisionMedia, VisionTurns, image_parts, text_only
 
 if TYPE_CHECKING:
     from agilerl.manifest.spec import EnvironmentSpec
@@ -121,7 +121,9 @@ class RolloutHarness:
         self.max_turns = self.info.turn_budget(max_turns)
         self.vision = VisionTurns.of(tokenizer)
         """Renders image observations with the model's processor (a processor given as
-        ``tokenizer``, or carried by it); None: the model reads text only."""
+        ``tokenizer``, or carried by it); None: the model reads text only, unless the tokenizer
+        frames messages for a chat endpoint that reads images itself (``takes_image_parts``)."""
+        self._image_parts = self.vision is None and bool(getattr(tokenizer, "takes_image_parts", False))
         tokenizer = tokenizer if self.vision is None else self.vision.tokenizer
         self.tokenizer = tokenizer
         self.defaults = EpisodeChat(
@@ -199,7 +201,7 @@ class RolloutHarness:
         self.renderer = self._renderers.with_tools(self.chat.tools)
         media = None if self.vision is None else VisionMedia()
         if media is None:
-            ids = self.renderer.prompt_ids(self.chat.opening(text_only(prompt, self.info.name), info))
+            ids = self.renderer.prompt_ids(self.chat.opening(self._content(prompt), info))
         else:
             ids = self.vision.opening(self.renderer, self.chat, prompt, info, media, f"{self.info.name}.reset()")
         self._trajectory = Trajectory(
@@ -320,6 +322,13 @@ class RolloutHarness:
         """The current episode's observation role (a step's info may override it for one turn)."""
         return self.chat.observation_role
 
+    def _content(self, observation: Any) -> str | list[dict[str, Any]]:
+        """A message's content for an observation without a processor: its text, or (for a chat
+        endpoint that reads images) OpenAI content parts; an image for a text model is an error."""
+        if self._image_parts:
+            return image_parts(observation)
+        return text_only(observation, self.info.name)
+
     def _append_turn(
         self,
         action_ids: list[int],
@@ -337,7 +346,11 @@ class RolloutHarness:
             where = f"{self.info.name}.step()"
             tail = self.vision.tail(renderer, role, observation, final=self._done, media=traj.media, where=where)
         elif tail is None:
-            tail = renderer.turn_tail_ids(role, text_only(observation, self.info.name), final=self._done)
+            content = self._content(observation)
+            if isinstance(content, str):
+                tail = renderer.turn_tail_ids(role, content, final=self._done)
+            else:
+                tail = renderer.parts_tail_ids(role, content, final=self._done)
         if action_ids and action_ids[-1] == renderer.end_of_turn_id and tail and tail[0] == action_ids[-1]:
             tail = tail[1:]  # the model already closed its turn
         turn = self._turn - 1

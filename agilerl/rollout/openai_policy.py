@@ -47,6 +47,7 @@ class MessageTokenizer:
     """
 
     chat_template = "agilerl message frames"  # rendered in Python below; never a jinja template
+    takes_image_parts = True  # an image observation travels as image_url parts: the endpoint reads them
     clean_up_tokenization_spaces = False
     eos_token_id = ord(_END)
     pad_token_id = ord(_END)

@@ -42,6 +42,7 @@ __all__ = [
     "BatchMedia",
     "VisionTurns",
     "ESCAPE",
+    "image_parts",
     "text_only",
 ]
 
@@ -449,6 +450,17 @@ def _image_token(processor: Any) -> str:
     if not isinstance(token, str) or not token:
         raise InvalidArgument(f"{type(processor).__name__} names no image_token: it cannot render image turns")
     return token
+
+
+def image_parts(observation: str | ImageObservation) -> str | list[dict[str, Any]]:
+    """An observation as an OpenAI chat message's content, for a policy behind a chat endpoint
+    that reads images itself: its text, or an ``image_url`` part (a data URL) per image, then a
+    text part."""
+    images = observation_images(observation)
+    if not images:
+        return observation_text(observation)
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": image.data_url()}} for image in images]
+    return [*parts, {"type": "text", "text": observation_text(observation)}]
 
 
 def text_only(observation: str | ImageObservation, env_name: str) -> str:
