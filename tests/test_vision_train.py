@@ -76,16 +76,18 @@ def test_lora_on_the_tiny_vlm_trains_only_its_adapters() -> None:
 
 
 @pytest.mark.timeout(900)
-def test_a_real_vlm_folder_loads_through_autoprocessor_and_scores_its_own_samples(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["llava", "idefics3"])
+def test_a_real_vlm_folder_loads_through_autoprocessor_and_scores_its_own_samples(family: str, tmp_path: Path) -> None:
     from agilerl.assembly.models import load_model_and_tokenizer
     from agilerl.manifest.settings import ModelSettings
-    from tests.vision_models import llava_processor, tiny_llava
+    from tests.vision_models import FAMILIES, tiny_model
 
-    processor = llava_processor()
-    tiny_llava(processor).save_pretrained(tmp_path)
+    processor = FAMILIES[family]()
+    built = tiny_model(family, processor)
+    built.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     model, tokenizer = load_model_and_tokenizer(ModelSettings(name_or_path=str(tmp_path)))
-    assert type(model).__name__ == "LlavaForConditionalGeneration"
+    assert type(model) is type(built)
     with RolloutCollector(lambda: ColorsEnv(max_turns=2), tokenizer, batch_size=1, group_size=2, seed=0,
                           sampling=SamplingParams(max_new_tokens=3)) as collector:
         batch = collector.collect(TransformersPolicy(model, tokenizer))
