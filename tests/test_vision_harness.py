@@ -39,6 +39,7 @@ def test_training_ids_are_the_families_own_expansion_on_every_turn(family: str) 
     env = AlbumEnv()
     harness = RolloutHarness.local(env, processor)
     prompt, _ = harness.reset(seed=0)
+    opening, opening_engine_ids = prompt, None
     first = AlbumEnv().reset(0)[0]
     from agilerl.images import observation_from
 
@@ -49,6 +50,7 @@ def test_training_ids_are_the_families_own_expansion_on_every_turn(family: str) 
         expected = _full_render(processor, harness, messages, images)
         assert list(prompt) == expected["input_ids"][0].tolist()
         assert prompt.media.engine_ids(prompt) == expected["engine_ids"]  # one template placeholder an image
+        opening_engine_ids = opening_engine_ids or expected["engine_ids"]
         ours = prompt.media.tensors()
         for key, value in ours.items():
             assert torch.equal(value, expected[key]), key
@@ -62,6 +64,7 @@ def test_training_ids_are_the_families_own_expansion_on_every_turn(family: str) 
     assert list(prompt) == expected["input_ids"][0].tolist()  # four images, earlier ones in place
     assert prompt.media.engine_ids(prompt) == expected["engine_ids"]
     assert len(expected["engine_ids"]) < len(prompt)
+    assert opening.media.engine_ids(opening) == opening_engine_ids  # an earlier prompt: its own turns only
     assert prompt.media.num_images == 4
 
 

@@ -116,6 +116,8 @@ class VisionMedia:
     where the turn's text shows no placeholder."""
     ended: bool = False
     """The model sampled a placeholder: the episode ends at that turn."""
+    _engine_starts: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+    """Where each span of ``engine_spans`` starts in the episode's ids, as found (``engine_ids``)."""
 
     def cut(self, token_ids: Sequence[int], action_mask: Sequence[bool]) -> VisionMedia:
         """The media of an episode cut to ``token_ids``: the image turns whose placeholders it
@@ -139,26 +141,36 @@ class VisionMedia:
         turn's placeholder as the chat template wrote it, one per image. The engine expands it
         with the pictures, as the processor did, back to ``ids``.
 
-        The spans are found in order: no placeholder id lies outside them (env text is escaped,
-        and a sampled one ends the episode)."""
-        ids = list(ids)
-        if not self.engine_spans:
-            return ids
-        placeholders = frozenset(self.placeholder_ids)
+        The spans are found in order, once each (an episode only grows): no placeholder id lies
+        outside them (env text is escaped, and a sampled one ends the episode). A prompt taken
+        before the later image turns holds only the spans before its end."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        starts = self._engine_starts
+        if len(starts) < len(self.engine_spans):
+            placeholders = frozenset(self.placeholder_ids)
+            at = starts[-1] + self.engine_spans[len(starts) - 1][0] if starts else 0  # type: ignore[index]
+            for k in range(len(starts), len(self.engine_spans)):
+                span = self.engine_spans[k]
+                if span is None:
+                    raise InvalidArgument(
+                        f"image turn {k}'s text shows none of the processor's placeholders, so an engine that "
+                        "expands images itself cannot be given its ids; generate with the transformers backend"
+                    )
+                start = next((i for i in range(at, len(ids)) if ids[i] in placeholders), None)
+                if start is None:
+                    break  # this prompt ends before image turn k
+                if start + span[0] > len(ids) or ids[start + span[0] - 1] not in placeholders:
+                    raise InvalidArgument(f"image turn {k}'s placeholder ids are not where the episode's media says")
+                starts.append(start)
+                at = start + span[0]
         out: list[int] = []
         at = 0
-        for k, span in enumerate(self.engine_spans):
-            if span is None:
-                raise InvalidArgument(
-                    f"image turn {k}'s text shows none of the processor's placeholders, so an engine that expands "
-                    "images itself cannot be given its ids; generate with the transformers backend"
-                )
-            length, compact = span
-            start = next((i for i in range(at, len(ids)) if ids[i] in placeholders), None)
-            if start is None or start + length > len(ids) or ids[start + length - 1] not in placeholders:
-                raise InvalidArgument(f"image turn {k}'s placeholder ids are not where the episode's media says")
+        for start, span in zip(starts, self.engine_spans):
+            if start >= len(ids):
+                break
+            length, written = span  # type: ignore[misc]
             out += ids[at:start]
-            out += compact
+            out += written
             at = start + length
         out += ids[at:]
         return out
