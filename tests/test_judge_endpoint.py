@@ -21,7 +21,7 @@ from agilerl.concurrency import LoopThread, run_in_threads, WorkerThreads
 from agilerl.data.judge import JUDGE_STATS, JudgeEndpoint
 from agilerl.data.judges import GroupJudge, LLMJudge, parse_score, parse_scores
 from agilerl.data.rubric import Rubric
-from agilerl.errors import EnvUnavailable, JudgeFailed, JudgeUnavailable, RubricError
+from agilerl.errors import EnvUnavailable, JudgeFailed, JudgeUnavailable, ManifestError, RubricError
 from agilerl.manifest.spec import load_manifest
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import ScriptedPolicy
@@ -207,7 +207,7 @@ def test_a_judge_failing_every_call_for_give_up_after_s_ends_the_run_naming_the_
 def test_the_group_judge_ranks_one_group_in_one_call(stub, folder, chatml_tokenizer):
     scores = [0.1, 0.9, 0.5, 1.0]
     stub.reply = lambda prompt: f"Scores: {json.dumps(scores)}"
-    manifest = load_manifest(write(folder, rubrics=[{
+    manifest = load_manifest(write(folder, training={"group_size": 4}, rubrics=[{
         "name": "rank", "rubric": "llm_judge_group",
         "config": {"base_url": stub.url, "model": "stub", "group_size": 4},
     }]))
@@ -223,6 +223,12 @@ def test_the_group_judge_ranks_one_group_in_one_call(stub, folder, chatml_tokeni
     for traj, word in zip(batch.trajectories, ("alpha", "beta", "gamma", "delta")):  # slot i replied words[i]
         assert traj.total_reward == scores[listed.index(word)]
         assert traj.info["reward_components"] == {"rank": scores[listed.index(word)]}
+
+
+def test_a_group_judge_sized_unlike_the_runs_groups_is_refused_naming_both(folder):
+    rubrics = [{"name": "rank", "rubric": "llm_judge_group", "config": {"base_url": "http://127.0.0.1:9/v1", "model": "m", "group_size": 4}}]
+    with pytest.raises(ManifestError, match=r"rubrics\[0\] \(rank\): llm_judge_group's config.group_size 4 is not training.group_size 8.*group_size: 8"):
+        load_manifest(write(folder, rubrics=rubrics))
 
 
 def test_a_group_short_of_members_is_judged_after_gather_s(stub):
@@ -302,10 +308,10 @@ def folder(tmp_path_factory):
     return folder
 
 
-def write(folder, name="m.yaml", **environment):
+def write(folder, name="m.yaml", training=None, **environment):
     env = {"env_type": "rollout", "dataset": "qa.parquet", "train_test_split": 0.5, **environment}
     path = folder / name
-    path.write_text(yaml.safe_dump({"environment": env}))
+    path.write_text(yaml.safe_dump({"environment": env, **({"training": training} if training else {})}))
     return path
 
 

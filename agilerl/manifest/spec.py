@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
-from pydantic import ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
 from agilerl.errors import ConfigError, ManifestError, validation_problems
 from agilerl.manifest.environment import VARIANT_TAGS, EnvironmentSection, EnvironmentSpec
@@ -55,6 +55,21 @@ class Manifest(Section):
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @model_validator(mode="after")
+    def _group_judges_see_whole_groups(self) -> Manifest:
+        """``llm_judge_group`` ranks one GRPO group per call: a ``group_size`` other than the
+        run's would rank part groups, or wait ``gather_s`` on every group for members that never
+        come."""
+        for index, entry in enumerate(getattr(self.environment, "rubrics", None) or []):
+            size = (entry.config or {}).get("group_size")
+            if entry.rubric == "llm_judge_group" and size is not None and size != self.training.group_size:
+                raise ValueError(
+                    f"environment.rubrics[{index}] ({entry.name}): llm_judge_group's config.group_size {size!r} is "
+                    f"not training.group_size {self.training.group_size}: the judge ranks one group a call; set "
+                    f"group_size: {self.training.group_size}"
+                )
+        return self
 
     @classmethod
     def _section_name(cls) -> str:
