@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agilerl.envs.client import EnvClient, as_client
+from agilerl.envs.client import WrappingClient, as_client
 from agilerl.errors import InvalidArgument
 from agilerl.assembly.env_factory import first_then, make_env_factory
 from agilerl.assembly.from_spec import tool_kwargs
@@ -355,18 +355,12 @@ def _shown(observation: Any) -> Any:
     return transcript() if callable(transcript) and not isinstance(observation, str) else observation
 
 
-class _Recorded(EnvClient):
+class _Recorded(WrappingClient):
     """An env client that records each episode's messages and tags its reset info with them."""
 
     def __init__(self, env: Any) -> None:
-        self.inner = as_client(env)
-        self.blocking = self.inner.blocking
-        self.reconnects = self.inner.reconnects
-        self.retry_budget_s = self.inner.retry_budget_s
+        super().__init__(as_client(env))
         self._transcript: _Transcript | None = None
-
-    def describe(self) -> EnvInfo:
-        return self.inner.describe()
 
     def reset(self, seed: int | None = None, **kwargs: Any) -> tuple[str, dict[str, Any]]:
         return self._opened(self.inner.reset(seed, **kwargs))
@@ -385,24 +379,6 @@ class _Recorded(EnvClient):
 
     async def acall_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
         return self._called(name, arguments, await self.inner.acall_tool(name, arguments))
-
-    def list_tools(self) -> list[dict[str, Any]] | None:
-        return self.inner.list_tools()
-
-    async def alist_tools(self) -> list[dict[str, Any]] | None:
-        return await self.inner.alist_tools()
-
-    def state(self) -> dict[str, Any]:
-        return self.inner.state()
-
-    async def astate(self) -> dict[str, Any]:
-        return await self.inner.astate()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
     def _opened(self, result: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         prompt, info = result

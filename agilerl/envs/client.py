@@ -1,4 +1,5 @@
-"""The env-client seam: one small interface (``EnvClient``), two implementations.
+"""The env-client seam: one small interface (``EnvClient``), two implementations, and the base of
+clients that wrap another (``WrappingClient``).
 
 ``InProcessEnvClient`` calls a text env living in this process; ``RemoteEnvClient``
 (``agilerl.remote.client``) talks to one over a WebSocket. Both offer the same methods, sync
@@ -24,7 +25,7 @@ from agilerl.protocol import (
     state_dict,
 )
 
-__all__ = ["EnvClient", "InProcessEnvClient", "as_client", "default_threads_caller"]
+__all__ = ["EnvClient", "InProcessEnvClient", "WrappingClient", "as_client", "default_threads_caller"]
 
 
 class EnvClient:
@@ -100,6 +101,62 @@ class EnvClient:
     async def aclose(self) -> None:
         """``close`` for async code."""
         await default_threads_caller().in_thread(self.close)
+
+
+class WrappingClient(EnvClient):
+    """An env client around another: every method is the wrapped client's, and a subclass
+    overrides what it changes (eval's recording, tool routing). Attributes it lacks (``url``,
+    ``name``, ``env``, ...) are the wrapped client's too."""
+
+    def __init__(self, inner: EnvClient) -> None:
+        self.inner = inner
+        self.blocking, self.reconnects, self.retry_budget_s = inner.blocking, inner.reconnects, inner.retry_budget_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    def describe(self) -> EnvInfo:
+        return self.inner.describe()
+
+    def reset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        return self.inner.reset(seed, row_index=row_index, evaluation=evaluation)
+
+    async def areset(
+        self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        return await self.inner.areset(seed, row_index=row_index, evaluation=evaluation)
+
+    def step(self, action: str) -> StepResult:
+        return self.inner.step(action)
+
+    async def astep(self, action: str) -> StepResult:
+        return await self.inner.astep(action)
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        return self.inner.call_tool(name, arguments)
+
+    async def acall_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        return await self.inner.acall_tool(name, arguments)
+
+    def list_tools(self) -> list[dict[str, Any]] | None:
+        return self.inner.list_tools()
+
+    async def alist_tools(self) -> list[dict[str, Any]] | None:
+        return await self.inner.alist_tools()
+
+    def state(self) -> dict[str, Any]:
+        return self.inner.state()
+
+    async def astate(self) -> dict[str, Any]:
+        return await self.inner.astate()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 class InProcessEnvClient(EnvClient):

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from agilerl.chat import ChatRenderer
-from agilerl.envs.client import EnvClient
+from agilerl.envs.client import EnvClient, WrappingClient
 from agilerl.errors import AgileRLWarning, ChatTemplateError
-from agilerl.protocol import EnvInfo, StepResult
+from agilerl.protocol import StepResult
 from agilerl.tools import ParsedCompletion, ToolParser, ToolSet, function_tool, resolve_tool_parser
 
 __all__ = ["TOOL_CALLS_INFO", "ToolAction", "ToolRouting", "ToolCallingClient", "tool_tail_text"]
@@ -251,27 +251,18 @@ def _common_prefix(a: str, b: str) -> int:
     return low
 
 
-class ToolCallingClient(EnvClient):
+class ToolCallingClient(WrappingClient):
     """An env client whose steps run parsed calls through the env's ``call_tool``; everything
     else is the wrapped client's. ``reset`` adds the env's tools (MCP ``tools/list``) to the
     episode's info when the env does not set its own, so the chat template shows them."""
 
     def __init__(self, client: EnvClient) -> None:
-        self.inner = client
-        self.blocking = client.blocking
-        self.reconnects = client.reconnects
-        self.retry_budget_s = client.retry_budget_s
+        super().__init__(client)
         self._tools: list[dict[str, Any]] | None = None
         self._listed = False
         self.tools_only = False
         """(Known after the first reset.) An MCP env with no ``mcp_tool`` takes only tool calls: a completion without one is
         answered with the list of its tools, and the episode goes on."""
-
-    def __getattr__(self, name: str) -> Any:  # url, name, env, ...: the wrapped client's
-        return getattr(self.__dict__["inner"], name)
-
-    def describe(self) -> EnvInfo:
-        return self.inner.describe()
 
     def reset(
         self, seed: int | None = None, *, row_index: int | None = None, evaluation: bool | None = None
@@ -312,27 +303,6 @@ class ToolCallingClient(EnvClient):
             if _ended(results[-1][1]):
                 break
         return _combined(results)
-
-    def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
-        return self.inner.call_tool(name, arguments)
-
-    async def acall_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
-        return await self.inner.acall_tool(name, arguments)
-
-    def list_tools(self) -> list[dict[str, Any]] | None:
-        return self.inner.list_tools()
-
-    def state(self) -> dict[str, Any]:
-        return self.inner.state()
-
-    async def astate(self) -> dict[str, Any]:
-        return await self.inner.astate()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
     def _no_call(self) -> StepResult:
         names = ", ".join(t["function"]["name"] for t in self._tools or ()) or "none"
