@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     import aiohttp
     import torch
 
+    from agilerl.rollout.vision import VisionMedia
+
 __all__ = ["VLLMServerPolicy", "WEIGHT_TRANSFERS"]
 
 WEIGHT_TRANSFERS: tuple[str, ...] = get_args(WeightTransferKind)
@@ -235,14 +237,15 @@ class VLLMServerPolicy:
             self._loop.at_stop(self._session.close)
         return list(await asyncio.gather(*calls))
 
-    async def _complete(self, url: str, prompt: Sequence[int], fields: dict[str, Any]) -> tuple[list[int], list[float], str]:
+    async def _complete(
+        self, url: str, prompt: Sequence[int], fields: dict[str, Any]
+    ) -> tuple[list[int], list[float], str]:
         media = getattr(prompt, "media", None)
         if media is not None and media.images:
-            return await self._complete_with_images(url, prompt, fields)
+            return await self._complete_with_images(url, prompt, media, fields)
         body = {k: v for k, v in fields.items() if k != "detokenize"}
-        reply = await self._request(
-            "POST", f"{url}/v1/completions", {**body, "prompt": list(prompt), "return_token_ids": True}, again_on_reset=True
-        )
+        body |= {"prompt": list(prompt), "return_token_ids": True}
+        reply = await self._request("POST", f"{url}/v1/completions", body, again_on_reset=True)
         try:
             choice = reply["choices"][0]
             return list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"]), choice["finish_reason"]
@@ -253,13 +256,12 @@ class VLLMServerPolicy:
             ) from None
 
     async def _complete_with_images(
-        self, url: str, prompt: Sequence[int], fields: dict[str, Any]
+        self, url: str, prompt: Sequence[int], media: VisionMedia, fields: dict[str, Any]
     ) -> tuple[list[int], list[float], str]:
-        """An image prompt through vLLM's token-in route (``/inference/v1/generate``, which the
-        completions route lacks: it takes no images): the ids with each image's placeholder as the
-        template wrote it and the pictures as PNG data URLs of the pixels the processor saw; vLLM expands them as the processor did
-        (checked against the prompt ids it reports)."""
-        media = getattr(prompt, "media")
+        """An image prompt through vLLM's token-in route (``/inference/v1/generate``; the
+        completions route takes no images): the ids with each image's placeholder as the template
+        wrote it, and the pictures as PNG data URLs of the pixels the processor saw. vLLM expands
+        them as the processor did (checked against the prompt ids it reports)."""
         body = {
             "token_ids": media.engine_ids(prompt),
             "content_parts": [{"type": "image_url", "url": image.pixels_data_url()} for image in media.images],
@@ -267,8 +269,8 @@ class VLLMServerPolicy:
             "return_token_ids": True,
         }
         route = f"{url}/inference/v1/generate"
-        refused = f"; images go to vllm serve's token-in route, {route}: start the replicas with --enable-scale-out (vllm >= 0.32)"
-        reply = await self._request("POST", route, body, again_on_reset=True, refused=refused)
+        refused = f"; images go to vllm serve's token-in route, {route}: start the replicas with --enable-scale-out"
+        reply = await self._request("POST", route, body, again_on_reset=True, refused=refused + " (vllm >= 0.32)")
         try:
             choice = reply["choices"][0]
             ids, logprobs = list(choice["token_ids"]), [step["logprob"] for step in choice["logprobs"]["content"]]
@@ -290,8 +292,8 @@ class VLLMServerPolicy:
         ))
 
     async def _request(
-        self, method: str, url: str, body: dict[str, Any] | None, missing_ok: bool = False, again_on_reset: bool = False,
-        refused: str = "",
+        self, method: str, url: str, body: dict[str, Any] | None, missing_ok: bool = False,
+        again_on_reset: bool = False, refused: str = "",
     ) -> Any:
         """One request; ``again_on_reset``: a completion whose connection the server reset or closed
         is sent once more, on a new connection (a kept-alive connection the server closed as it was
