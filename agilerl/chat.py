@@ -159,6 +159,9 @@ class ChatRenderer:
         self._warmed: dict[tuple[str, str], list[int]] = {}  # long observations, encoded ahead once
         self._openings: dict[tuple[str, ...], list[str] | None] = {}
         self._clean_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self.content_parts = self._renders_only_parts()
+        """The template reads a message's content as a list of parts only (SmolVLM's, LLaVA's:
+        a plain string renders as nothing), so every text goes to it as one text part."""
         refusals = []
         for base in _BASES:
             try:
@@ -175,8 +178,8 @@ class ChatRenderer:
         if not self.full_render_identical:
             warnings.warn(
                 "the chat template renders a conversation differently from how it is built turn by "
-                "turn (Qwen3's drops old thinking; Mistral's puts a space before answers that its "
-                "generation prompt lacks): trajectories are the tokens the model saw and generated, "
+                "turn (Qwen3's drops old thinking; Mistral's, SmolVLM's and LLaVA-1.5's put a space before "
+                "answers that their generation prompt lacks): trajectories are the tokens the model saw and generated, "
                 "appended turn by turn, not a full render of the conversation.",
                 AgileRLWarning,
                 stacklevel=2,
@@ -213,9 +216,23 @@ class ChatRenderer:
 
     def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
         """The template's text for ``messages`` (one full render)."""
+        if self.content_parts:
+            messages = [_as_parts(m) for m in messages]
         return render_chat(
             self.tokenizer, messages, tools=self.tools, add_generation_prompt=add_generation_prompt, **self.template_kwargs
         )
+
+    def _renders_only_parts(self) -> bool:
+        """Whether the template drops (or refuses) a plain string content that it renders as a
+        text part: multimodal templates written for lists of parts."""
+        def shows(content: Any) -> bool:
+            try:
+                text = render_chat(self.tokenizer, [{"role": "user", "content": content}], **self.template_kwargs)
+            except ChatTemplateError:
+                return False
+            return _PROBE.strip() in text
+
+        return not shows(_PROBE) and shows([{"type": "text", "text": _PROBE}])
 
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text; the template already holds any special tokens it wants."""
@@ -309,10 +326,18 @@ class ChatRenderer:
         _remember(self._bodies, key, ids)
         return True
 
-    def appended_text(self, message: dict[str, Any]) -> str:
+    def appended_text(self, message: dict[str, Any], *, images_before: int = 0) -> str:
         """The text one appended message adds, by one template render: for content the learned
-        wrappers cannot hold (a list of image and text parts)."""
-        return self._appended(message)
+        wrappers cannot hold (a list of image and text parts). ``images_before``: the pictures
+        the conversation already shows, for templates that number them (Qwen2-VL's
+        ``add_vision_id``: "Picture 3:"); the context it is rendered after shows as many."""
+        if not images_before:
+            return self._appended(message)
+        role = message["role"]
+        if role not in self._contexts:
+            self._contexts[role] = self._context_for(message)
+        context = _with_images(self._contexts[role][0], images_before)
+        return self._after(context, message)
 
     def message_text(self, role: str, content: str) -> str:
         """The text one appended message adds to any conversation."""
@@ -473,6 +498,22 @@ def _remember(cache: dict[Any, list[int]], key: Any, ids: list[int]) -> None:
     if len(cache) >= _PROMPT_CACHE_SIZE:
         cache.clear()
     cache[key] = ids
+
+
+def _as_parts(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with a plain string content as one text part."""
+    content = message.get("content")
+    return {**message, "content": [{"type": "text", "text": content}]} if isinstance(content, str) else message
+
+
+def _with_images(context: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """``context`` with ``count`` pictures shown before the text of its first user message."""
+    out = [dict(m) for m in context]
+    first = next(m for m in out if m.get("role") == "user")
+    text = first.get("content")
+    parts = text if isinstance(text, list) else [{"type": "text", "text": text}]
+    first["content"] = [*({"type": "image"} for _ in range(count)), *parts]
+    return out
 
 
 def _interleave(pieces: list[str], contents: list[str]) -> str:

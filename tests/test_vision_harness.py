@@ -15,7 +15,7 @@ from agilerl.rollout.harness import RolloutHarness
 from agilerl.rollout.vision import ESCAPE, BatchMedia, VisionTurns, attach_processor, limit_images
 from agilerl.train.batch import collate_trajectories
 from agilerl.train.logprobs import policy_logprobs
-from tests.vision_models import FAMILIES, AlbumEnv, qwen2_vl_processor, square, tiny_model
+from tests.vision_models import FAMILIES, REAL_TEMPLATES, AlbumEnv, qwen2_vl_processor, square, tiny_model, with_real_template
 
 
 def _full_render(processor: Any, harness: RolloutHarness, messages: list[dict[str, Any]], images: list[Any]) -> Any:
@@ -66,6 +66,48 @@ def test_training_ids_are_the_families_own_expansion_on_every_turn(family: str) 
     assert len(expected["engine_ids"]) < len(prompt)
     assert opening.media.engine_ids(opening) == opening_engine_ids  # an earlier prompt: its own turns only
     assert prompt.media.num_images == 4
+
+
+def _parts(observation: Any) -> list[dict[str, Any]]:
+    """A message's content as multimodal templates and processors take it: a list of parts."""
+    if isinstance(observation, str):
+        return [{"type": "text", "text": observation}]
+    return [*({"type": "image"} for _ in observation.images), {"type": "text", "text": observation.text}]
+
+
+@pytest.mark.parametrize("name", sorted(REAL_TEMPLATES))
+def test_real_vlm_chat_templates_render_token_exact_on_every_turn(name: str) -> None:
+    """Each model's own chat template, on its family's processor: the harness's ids on every turn
+    are the processor's tokenization of the conversation rendered whole (content as parts, as
+    these templates take it: SmolVLM's and LLaVA-1.5's render a plain string as nothing), and the
+    ids vLLM takes are that text unexpanded. Qwen2-VL's ``add_vision_id`` numbers the pictures
+    across the whole conversation. Where the generation prompt lacks the space the template puts
+    before an answer (SmolVLM's "Assistant:", LLaVA's "ASSISTANT:"), the model generates it."""
+    from agilerl.images import observation_from
+
+    processor, kwargs = with_real_template(name)
+    env = AlbumEnv()
+    harness = RolloutHarness.local(env, processor, chat_template_kwargs=kwargs or None)
+    prompt, _ = harness.reset(seed=0)
+    shown = observation_from(AlbumEnv().reset(0)[0], "AlbumEnv.reset()")
+    messages, images = [{"role": "user", "content": _parts(shown)}], list(shown.images)
+    for answer in ["a red square", "green and blue", "three", None]:
+        text = processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        expected = processor(text=[text], images=[[i.pil() for i in images]], add_special_tokens=False)["input_ids"][0]
+        assert list(prompt) == list(expected), processor.tokenizer.decode(list(prompt))
+        assert prompt.media.engine_ids(prompt) == processor.tokenizer.encode(text, add_special_tokens=False)
+        if answer is None:
+            break
+        generated = answer if harness.renderer.full_render_identical else " " + answer
+        prompt, *_ = harness.step(generated)
+        replay = AlbumEnv()
+        replay.turn = env.turn - 1
+        shown = observation_from(replay.step("")[0], "AlbumEnv.step()")
+        messages += [{"role": "assistant", "content": _parts(answer)}, {"role": "user", "content": _parts(shown)}]
+        images += [] if isinstance(shown, str) else list(shown.images)
+    assert prompt.media.num_images == 4
+    if kwargs.get("add_vision_id"):
+        assert "Picture 4: " in processor.tokenizer.decode(list(prompt))
 
 
 def test_a_placeholder_the_env_types_is_escaped_and_forges_no_image() -> None:

@@ -10,6 +10,7 @@ content alike. ``AlbumEnv`` shows pictures of several sizes over several turns.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from agilerl.train.tiny_model import QWEN2_VL_TEMPLATE, build_tiny_tokenizer, build_tiny_vlm_processor
@@ -95,6 +96,27 @@ class AlbumEnv:
         if self.turn == 2:
             return f"Now in words.{self.text}", 0.5, False, False, {}
         return {"text": "Last one.", "image": square((90, 90, 90), 64, 64)}, 1.0, False, False, {}
+
+
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+REAL_TEMPLATES = {  # the models' own chat templates (their hub chat_template), on each family's processor
+    "Qwen2-VL-Instruct": ("qwen2_vl", "qwen2_vl.jinja", {}),  # Qwen2.5-VL-Instruct's is the same
+    "Qwen2-VL-Instruct, add_vision_id": ("qwen2_vl", "qwen2_vl.jinja", {"add_vision_id": True}),  # "Picture 3:"
+    "Qwen2.5-VL-Instruct": ("qwen2_5_vl", "qwen2_vl.jinja", {}),
+    "SmolVLM-Instruct": ("idefics3", "smolvlm.jinja", {}),  # content as parts only
+    "SmolVLM-Instruct, tiles": ("idefics3_tiles", "smolvlm.jinja", {}),
+    "llava-1.5-hf": ("llava", "llava_1_5.jinja", {}),  # content as parts only
+    "llava-onevision-hf": ("llava", "llava_onevision.jinja", {}),
+}
+
+
+def with_real_template(name: str) -> tuple[Any, dict[str, Any]]:
+    """The processor of ``REAL_TEMPLATES[name]``'s family, rendering with that model's own chat
+    template, and the template's kwargs."""
+    family, file, kwargs = REAL_TEMPLATES[name]
+    processor = FAMILIES[family]()
+    processor.chat_template = processor.tokenizer.chat_template = (TEMPLATES / file).read_text()
+    return processor, kwargs
 
 
 FAMILIES = {

@@ -375,7 +375,8 @@ class VisionTurns:
         media: VisionMedia, where: str,
     ) -> list[int]:
         """Ids after a completion (as ``ChatRenderer.turn_tail_ids``) for an observation with images."""
-        body = renderer.assistant_close + renderer.appended_text({"role": role, "content": self.content(observation)})
+        message = {"role": role, "content": self.content(observation)}
+        body = renderer.assistant_close + renderer.appended_text(message, images_before=media.num_images)
         ids = self.tokens(body, observation_images(observation), media, where)
         return ids if final else ids + renderer.encode(renderer.generation_prompt)
 
