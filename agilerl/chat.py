@@ -334,10 +334,14 @@ class ChatRenderer:
         if not images_before:
             return self._appended(message)
         role = message["role"]
-        if role not in self._contexts:
-            self._contexts[role] = self._context_for(message)
-        context = _with_images(self._contexts[role][0], images_before)
-        return self._after(context, message)
+        key = f"{role}\x00{images_before}"  # the context showing that many pictures, rendered once
+        if key not in self._contexts:
+            if role not in self._contexts:
+                self._contexts[role] = self._context_for(message)
+            context = _with_images(self._contexts[role][0], images_before)
+            self._contexts[key] = context, self._closed_text(context)
+        context, before = self._contexts[key]
+        return self._after(context, message, before=before)
 
     def message_text(self, role: str, content: str) -> str:
         """The text one appended message adds to any conversation."""

@@ -226,7 +226,8 @@ def test_the_samplers_logprobs_are_the_trainers_with_images_in_every_turn(family
                           sampling=SamplingParams(max_new_tokens=5)) as collector:
         batch = collector.collect(TransformersPolicy(model, tokenizer))
     trajectories = batch.trajectories
-    assert all(t.media is not None and t.media.num_images >= 3 for t in trajectories)
+    # a random model may sample a placeholder, which ends its episode early (and is still scored)
+    assert all(t.media is not None for t in trajectories) and max(t.media.num_images for t in trajectories) >= 3
     tensors = collate_trajectories(trajectories, tokenizer.pad_token_id)
     assert isinstance(tensors.media, BatchMedia)
     with torch.no_grad():

@@ -1,11 +1,12 @@
-"""Processors of four vision-language families, built offline from code (no hub): the tiny BPE
+"""Processors of five vision-language families, built offline from code (no hub): the tiny BPE
 plus each family's image tokens, and the family's real processor class sized for small images;
 and a tiny randomly initialised model of each.
 
 Qwen2-VL's is the built-in ``tiny-vlm``'s; Qwen2.5-VL's shares its image processor and template;
-LLaVA and Idefics3 (SmolVLM's family, with and without tiles) are built here for the tests, their
-chat templates ChatML with each family's image placeholder (``<image>``), taking plain and list
-content alike. ``AlbumEnv`` shows pictures of several sizes over several turns.
+LLaVA, Idefics3 (SmolVLM's family, with and without tiles) and Gemma 3 are built here for the
+tests, their chat templates ChatML with each family's image placeholder (``<image>``), taking
+plain and list content alike (Gemma 3's its own). ``REAL_TEMPLATES`` pairs them with the models'
+own chat templates. ``AlbumEnv`` shows pictures of several sizes over several turns.
 """
 
 from __future__ import annotations
@@ -50,6 +51,23 @@ def llava_processor() -> Any:
         vision_feature_select_strategy="default", chat_template=IMAGE_TEMPLATE, image_token="<image>",
         num_additional_image_tokens=1,
     )
+
+
+def gemma3_processor() -> Any:
+    """Gemma 3's processor: SigLIP preprocessing to 32x32; an image becomes ``\n\n<start_of_image>``,
+    four ``<image_soft_token>`` and ``<end_of_image>\n\n`` (text around the placeholder: where vLLM's
+    ids and the processor's differ is wider than the placeholder)."""
+    from transformers import Gemma3ImageProcessorPil, Gemma3Processor
+
+    marks = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tokenizer = _tokenizer(["<start_of_turn>", "<end_of_turn>", *marks.values()])
+    for name, token in marks.items():  # what Gemma 3's tokenizer names them by
+        setattr(tokenizer, name, token)
+        setattr(tokenizer, f"{name}_id", tokenizer.convert_tokens_to_ids(token))
+    template = (TEMPLATES / "gemma3.jinja").read_text()
+    tokenizer.chat_template = template
+    image_processor = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    return Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template, image_seq_length=4)
 
 
 def idefics3_processor(*, split: bool = False) -> Any:
@@ -107,6 +125,7 @@ REAL_TEMPLATES = {  # the models' own chat templates (their hub chat_template), 
     "SmolVLM-Instruct, tiles": ("idefics3_tiles", "smolvlm.jinja", {}),
     "llava-1.5-hf": ("llava", "llava_1_5.jinja", {}),  # content as parts only
     "llava-onevision-hf": ("llava", "llava_onevision.jinja", {}),
+    "gemma-3-it": ("gemma3", "gemma3.jinja", {}),  # roles must alternate; content trimmed
 }
 
 
@@ -125,6 +144,7 @@ FAMILIES = {
     "llava": llava_processor,
     "idefics3": idefics3_processor,
     "idefics3_tiles": lambda: idefics3_processor(split=True),
+    "gemma3": gemma3_processor,
 }
 
 
@@ -202,9 +222,33 @@ def tiny_qwen2_5_vl(processor: Any) -> Any:
     return Qwen2_5_VLForConditionalGeneration(config)
 
 
+def tiny_gemma3(processor: Any) -> Any:
+    """A randomly initialised tiny Gemma 3 matching ``gemma3_processor()``: a SigLIP tower on 32x32
+    pictures in 8x8 patches, pooled to four image tokens."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    tokenizer = processor.tokenizer
+    config = Gemma3Config(
+        text_config={
+            "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 2048,
+            "sliding_window": 64, "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+        },
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 32, "patch_size": 8},
+        mm_tokens_per_image=4,
+        boi_token_index=tokenizer.boi_token_id, eoi_token_index=tokenizer.eoi_token_id,
+        image_token_index=tokenizer.image_token_id,
+    )
+    torch.manual_seed(0)
+    return Gemma3ForConditionalGeneration(config)
+
+
 def tiny_model(family: str, processor: Any) -> Any:
     """The tiny model of ``family`` (a key of ``FAMILIES``) for its processor."""
     from agilerl.train.tiny_model import build_tiny_vlm
 
-    builders = {"qwen2_vl": build_tiny_vlm, "qwen2_5_vl": tiny_qwen2_5_vl, "llava": tiny_llava}
+    builders = {"qwen2_vl": build_tiny_vlm, "qwen2_5_vl": tiny_qwen2_5_vl, "llava": tiny_llava, "gemma3": tiny_gemma3}
     return builders.get(family, tiny_idefics3)(processor)

@@ -20,7 +20,6 @@ only token facts (pad ids, stop tokens, decoding) keeps the tokenizer it had.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ __all__ = [
     "split_processor",
     "VisionMedia",
     "BatchMedia",
+    "ImageTurn",
     "VisionTurns",
     "ESCAPE",
     "image_parts",
@@ -97,6 +97,30 @@ def _image_axis(key: str, value: Any) -> int:
     return 1 if value.ndim == 5 or key == "pixel_attention_mask" else 0
 
 
+@dataclass(frozen=True)
+class ImageTurn:
+    """One image turn's text as rendered (one placeholder per image, as the chat template wrote
+    it) and where its placeholder ids lie among the ``length`` ids the processor made of it:
+    from ``anchor`` to ``anchor + extent``."""
+
+    text: str
+    anchor: int
+    extent: int
+    length: int
+
+
+@dataclass(frozen=True)
+class _EngineSpan:
+    """Where an image turn's ids differ from its text unexpanded: ``length`` ids from ``start``
+    in the episode's ids are ``written`` there instead. ``placeholders_end``: where its
+    placeholder ids end (the next turn's are looked for after it)."""
+
+    start: int
+    length: int
+    written: tuple[int, ...]
+    placeholders_end: int
+
+
 @dataclass
 class VisionMedia:
     """An episode's images and their processor tensors, in the order their placeholders appear."""
@@ -110,14 +134,15 @@ class VisionMedia:
     placeholder_counts: list[int] = field(default_factory=list)
     """Placeholder tokens each chunk's turn holds (to cut an episode between turns)."""
     placeholder_ids: tuple[int, ...] = ()
-    engine_spans: list[tuple[int, tuple[int, ...]] | None] = field(default_factory=list)
-    """Per chunk: how many ids its images' expansion spans (first placeholder to last), and the
-    ids the chat template wrote there before the processor expanded them (``engine_ids``); None
-    where the turn's text shows no placeholder."""
+    image_turns: list[ImageTurn] = field(default_factory=list)
+    """Per chunk: its text and where its placeholders lie (``engine_ids``)."""
+    encode: Any = None
+    """The tokenizer's encoding of text, without special tokens (``engine_ids``)."""
     ended: bool = False
     """The model sampled a placeholder: the episode ends at that turn."""
-    _engine_starts: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
-    """Where each span of ``engine_spans`` starts in the episode's ids, as found (``engine_ids``)."""
+    _engine_spans: list[_EngineSpan] = field(default_factory=list, init=False, repr=False, compare=False)
+    """Each image turn's difference from its text unexpanded, found at the first ``engine_ids``
+    that holds the turn (only a vLLM policy asks: nothing is spent for the others)."""
 
     def cut(self, token_ids: Sequence[int], action_mask: Sequence[bool]) -> VisionMedia:
         """The media of an episode cut to ``token_ids``: the image turns whose placeholders it
@@ -133,45 +158,41 @@ class VisionMedia:
         images = sum(_images_in(chunk) for chunk in self.chunks[:n])
         return replace(
             self, images=self.images[:images], chunks=self.chunks[:n], placeholder_counts=self.placeholder_counts[:n],
-            engine_spans=self.engine_spans[:n],
+            image_turns=self.image_turns[: sum(1 for count in self.placeholder_counts[:n] if count)],
         )
 
     def engine_ids(self, ids: Sequence[int]) -> list[int]:
         """``ids`` as an inference engine that expands images itself takes them (vLLM): each image
-        turn's placeholder as the chat template wrote it, one per image. The engine expands it
-        with the pictures, as the processor did, back to ``ids``.
+        turn as the chat template wrote it, one placeholder per image. The engine expands it with
+        the pictures, as the processor did, back to ``ids``.
 
-        The spans are found in order, once each (an episode only grows): no placeholder id lies
-        outside them (env text is escaped, and a sampled one ends the episode). A prompt taken
-        before the later image turns holds only the spans before its end."""
+        Each turn is found once, in order (an episode only grows), by its first placeholder id:
+        no placeholder id lies outside the image turns (env text is escaped, and a sampled one ends
+        the episode). A prompt taken before later image turns holds only the turns before its end."""
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        starts = self._engine_starts
-        if len(starts) < len(self.engine_spans):
+        spans = self._engine_spans
+        if len(spans) < len(self.image_turns):
             placeholders = frozenset(self.placeholder_ids)
-            at = starts[-1] + self.engine_spans[len(starts) - 1][0] if starts else 0  # type: ignore[index]
-            for k in range(len(starts), len(self.engine_spans)):
-                span = self.engine_spans[k]
-                if span is None:
-                    raise InvalidArgument(
-                        f"image turn {k}'s text shows none of the processor's placeholders, so an engine that "
-                        "expands images itself cannot be given its ids; generate with the transformers backend"
-                    )
-                start = next((i for i in range(at, len(ids)) if ids[i] in placeholders), None)
-                if start is None:
+            at = spans[-1].placeholders_end if spans else 0
+            for k in range(len(spans), len(self.image_turns)):
+                turn = self.image_turns[k]
+                anchor = next((i for i in range(at, len(ids)) if ids[i] in placeholders), None)
+                if anchor is None:
                     break  # this prompt ends before image turn k
-                if start + span[0] > len(ids) or ids[start + span[0] - 1] not in placeholders:
+                start = anchor - turn.anchor
+                end = anchor + turn.extent
+                if start < at or start + turn.length > len(ids) or ids[end - 1] not in placeholders:
                     raise InvalidArgument(f"image turn {k}'s placeholder ids are not where the episode's media says")
-                starts.append(start)
-                at = start + span[0]
+                spans.append(_difference(ids[start : start + turn.length], self.encode(turn.text), start, end))
+                at = end
         out: list[int] = []
         at = 0
-        for start, span in zip(starts, self.engine_spans):
-            if start >= len(ids):
+        for span in spans:
+            if span.start >= len(ids):
                 break
-            length, written = span  # type: ignore[misc]
-            out += ids[at:start]
-            out += written
-            at = start + length
+            out += ids[at : span.start]
+            out += span.written
+            at = span.start + span.length
         out += ids[at:]
         return out
 
@@ -186,6 +207,20 @@ class VisionMedia:
     def checksums(self) -> list[str]:
         """Each image's pixel checksum: equal in process and over the wire."""
         return [image.checksum() for image in self.images]
+
+
+def _difference(expanded: list[int], written: list[int], start: int, placeholders_end: int) -> _EngineSpan:
+    """Where an image turn's ids (``expanded``, from ``start`` in the episode's) differ from the
+    tokenizer's ids of its text (``written``): from the first id that differs to the last (Gemma
+    3's newlines around the image included)."""
+    shorter = min(len(expanded), len(written))
+    prefix = next((i for i in range(shorter) if expanded[i] != written[i]), shorter)
+    room = shorter - prefix
+    suffix = next((i for i in range(room) if expanded[-1 - i] != written[-1 - i]), room)
+    return _EngineSpan(
+        start=start + prefix, length=len(expanded) - suffix - prefix,
+        written=tuple(written[prefix : len(written) - suffix]), placeholders_end=placeholders_end,
+    )
 
 
 def _images_in(chunk: dict[str, Any]) -> int:
@@ -286,8 +321,6 @@ class VisionTurns:
         """Every special token an image's expansion uses: escaped in env text, and ending the
         episode when the model samples one."""
         self._placeholder_set = frozenset(self.placeholder_ids)
-        self._placeholder_pattern = re.compile("|".join(map(re.escape, self.placeholder_strings)))
-        self._snippets: dict[str, tuple[int, ...]] = {}
         self._first_chars = frozenset(p[0] for p in self.placeholder_strings)
 
     @classmethod
@@ -394,32 +427,18 @@ class VisionTurns:
         ids = out["input_ids"][0].tolist()
         media.images.extend(images)
         media.chunks.append({key: value for key, value in out.items() if key not in _TEXT_KEYS and hasattr(value, "ndim")})
-        media.placeholder_counts.append(sum(1 for t in ids if t in self._placeholder_set))
-        media.engine_spans.append(self._engine_span(ids, text))
+        inside = [i for i, token in enumerate(ids) if token in self._placeholder_set]
+        media.placeholder_counts.append(len(inside))
+        if inside:  # a processor that wrote no placeholder: the chunk is text to an engine too
+            media.image_turns.append(ImageTurn(text, inside[0], inside[-1] + 1 - inside[0], len(ids)))
+        media.encode = self._encode
         media.placeholder_ids = self.placeholder_ids
         if "mm_token_type_ids" in out and not media.image_token_ids:
             media.image_token_ids = (self.tokenizer.convert_tokens_to_ids(self.image_token),)
         return ids
 
-    def _engine_span(self, expanded: list[int], text: str) -> tuple[int, tuple[int, ...]] | None:
-        """``(length of the images' span in the expanded ids, the ids of that span as the template
-        wrote it)``: from the first placeholder to the last in each (a special token bounds the
-        span, so it tokenizes alone as it does in the turn; vLLM reports the ids it expanded, and
-        ``check_expansion`` holds them to ours). None where the text shows no placeholder."""
-        inside = [i for i, token in enumerate(expanded) if token in self._placeholder_set]
-        written = [match.span() for match in self._placeholder_pattern.finditer(text)]
-        if not inside or not written:
-            return None
-        return inside[-1] + 1 - inside[0], self._written_ids(text[written[0][0] : written[-1][1]])
-
-    def _written_ids(self, snippet: str) -> tuple[int, ...]:
-        """``snippet``'s ids: a few snippets recur (one image, two, ...), so they are kept."""
-        ids = self._snippets.get(snippet)
-        if ids is None:
-            ids = tuple(self.tokenizer.encode(snippet, add_special_tokens=False))
-            if len(self._snippets) < 256:
-                self._snippets[snippet] = ids
-        return ids
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _learn_placeholders(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The special tokens one image expands to (found by expanding a probe), longest first."""
