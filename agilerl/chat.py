@@ -178,9 +178,9 @@ class ChatRenderer:
         if not self.full_render_identical:
             warnings.warn(
                 "the chat template renders a conversation differently from how it is built turn by "
-                "turn (Qwen3's drops old thinking; Mistral's, SmolVLM's and LLaVA-1.5's put a space before "
-                "answers that their generation prompt lacks): trajectories are the tokens the model saw and generated, "
-                "appended turn by turn, not a full render of the conversation.",
+                "turn (Qwen3's drops old thinking; Mistral's, SmolVLM's and LLaVA-1.5's put a space "
+                "before answers that their generation prompt lacks): trajectories are the tokens the "
+                "model saw and generated, appended turn by turn, not a full render of the conversation.",
                 AgileRLWarning,
                 stacklevel=2,
             )
