@@ -243,7 +243,7 @@ def test_an_image_prompt_on_a_replica_without_the_token_in_route_says_how_to_tur
 def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokenizer, tmp_path):
     """A replica that resets the connection a completion came on (a kept-alive connection it
     closed as the client reused it, on a loaded host) costs one more request, not the run; a
-    second reset in a row is the error naming the replica."""
+    second reset in a row is the error naming the replica, and so is a reply that is not JSON."""
     from aiohttp import web
 
     from agilerl.concurrency import LoopThread
@@ -251,10 +251,12 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
     from agilerl.rollout.policy import SamplingParams
     from agilerl.rollout.vllm_server import VLLMServerPolicy
 
-    resets = {"left": 1}
+    resets = {"left": 1, "garbage": False}
 
     async def completions(request):
         await request.json()
+        if resets["garbage"]:  # a proxy's error page, say
+            return web.Response(text="<html>bad gateway</html>")
         if resets["left"]:
             resets["left"] -= 1
             request.transport.abort()  # the connection goes down without a reply
@@ -279,6 +281,9 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
         assert (generation.token_ids, generation.logprobs) == ([5, 6], [-0.5, -0.25])
         resets["left"] = 2
         with pytest.raises(EndpointError, match=f"cannot reach {url}/v1/completions"):
+            policy.generate([[1, 2]], SamplingParams(max_new_tokens=4))
+        resets["garbage"] = True
+        with pytest.raises(EndpointError, match=r"answered 200 with a body that is not JSON: '<html>bad gateway"):
             policy.generate([[1, 2]], SamplingParams(max_new_tokens=4))
     finally:
         policy.close()

@@ -320,7 +320,10 @@ class VLLMServerPolicy:
         if response.status != 200:
             hint = refused if response.status in (403, 404) else ""
             raise EndpointError(f"{url} answered {response.status}: {text[:300]}{hint}")
-        return json.loads(text) if text else None
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:
+            raise EndpointError(f"{url} answered 200 with a body that is not JSON: {text[:200]!r}") from None
 
 
 def _trainer_rank() -> tuple[int, int]:
