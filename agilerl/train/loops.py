@@ -342,10 +342,10 @@ class _Trainer:
             elif interrupted and self.world.is_main:  # this step is saved already (or was never taken):
                 saved = checkpoint_dir(self.output_dir, self.step)  # never delete it to write it again
                 checkpoint = saved if saved.is_dir() else None
-        plot = None
-        if self.log is not None:
-            plot = plot_curves(self.log.path, self.output_dir / plot_name, curves, title=type(self.algorithm).__name__)
-            mark_run(self.output_dir)  # the plot is the run's too
+            plot = None  # still shielded: a Ctrl-C inside matplotlib's import would surface as another error
+            if self.log is not None:
+                plot = plot_curves(self.log.path, self.output_dir / plot_name, curves, title=type(self.algorithm).__name__)
+                mark_run(self.output_dir)  # the plot is the run's too
         return TrainResult(self.step, interrupted, self.output_dir, checkpoint, plot, last, self.world.rank)
 
     def _collect(self, next_batch: Callable[[], tuple[Any, dict[str, float]]]) -> tuple[list[Any], dict[str, float]]:
