@@ -255,3 +255,19 @@ def test_a_chat_endpoint_is_sent_each_picture_as_an_image_url_part_beside_its_te
     assert [i.checksum() for i in shown] == [i.checksum() for i in expected]
     prompt, *_ = harness.step("green and blue")
     assert tokenizer.messages(prompt)[0][-1] == {"role": "user", "content": "Now in words."}
+
+
+def test_an_engine_expanding_the_images_unlike_the_processor_is_an_error_naming_both() -> None:
+    """vLLM reports the prompt ids it expanded; they must be the harness's (the ids the trainer
+    scores), else the run stops rather than train on samples of another context."""
+    from agilerl.errors import InvalidArgument
+    from agilerl.rollout.vllm_policy import check_expansion
+
+    prompt, _ = RolloutHarness.local(AlbumEnv(), FAMILIES["idefics3"]()).reset(seed=0)
+    ours = list(prompt)
+    check_expansion(prompt, ours, "vllm serve at http://r")  # the same: nothing to say
+    check_expansion(ours, ours[:3], "vllm serve at http://r")  # a text prompt (no media): not checked
+    again = ours[:6] + ours[5:]  # one id more, as when vLLM expanded an expanded placeholder again
+    with pytest.raises(InvalidArgument, match=rf"vllm serve at http://r expanded the prompt's images to {len(ours) + 1} ids "
+                       rf"where the model's processor made {len(ours)} \(first difference at id 6\).*transformers backend"):
+        check_expansion(prompt, again, "vllm serve at http://r")

@@ -234,8 +234,10 @@ def check_expansion(prompt: Sequence[int], expanded: Sequence[int] | None, where
     at = next((i for i, (a, b) in enumerate(zip(ours, expanded)) if a != b), min(len(ours), len(expanded)))
     raise InvalidArgument(
         f"{where} expanded the prompt's images to {len(expanded)} ids where the model's processor made {len(ours)} "
-        f"(first difference at id {at}): its image processor settings differ from the trainer's (is the processor "
-        "saved beside the served model the one the trainer loaded? vLLM's --mm-processor-kwargs?)"
+        f"(first difference at id {at}), so its samples would be scored on another context: its image processor is "
+        "configured otherwise (is the processor beside the served model the one the trainer loaded? vLLM's "
+        "--mm-processor-kwargs?), or vLLM expands this model's images unlike transformers; generate with the "
+        "transformers backend (generation.backend: transformers) until they agree"
     )
 
 
