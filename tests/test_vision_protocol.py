@@ -59,6 +59,23 @@ def test_encoded_images_keep_their_bytes_and_pixels_become_lossless_png() -> Non
     assert mime == "image/png" and np.array_equal(np.asarray(Image.open(io.BytesIO(data))), PIXELS)
 
 
+def test_an_engine_is_sent_the_decoded_pixels_as_png_whatever_the_env_gave() -> None:
+    """What vLLM decodes must be the pixels the trainer's processor saw: JPEG bytes (which another
+    decoder may round otherwise) and RGBA PNG (whose alpha another may flatten onto a background)
+    go as the RGB pixels ``pil()`` gives, losslessly."""
+    rgba = np.zeros((6, 9, 4), dtype=np.uint8)
+    rgba[..., 0], rgba[..., 3] = 200, np.arange(9, dtype=np.uint8) * 30  # red, fading out
+    buffer = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buffer, format="PNG")
+    for image in (EnvImage.from_bytes(JPEG), EnvImage.from_bytes(buffer.getvalue()), EnvImage.from_array(PIXELS)):
+        url = image.pixels_data_url()
+        assert url.startswith("data:image/png;base64,")  # never the JPEG bytes
+        with Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))) as decoded:
+            assert decoded.mode == "RGB"  # no alpha left for another decoder to flatten
+        sent = EnvImage.from_data_url(url)
+        assert np.array_equal(np.asarray(sent.pil()), np.asarray(image.pil())) and sent.checksum() == image.checksum()
+
+
 @pytest.mark.parametrize(
     ("value", "problem"),
     [
