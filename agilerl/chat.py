@@ -333,14 +333,11 @@ class ChatRenderer:
         ``add_vision_id``: "Picture 3:"); the context it is rendered after shows as many."""
         if not images_before:
             return self._appended(message)
-        role = message["role"]
-        key = f"{role}\x00{images_before}"  # the context showing that many pictures, rendered once
-        if key not in self._contexts:
-            if role not in self._contexts:
-                self._contexts[role] = self._context_for(message)
-            context = _with_images(self._contexts[role][0], images_before)
-            self._contexts[key] = context, self._closed_text(context)
-        context, before = self._contexts[key]
+        key = (message["role"], images_before)
+        if key not in self._image_contexts:  # the context showing that many pictures, rendered once
+            context = _with_images(self._context(message)[0], images_before)
+            self._image_contexts[key] = context, self._closed_text(context)
+        context, before = self._image_contexts[key]
         return self._after(context, message, before=before)
 
     def message_text(self, role: str, content: str) -> str:
@@ -406,6 +403,7 @@ class ChatRenderer:
         self._base_text = self._closed_text(base)
         self._wrappers: dict[str, tuple[str, str] | None] = {}
         self._contexts: dict[str, tuple[list[dict[str, Any]], str]] = {}  # role: what it follows
+        self._image_contexts: dict[tuple[str, int], tuple[list[dict[str, Any]], str]] = {}  # (role, pictures before)
         self.generation_prompt = self._after(base, add_generation_prompt=True)
         asst_delta = self._after(base, {"role": "assistant", "content": _SENTINEL})
         if asst_delta.count(_SENTINEL) != 1:
@@ -466,11 +464,15 @@ class ChatRenderer:
     def _appended(self, message: dict[str, Any]) -> str:
         """The text an observation ``message`` adds to a conversation (one render: the context
         it follows is rendered once per role)."""
+        context, before = self._context(message)
+        return self._after(context, message, before=before)
+
+    def _context(self, message: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+        """The conversation ``message`` is rendered after, and its text (found once per role)."""
         role = message["role"]
         if role not in self._contexts:
             self._contexts[role] = self._context_for(message)
-        context, before = self._contexts[role]
-        return self._after(context, message, before=before)
+        return self._contexts[role]
 
     def _context_for(self, message: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
         """A conversation ``message`` can follow, and its text: one ending in a user turn or, for

@@ -24,6 +24,7 @@ from typing import Any
 
 from agilerl.envs.client import WrappingClient, as_client
 from agilerl.errors import InvalidArgument
+from agilerl.images import ImageObservation
 from agilerl.assembly.env_factory import first_then, make_env_factory
 from agilerl.assembly.from_spec import tool_kwargs
 from agilerl.manifest.environment import EnvironmentSpec, RolloutSpec
@@ -351,8 +352,7 @@ class _Transcript:
 
 def _shown(observation: Any) -> Any:
     """An observation as a results row holds it: text, or an image observation's transcript."""
-    transcript = getattr(observation, "transcript", None)
-    return transcript() if callable(transcript) and not isinstance(observation, str) else observation
+    return observation.transcript() if isinstance(observation, ImageObservation) else observation
 
 
 class _Recorded(WrappingClient):

@@ -121,7 +121,7 @@ class VersionedPolicy:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
-        for listener in self._listeners:
+        for listener in tuple(self._listeners):  # a pipeline may close (and unsubscribe) meanwhile
             listener()
 
 

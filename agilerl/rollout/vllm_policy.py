@@ -228,9 +228,11 @@ def engine_prompt(prompt: Sequence[int]) -> dict[str, Any]:
 def check_expansion(prompt: Sequence[int], expanded: Sequence[int] | None, where: str) -> None:
     """vLLM's expansion of an image prompt (the prompt ids it ran) must be the processor's, which
     the trainer scores: else the sampled log-probs are of another context."""
-    if expanded is None or getattr(prompt, "media", None) is None or list(expanded) == list(prompt):
+    if expanded is None or getattr(prompt, "media", None) is None:
         return
-    ours = list(prompt)
+    ours, expanded = list(prompt), list(expanded)
+    if expanded == ours:
+        return
     at = next((i for i, (a, b) in enumerate(zip(ours, expanded)) if a != b), min(len(ours), len(expanded)))
     raise InvalidArgument(
         f"{where} expanded the prompt's images to {len(expanded)} ids where the model's processor made {len(ours)} "

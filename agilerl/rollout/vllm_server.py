@@ -269,17 +269,20 @@ class VLLMServerPolicy:
             "return_token_ids": True,
         }
         route = f"{url}/inference/v1/generate"
-        refused = f"; images go to vllm serve's token-in route, {route}: start the replicas with --enable-scale-out"
-        reply = await self._request("POST", route, body, again_on_reset=True, refused=refused + " (vllm >= 0.32)")
+        refused = (
+            f"; images go to vllm serve's token-in route, {route}: start the replicas with --enable-scale-out (vllm >= 0.32)"
+        )
+        reply = await self._request("POST", route, body, again_on_reset=True, refused=refused)
         try:
             choice = reply["choices"][0]
             ids, logprobs = list(choice["token_ids"]), [step["logprob"] for step in choice["logprobs"]["content"]]
-            check_expansion(prompt, reply["prompt_token_ids"], f"vllm serve at {url}")
-            return ids, logprobs, choice["finish_reason"]
+            expanded = reply["prompt_token_ids"]
         except (KeyError, IndexError, TypeError):
             raise EndpointError(
                 f"{route} answered without choices[0].token_ids, logprobs and prompt_token_ids: {str(reply)[:200]}"
             ) from None
+        check_expansion(prompt, expanded, f"vllm serve at {url}")
+        return ids, logprobs, choice["finish_reason"]
 
     def _each(
         self, method: str, path: str, bodies: Sequence[dict[str, Any] | None], urls: Sequence[str] | None = None,
