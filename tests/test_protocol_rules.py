@@ -191,28 +191,19 @@ def metadata_server() -> Any:
     """A hand-written server whose ``/metadata`` says whatever the test gives it."""
     from aiohttp import web
 
-    from agilerl.concurrency import LoopThread
+    from tests.loopback import LoopbackServer
 
-    thread = LoopThread("metadata-server")
-    runners: list[Any] = []
+    servers: list[LoopbackServer] = []
 
     def start(metadata: dict[str, Any]) -> str:
-        async def boot() -> str:
-            app = web.Application()
-            app.router.add_get("/metadata", lambda request: web.json_response(metadata))
-            runner = web.AppRunner(app)
-            await runner.setup()
-            runners.append(runner)
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            return f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-        return thread.run(boot())
+        app = web.Application()
+        app.router.add_get("/metadata", lambda request: web.json_response(metadata))
+        servers.append(LoopbackServer(app, "metadata-server"))
+        return servers[-1].url
 
     yield start
-    for runner in runners:
-        thread.run(runner.cleanup())
-    thread.stop()
+    for server in servers:
+        server.stop()
 
 
 def test_a_client_refuses_what_a_server_publishes_wrongly_by_the_same_rules(metadata_server: Any) -> None:

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from aiohttp import WSMsgType, web
 
-from agilerl.concurrency import LoopThread
 from agilerl.envs.client import InProcessEnvClient
 from agilerl.errors import EnvProtocolError, InvalidArgument, RemoteEnvError
 from agilerl.remote.client import MAX_METADATA_BYTES, RemoteEnvClient
 from agilerl.remote.hosting import resolve_env
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.policy import ScriptedPolicy
+from tests.loopback import LoopbackServer
 
 WsReply = Callable[[dict[str, Any], int], str | None]
 """``(frame, session number) -> raw text`` sent back (None: send nothing, hold the socket;
@@ -41,7 +41,7 @@ def _free_port() -> int:
 def foreign() -> Iterator[Callable[..., str]]:
     """A hand-written OpenEnv-style server: ``ws(frame, session) -> raw reply text`` answers
     ``/ws``; ``routes`` adds HTTP handlers (``/metadata``). Returns its ``http://`` URL."""
-    started: list[tuple[LoopThread, web.AppRunner]] = []
+    started: list[LoopbackServer] = []
 
     def start(ws: WsReply | None = None, routes: dict[str, Callable[[web.Request], Awaitable[Any]]] | None = None) -> str:
         sessions = iter(range(1_000_000))
@@ -63,26 +63,16 @@ def foreign() -> Iterator[Callable[..., str]]:
                     await sock.send_str(raw)
             return sock
 
-        async def boot() -> tuple[str, web.AppRunner]:
-            app = web.Application()
-            app.router.add_get("/ws", ws_handler)
-            for path, handler in (routes or {}).items():
-                app.router.add_get(path, handler)
-            runner = web.AppRunner(app, shutdown_timeout=1)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            return f"http://127.0.0.1:{runner.addresses[0][1]}", runner
-
-        thread = LoopThread("foreign-server")
-        url, runner = thread.run(boot())
-        started.append((thread, runner))
-        return url
+        app = web.Application()
+        app.router.add_get("/ws", ws_handler)
+        for path, handler in (routes or {}).items():
+            app.router.add_get(path, handler)
+        started.append(LoopbackServer(app, "foreign-server"))
+        return started[-1].url
 
     yield start
-    for thread, runner in started:
-        thread.run(runner.cleanup())
-        thread.stop()
+    for server in started:
+        server.stop()
 
 
 def observation(data: dict[str, Any]) -> str:

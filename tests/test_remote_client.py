@@ -18,10 +18,11 @@ import pytest
 from aiohttp import WSMsgType, web
 
 from agilerl.remote.client import RemoteEnvClient
-from agilerl.concurrency import LoopThread, shared_loop
+from agilerl.concurrency import shared_loop
 from agilerl.remote.observations import default_text, make_observation_reader, text_from_field
 from agilerl.remote.hosting import resolve_env
 from agilerl.errors import AgileRLError, ObservationError, RemoteEnvError
+from tests.loopback import LoopbackServer
 from tests.test_remote_server import (
     assert_all_closed_once,
     fresh_env_class,
@@ -34,7 +35,7 @@ Reply = Callable[[dict[str, Any]], dict[str, Any]]
 @pytest.fixture
 def foreign_server() -> Iterator[Callable[[Reply], tuple[str, list[dict[str, Any]]]]]:
     """A hand-written OpenEnv-style server: ``reply(frame) -> data`` shapes each observation."""
-    threads: list[tuple[LoopThread, web.AppRunner]] = []
+    servers: list[LoopbackServer] = []
 
     def start(reply: Reply) -> tuple[str, list[dict[str, Any]]]:
         received: list[dict[str, Any]] = []
@@ -52,24 +53,14 @@ def foreign_server() -> Iterator[Callable[[Reply], tuple[str, list[dict[str, Any
                 await ws.send_str(json.dumps({"type": "observation", "data": reply(frame)}))
             return ws
 
-        async def boot() -> tuple[str, web.AppRunner]:
-            app = web.Application()
-            app.router.add_get("/ws", ws_handler)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            return f"ws://127.0.0.1:{runner.addresses[0][1]}/ws", runner
-
-        thread = LoopThread("foreign-server")
-        url, runner = thread.run(boot())
-        threads.append((thread, runner))
-        return url, received
+        app = web.Application()
+        app.router.add_get("/ws", ws_handler)
+        servers.append(LoopbackServer(app, "foreign-server"))
+        return servers[-1].url.replace("http://", "ws://") + "/ws", received
 
     yield start
-    for thread, runner in threads:
-        thread.run(runner.cleanup())
-        thread.stop()
+    for server in servers:
+        server.stop()
 
 
 @pytest.mark.parametrize(

@@ -246,10 +246,10 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
     second reset in a row is the error naming the replica, and so is a reply that is not JSON."""
     from aiohttp import web
 
-    from agilerl.concurrency import LoopThread
     from agilerl.errors import EndpointError
     from agilerl.rollout.policy import SamplingParams
     from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from tests.loopback import LoopbackServer
 
     resets = {"left": 1, "garbage": False}
 
@@ -264,17 +264,10 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
         return web.json_response({"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.5, -0.25]},
                                                "finish_reason": "stop"}]})
 
-    async def start():
-        app = web.Application()
-        app.router.add_post("/v1/completions", completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-    loop = LoopThread("replica")
-    runner, url = loop.run(start())
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    replica = LoopbackServer(app, "replica")
+    url = replica.url
     policy = VLLMServerPolicy([url], chatml_tokenizer, weights_dir=tmp_path)
     try:
         [generation] = policy.generate([[1, 2]], SamplingParams(max_new_tokens=4))
@@ -287,5 +280,4 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
             policy.generate([[1, 2]], SamplingParams(max_new_tokens=4))
     finally:
         policy.close()
-        loop.run(runner.cleanup())
-        loop.stop()
+        replica.stop()
