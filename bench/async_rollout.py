@@ -71,7 +71,7 @@ class BenchEnv(GuessEnv):
 def run(case: str, mode: str, steps: int, out: Path, max_staleness: int = 1, server: str | None = None) -> dict[str, Any]:
     from agilerl.manifest.settings import TrainingSettings
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
     from agilerl.train.loops import train_llm_rollout
     from agilerl.train.metrics import read_metrics
     from agilerl.train.tiny_model import tiny_model_and_tokenizer
@@ -80,7 +80,7 @@ def run(case: str, mode: str, steps: int, out: Path, max_staleness: int = 1, ser
     model, tokenizer = tiny_model_and_tokenizer(seed=0) if server is None else _tiny_for_vllm()
     generation = None
     if server is not None:
-        from agilerl.rollout.vllm_server import VLLMServerPolicy
+        from agilerl.generation.vllm.server import VLLMServerPolicy
 
         generation = VLLMServerPolicy([server], tokenizer, weights_dir=out / f"weights-{mode}-{max_staleness}",
                                       max_model_len=MAX_MODEL_LEN, initial_weights=model)

@@ -35,7 +35,7 @@ from typing import Any
 from agilerl.train.tiny_model import build_tiny_tokenizer
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.concurrency import run_in_threads
-from agilerl.rollout.policy import SamplingParams, ScriptedPolicy
+from agilerl.generation.policy import SamplingParams, ScriptedPolicy
 from agilerl.rollout.harness import RolloutHarness
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.concurrency import WorkerThreads

@@ -79,7 +79,7 @@ def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[flo
     import torch
 
     from agilerl.builtins.algorithms.grpo import GRPO
-    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
     from agilerl.train.batch import collate_trajectories
     from agilerl.train.loops import build_optimizer
 

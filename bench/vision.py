@@ -54,7 +54,7 @@ class PictureEnv:
 def bench_harness(turns: int, episodes: int) -> None:
     from agilerl.images import ImageLimits
     from agilerl.rollout.harness import RolloutHarness
-    from agilerl.rollout.vision import attach_processor, limit_images
+    from agilerl.generation.media import attach_processor, limit_images
     from agilerl.train.tiny_model import build_tiny_vlm_processor
 
     tokenizer = attach_processor(build_tiny_vlm_processor(max_pixels=256 * 256))
@@ -113,8 +113,9 @@ def bench_collector(repeats: int) -> None:
     from agilerl.builtins.colors import ColorsEnv
     from agilerl.envs.client import InProcessEnvClient
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams, ScriptedPolicy
-    from agilerl.rollout.vision import VisionTurns, attach_processor
+    from agilerl.generation.policy import SamplingParams, ScriptedPolicy
+    from agilerl.generation.media import attach_processor
+    from agilerl.rollout.vision import VisionTurns
     from agilerl.train.tiny_model import build_tiny_vlm_processor
 
     tokenizer = attach_processor(build_tiny_vlm_processor())

@@ -37,8 +37,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
 
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.vllm.server import VLLMServerPolicy
+    from agilerl.generation.weights import hf_weights
 
     model, tokenizer = load(args.model)
     with tempfile.TemporaryDirectory(prefix="agilerl-push-") as tmp:

@@ -65,8 +65,8 @@ def build_policies(model: Any, tokenizer: Any, compiled: bool) -> dict[str, Any]
     """Each backend's policy over the one fp32 model (a bf16 copy for ``transformers-bf16``)."""
     import torch
 
-    from agilerl.rollout.policy import TransformersPolicy
-    from agilerl.rollout.vllm_policy import VLLMPolicy
+    from agilerl.generation.policy import TransformersPolicy
+    from agilerl.generation.vllm.policy import VLLMPolicy
 
     policies = {
         "transformers": fixed_length(TransformersPolicy(model, tokenizer, max_model_len=1024)),
@@ -87,8 +87,8 @@ def build_policies(model: Any, tokenizer: Any, compiled: bool) -> dict[str, Any]
 def bench_model(name: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Median seconds per backend: generation, update, push and the whole step."""
     from agilerl.builtins.algorithms.grpo import GRPO
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.weights import hf_weights
     from agilerl.train.batch import collate_trajectories
     from agilerl.train.loops import build_optimizer
 

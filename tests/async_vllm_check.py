@@ -17,8 +17,8 @@ def main(report_path: str, steps: int) -> None:
     from agilerl.builtins.guess import GuessEnv
     from agilerl.manifest.settings import TrainingSettings
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
-    from agilerl.rollout.vllm_policy import VLLMPolicy
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
+    from agilerl.generation.vllm.policy import VLLMPolicy
     from agilerl.train.loops import train_llm_rollout
     from agilerl.train.metrics import read_metrics
 

@@ -133,9 +133,9 @@ VENVS = {
         ExtraVenv(
             "vllm",
             f"import vllm, peft, agilerl; assert agilerl.__file__.startswith({str(ROOT)!r}); "
-            # this checkout's entry points (an older editable install lacks the gloo weight transfer)
+            # this checkout's entry points (an older editable install lacks the gloo weight transfer or names its old module)
             "from importlib.metadata import entry_points as e; "
-            "assert 'agilerl_gloo' in e(group='vllm.general_plugins').names",
+            "assert e(group='vllm.general_plugins')['agilerl_gloo'].value == 'agilerl.generation.vllm.gloo:register'",
             _vllm_steps,
         ),
         ExtraVenv(

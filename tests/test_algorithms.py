@@ -234,7 +234,7 @@ def compatibility_error(name: str, source: EnvSource, sampling=None) -> str:
 
 
 def test_check_compatible_names_the_field_and_the_fix_of_each_mismatch():
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
 
     rollout, sft = EnvSource("rollout"), EnvSource("dataset", "sft")
     check_compatible(build_algorithm({"name": "grpo"}), rollout, SamplingParams())
@@ -254,7 +254,7 @@ def test_check_compatible_names_the_field_and_the_fix_of_each_mismatch():
 
 
 def test_the_sampling_temperature_is_declared_by_the_algorithm():
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
 
     assert build_algorithm({"name": "grpo", "temperature": 0.7}).sampling_temperature == 0.7
     assert build_algorithm({"name": "sft"}).sampling_temperature is None

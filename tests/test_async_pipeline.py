@@ -12,8 +12,8 @@ import pytest
 from agilerl.errors import CollectionError
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.pipeline import RolloutPipeline, staleness
-from agilerl.rollout.policy import ScriptedPolicy, TransformersPolicy
-from agilerl.rollout.versioned import InferenceCopy, VersionedPolicy
+from agilerl.generation.policy import ScriptedPolicy, TransformersPolicy
+from agilerl.generation.versioned import InferenceCopy, VersionedPolicy
 
 
 class LatencyEnv:
@@ -200,7 +200,7 @@ def test_a_weight_push_behind_a_hung_generation_is_named_within_its_bound(chatml
             release.wait(60)
             return super().generate(prompts, params)
 
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
 
     policy = VersionedPolicy(Hangs(chatml_tokenizer, "42"), publish_timeout_s=1.0)
     lane = threading.Thread(target=policy.generate, args=([[1, 2]], SamplingParams(max_new_tokens=2)), daemon=True)
@@ -285,8 +285,8 @@ def test_a_batch_whose_update_never_finished_is_not_counted_trained(chatml_token
 def test_the_inference_copy_generates_as_the_model_and_follows_pushed_weights(tiny_model, chatml_tokenizer):
     import torch
 
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.weights import hf_weights
 
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
     prompts = [chatml_tokenizer.encode("hello there")] * 2

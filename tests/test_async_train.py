@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agilerl.manifest.spec import load_manifest
-from agilerl.rollout.policy import Generation
+from agilerl.generation.policy import Generation
 from tests.test_train_distributed import GRPO, _launch, _rows
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -112,7 +112,7 @@ def test_grpo_learns_the_guess_example_in_async_mode(tmp_path):
     0.92, greedy 0.17), hence 150 steps, evaluated every 10."""
     from agilerl.assembly.models import load_model_and_tokenizer
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
     from agilerl.train.loops import train_llm_rollout
     from agilerl.train.metrics import read_metrics
 

@@ -34,8 +34,8 @@ def test_async_grpo_on_a_vllm_serve_replica_pushes_between_generations(vllm_venv
     from agilerl.builtins.guess import GuessEnv
     from agilerl.manifest.settings import TrainingSettings
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
+    from agilerl.generation.vllm.server import VLLMServerPolicy
     from agilerl.train.loops import train_llm_rollout
     from agilerl.train.metrics import read_metrics
     from tests.test_vllm_server import MAX_MODEL_LEN, _tiny

@@ -17,7 +17,7 @@ from agilerl.remote.frames import decode, parse_reply, read_observation, step_fr
 from agilerl.remote.hosting import resolve_env
 from tests.test_remote_server import wait_until
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.rollout.policy import ScriptedPolicy
+from agilerl.generation.policy import ScriptedPolicy
 
 
 class EchoEnv:

@@ -13,7 +13,7 @@ import pytest
 
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.rollout.harness import RolloutHarness
-from agilerl.rollout.policy import (
+from agilerl.generation.policy import (
     Generation,
     SamplingParams,
     ScriptedPolicy,

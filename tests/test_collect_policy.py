@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agilerl.rollout.policy import (
+from agilerl.generation.policy import (
     Policy,
     SamplingParams,
     ScriptedPolicy,
@@ -168,7 +168,7 @@ def test_copies_of_a_prompt_share_one_prefill_and_generate_what_each_does_alone(
 
 
 def test_the_inverse_cdf_sampler_draws_each_token_at_its_probability():
-    from agilerl.rollout.policy import _TokenChooser
+    from agilerl.generation.policy import _TokenChooser
 
     probs = torch.tensor([0.5, 0.3, 0.0, 0.2])
     chooser = _TokenChooser(SamplingParams(temperature=1.0))

@@ -9,7 +9,7 @@ import pytest
 
 from agilerl.errors import CollectionError
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.rollout.policy import ScriptedPolicy
+from agilerl.generation.policy import ScriptedPolicy
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.hosting import resolve_env
 

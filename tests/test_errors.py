@@ -21,7 +21,7 @@ from agilerl.errors import (
     PlotUnavailable,
 )
 from agilerl.llm_envs import RolloutHarness, TaskAssigner
-from agilerl.rollout.policy import SamplingParams
+from agilerl.generation.policy import SamplingParams
 
 PACKAGE = Path(errors.__file__).parent
 

@@ -13,7 +13,7 @@ import pytest
 from agilerl.assembly.evaluation import EvalPlan, evaluate_spec, pass_at_k
 from agilerl.cli.main import main
 from agilerl.manifest.spec import parse_env_spec
-from agilerl.rollout.policy import SamplingParams, ScriptedPolicy
+from agilerl.generation.policy import SamplingParams, ScriptedPolicy
 
 TINY = ["--model", "tiny", "--max-new-tokens", "4", "--no-progress"]
 

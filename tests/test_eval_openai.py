@@ -18,8 +18,8 @@ import pytest
 from agilerl.cli.main import main
 from agilerl.concurrency import LoopThread
 from agilerl.errors import EndpointError
-from agilerl.rollout.openai_policy import MessageTokenizer, OpenAIChatPolicy
-from agilerl.rollout.policy import SamplingParams
+from agilerl.generation.openai_policy import MessageTokenizer, OpenAIChatPolicy
+from agilerl.generation.policy import SamplingParams
 from tests.vllm_serve import VLLMServe
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from agilerl.errors import CollectionError, EnvUnavailable
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.rollout.assigner import TaskAssigner
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.rollout.policy import SamplingParams, ScriptedPolicy
+from agilerl.generation.policy import SamplingParams, ScriptedPolicy
 from agilerl.train.batch import collate_trajectories
 from tests.test_remote_server import wait_for_health
 

@@ -623,7 +623,7 @@ def test_reset_info_gives_each_episode_its_system_prompt_and_tools_and_a_tool_re
 
 def test_the_collector_frames_episodes_as_the_harness_does(chatml_tokenizer):
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import Generation
+    from agilerl.generation.policy import Generation
 
     def reply(prompt):
         text = "42" if "result of" in chatml_tokenizer.decode(list(prompt)) else "call it"

@@ -83,7 +83,7 @@ def _public_modules() -> list[str]:
 
 
 # modules built on vLLM's classes: checked in .venv-vllm, where vLLM is installed
-ON_VLLM = ("agilerl.rollout.vllm_gloo", "agilerl.rollout.vllm_transfer")
+ON_VLLM = ("agilerl.generation.vllm.gloo", "agilerl.generation.vllm.transfer")
 
 
 @pytest.mark.parametrize("module", [m for m in _public_modules() if m not in ON_VLLM])

@@ -65,7 +65,7 @@ def test_a_prompt_names_its_task(chatml_tokenizer):
     import zlib
     from types import SimpleNamespace
 
-    from agilerl.rollout.policy import ScriptedPolicy
+    from agilerl.generation.policy import ScriptedPolicy
 
     args = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4, seed=0)
     trainer = SimpleNamespace(args=args, processing_class=chatml_tokenizer)  # what the rollout reads
@@ -96,7 +96,7 @@ class Rows:
 def test_the_env_dataset_reads_its_size_off_is_the_first_slots(tmp_path, chatml_tokenizer):
     from types import SimpleNamespace
 
-    from agilerl.rollout.policy import ScriptedPolicy
+    from agilerl.generation.policy import ScriptedPolicy
 
     (tmp_path / "rows.py").write_text(ROWS_ENV)
     log = tmp_path / "built.log"
@@ -116,7 +116,7 @@ def test_tool_calls_run_through_the_same_parser_in_trl_rollouts(tmp_path):
     completion TRL gets is the generated call (trained) then the tool result (masked)."""
     from types import SimpleNamespace
 
-    from agilerl.rollout.policy import ScriptedPolicy
+    from agilerl.generation.policy import ScriptedPolicy
     from tests.test_tools_endpoint import ENV
     from tests.tool_families import family_tokenizer
 

@@ -24,7 +24,7 @@ from agilerl.data.rubric import Rubric
 from agilerl.errors import EnvUnavailable, JudgeFailed, JudgeUnavailable, ManifestError, RubricError
 from agilerl.manifest.spec import load_manifest
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.rollout.policy import ScriptedPolicy
+from agilerl.generation.policy import ScriptedPolicy
 from agilerl.train.metrics import judge_metrics
 from tests.vllm_serve import free_port
 

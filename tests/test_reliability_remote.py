@@ -21,7 +21,7 @@ from agilerl.errors import EnvProtocolError, InvalidArgument, RemoteEnvError
 from agilerl.remote.client import MAX_METADATA_BYTES, RemoteEnvClient
 from agilerl.remote.hosting import resolve_env
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.rollout.policy import ScriptedPolicy
+from agilerl.generation.policy import ScriptedPolicy
 from tests.loopback import LoopbackServer
 
 WsReply = Callable[[dict[str, Any], int], str | None]

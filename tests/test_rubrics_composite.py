@@ -18,7 +18,7 @@ from agilerl.data.rubric import Rubric
 from agilerl.errors import ManifestError, RubricError
 from agilerl.manifest.spec import load_manifest
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.rollout.policy import ScriptedPolicy
+from agilerl.generation.policy import ScriptedPolicy
 from agilerl.train.metrics import ProgressBar, reward_component_metrics
 
 REWARD_PY = textwrap.dedent(

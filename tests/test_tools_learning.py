@@ -41,7 +41,7 @@ def test_sft_then_grpo_learns_to_call_the_tool_that_pays(served_env, tmp_path):
     from agilerl.data.dataset_env import DatasetEnv
     from agilerl.remote.client import RemoteEnvClient
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
     from agilerl.tools import function_tool
     from agilerl.train.loops import train_llm_dataset, train_llm_rollout
     from agilerl.train.metrics import read_metrics

@@ -161,7 +161,7 @@ def test_third_party_algorithm_plugin_trains_through_a_manifest(tmp_path):
 
 def test_python_api_mismatches_are_named_before_any_step(chatml_tokenizer, tiny_model):
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
     from agilerl.manifest.spec import parse_env_spec
     from agilerl.train.loops import train_llm_rollout
     from agilerl.errors import ConfigError

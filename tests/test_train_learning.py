@@ -24,7 +24,7 @@ def train_example(name: str, steps: int, output_dir: Path) -> tuple[Any, list[di
     """GRPO on ``examples/<name>/manifest.yaml`` for ``steps`` steps, evaluated before and at the
     end: the result, the metrics rows and each step's train reward."""
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
     from agilerl.train.loops import train_llm_rollout
     from agilerl.train.metrics import read_metrics
     from agilerl.assembly.models import load_model_and_tokenizer

@@ -12,7 +12,8 @@ import torch
 from agilerl.errors import EnvProtocolError
 from agilerl.images import ImageLimits
 from agilerl.rollout.harness import RolloutHarness
-from agilerl.rollout.vision import ESCAPE, BatchMedia, VisionTurns, attach_processor, limit_images
+from agilerl.generation.media import BatchMedia, attach_processor, limit_images
+from agilerl.rollout.vision import ESCAPE, VisionTurns
 from agilerl.train.batch import collate_trajectories
 from agilerl.train.logprobs import policy_logprobs
 from tests.vision_models import FAMILIES, REAL_TEMPLATES, AlbumEnv, qwen2_vl_processor, square, tiny_model, with_real_template
@@ -218,7 +219,7 @@ def test_the_samplers_logprobs_are_the_trainers_with_images_in_every_turn(family
     """Each family's tiny model samples three turns of pictures of three sizes (two in one turn)
     and the trainer's recompute, fed the batch's images, scores them as the sampler did."""
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
 
     processor = FAMILIES[family]()
     model, tokenizer = tiny_model(family, processor).eval(), attach_processor(processor)
@@ -240,7 +241,7 @@ def test_a_chat_endpoint_is_sent_each_picture_as_an_image_url_part_beside_its_te
     """Without a processor, a policy behind a chat endpoint (``MessageTokenizer``) gets image
     observations as OpenAI content parts: the endpoint's processor reads the pictures."""
     from agilerl.images import EnvImage
-    from agilerl.rollout.openai_policy import MessageTokenizer
+    from agilerl.generation.openai_policy import MessageTokenizer
 
     tokenizer = MessageTokenizer()
     harness = RolloutHarness.local(AlbumEnv(), tokenizer, max_turns=3)
@@ -261,7 +262,7 @@ def test_an_engine_expanding_the_images_unlike_the_processor_is_an_error_naming_
     """vLLM reports the prompt ids it expanded; they must be the harness's (the ids the trainer
     scores), else the run stops rather than train on samples of another context."""
     from agilerl.errors import InvalidArgument
-    from agilerl.rollout.vllm_policy import check_expansion
+    from agilerl.generation.vllm.policy import check_expansion
 
     prompt, _ = RolloutHarness.local(AlbumEnv(), FAMILIES["idefics3"]()).reset(seed=0)
     ours = list(prompt)

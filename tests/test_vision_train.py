@@ -15,7 +15,7 @@ import torch
 
 from agilerl.builtins.colors import ColorsEnv
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.rollout.policy import SamplingParams, ScriptedPolicy, TransformersPolicy
+from agilerl.generation.policy import SamplingParams, ScriptedPolicy, TransformersPolicy
 from agilerl.train.batch import collate_trajectories
 from agilerl.train.logprobs import policy_logprobs
 from tests.test_remote_server import wait_for_health
@@ -181,7 +181,7 @@ def test_grpo_on_an_image_env_under_ddp(tmp_path: Path) -> None:
 def test_a_tiny_vlm_checkpoint_resumes_with_its_processor_built_from_code(tmp_path: Path) -> None:
     from agilerl.assembly.models import load_model_and_tokenizer
     from agilerl.manifest.settings import ModelSettings
-    from agilerl.rollout.vision import processor_of
+    from agilerl.generation.media import processor_of
 
     model, tokenizer = load_model_and_tokenizer(ModelSettings(name_or_path="tiny-vlm"), seed=1)
     model.save_pretrained(tmp_path)

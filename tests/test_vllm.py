@@ -162,7 +162,7 @@ def test_the_manifest_names_the_backend_and_its_options():
 )
 def test_backend_options_are_checked_before_any_engine_starts(chatml_tokenizer, tiny_model, backend, options, message):
     from agilerl.errors import InvalidArgument
-    from agilerl.rollout.generation import build_generation
+    from agilerl.generation.backends import build_generation
 
     with pytest.raises(InvalidArgument, match=message):
         build_generation(backend, tiny_model, chatml_tokenizer, max_model_len=None, seed=0, options=options)
@@ -182,8 +182,8 @@ def test_a_plugin_backend_is_reached_by_its_name(chatml_tokenizer, tiny_model):
 
     from agilerl import hookimpl
     from agilerl.registry import get_plugin_manager, reset_registry
-    from agilerl.rollout.generation import build_generation
-    from agilerl.rollout.policy import ScriptedPolicy
+    from agilerl.generation.backends import build_generation
+    from agilerl.generation.policy import ScriptedPolicy
 
     module = types.ModuleType("plugin_with_a_backend")
 

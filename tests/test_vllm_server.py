@@ -62,7 +62,7 @@ def replicas(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 @pytest.fixture(scope="module")
 def trained(replicas: list[str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
     """The trainer's (seed 0) model, its tokenizer, and the policy on both replicas (weights pushed)."""
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.generation.vllm.server import VLLMServerPolicy
 
     model, tokenizer = _tiny(seed=0)
     policy = VLLMServerPolicy(
@@ -83,7 +83,7 @@ def test_collection_from_token_ids_is_token_exact_on_both_replicas(trained, repl
 
     from agilerl.builtins.guess import GuessEnv
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
     from agilerl.train.batch import collate_trajectories
     from agilerl.train.logprobs import policy_logprobs
 
@@ -112,9 +112,9 @@ def test_collection_from_token_ids_is_token_exact_on_both_replicas(trained, repl
 
 
 def test_every_replica_follows_a_weight_push(trained, replicas, tmp_path):
-    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
+    from agilerl.generation.vllm.server import VLLMServerPolicy
+    from agilerl.generation.weights import hf_weights
 
     model, tokenizer, policy = trained
     prompt = tokenizer.encode("<|im_start|>user\nguess a number<|im_end|>\n<|im_start|>assistant\n")
@@ -167,10 +167,10 @@ def test_a_gloo_push_reaches_every_replica_without_a_shared_folder(vllm_venv, re
 def test_a_transfer_backend_without_vllm_in_the_trainer_says_so(chatml_tokenizer, monkeypatch):
     """A trainer without vllm (this venv has none; ``None`` in ``sys.modules`` makes sure of it):
     the push names what is missing before it reaches any server."""
-    for module in ("vllm", "agilerl.rollout.vllm_transfer", "agilerl.rollout.vllm_gloo"):
+    for module in ("vllm", "agilerl.generation.vllm.transfer", "agilerl.generation.vllm.gloo"):
         monkeypatch.setitem(sys.modules, module, None)
     from agilerl.errors import InvalidArgument
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.generation.vllm.server import VLLMServerPolicy
 
     policy = VLLMServerPolicy(["http://127.0.0.1:9"], chatml_tokenizer, weight_transfer="gloo")
     with pytest.raises(InvalidArgument, match="needs vllm in the trainer's environment.*weight_transfer 'disk'"):
@@ -183,7 +183,7 @@ def test_a_transfer_backend_without_vllm_in_the_trainer_says_so(chatml_tokenizer
 def test_only_the_first_trainer_rank_pushes(chatml_tokenizer, tmp_path, monkeypatch):
     """Under a launcher every rank holds the whole weights, but one push reaches the replicas."""
     from agilerl.errors import EndpointError
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.generation.vllm.server import VLLMServerPolicy
 
     unreachable = ["http://127.0.0.1:9"]
     policy = VLLMServerPolicy(unreachable, chatml_tokenizer, weights_dir=tmp_path / "weights")
@@ -200,9 +200,9 @@ def test_a_replica_that_lost_the_last_push_reloads_it_from_the_folder(trained, r
     """As a restarted replica would, one ends up on other weights (another trainer's push): before
     generating, the trainer's policy finds it and reloads the last push from ``weights_dir``."""
     from agilerl.errors import AgileRLWarning
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.vllm.server import VLLMServerPolicy
+    from agilerl.generation.weights import hf_weights
 
     model, tokenizer, policy = trained
     policy.load_weights(hf_weights(model))  # both replicas hold this push (earlier tests pushed others)
@@ -225,9 +225,9 @@ def test_an_image_prompt_on_a_replica_without_the_token_in_route_says_how_to_tur
     unless started with ``--enable-scale-out`` (these replicas are not)."""
     from agilerl.errors import EndpointError
     from agilerl.rollout.harness import RolloutHarness
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.rollout.vision import attach_processor
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.media import attach_processor
+    from agilerl.generation.vllm.server import VLLMServerPolicy
     from tests.vision_models import AlbumEnv, idefics3_processor
 
     tokenizer = attach_processor(idefics3_processor())
@@ -247,8 +247,8 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
     from aiohttp import web
 
     from agilerl.errors import EndpointError
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.vllm.server import VLLMServerPolicy
     from tests.loopback import LoopbackServer
 
     resets = {"left": 1, "garbage": False}

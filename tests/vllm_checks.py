@@ -40,7 +40,7 @@ def trajectories_are_what_vllm_generated(policy, tokenizer, report):
     """Every generation appears in its trajectory verbatim, masked as the policy's, with its log-probs."""
     from agilerl.builtins.guess import GuessEnv
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
 
     recorder = Recorder(policy)
     sampling = SamplingParams(temperature=0.7, max_new_tokens=6)
@@ -87,7 +87,7 @@ def logprobs_match_the_trainers_recompute(model, tokenizer, batch, sampling, rep
 
 def sampling_semantics_match_transformers(policy, model, tokenizer, report):
     """Greedy tokens, stops and the context limit as TransformersPolicy gives them."""
-    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
 
     hf = TransformersPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN)
     prompt = tokenizer.encode("<|im_start|>user\nguess a number<|im_end|>\n<|im_start|>assistant\n")
@@ -114,8 +114,8 @@ def generation_follows_pushed_weights(policy, tokenizer, prompt, greedy, report)
     """After a push (a different model's weights, then a LoRA-merged one) greedy output is the new model's."""
     import torch
 
-    from agilerl.rollout.policy import TransformersPolicy
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.policy import TransformersPolicy
+    from agilerl.generation.weights import hf_weights
 
     first = policy.generate([prompt], greedy)[0]
     before = first.token_ids
@@ -147,8 +147,8 @@ def grpo_runs(policy, out_dir, report, steps):
     from agilerl.builtins.guess import GuessEnv
     from agilerl.manifest.settings import TrainingSettings
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.weights import hf_weights
     from agilerl.train.loops import train_llm_rollout
     from agilerl.train.metrics import read_metrics
 
@@ -183,7 +183,7 @@ def grpo_runs(policy, out_dir, report, steps):
             "ratio_keys": sorted(k for k in rows[0] if k.startswith("algo/")),
         }
         if backend == "vllm":  # the engine holds the trained weights: greedy output is the trainer's
-            from agilerl.rollout.policy import SamplingParams as SP, TransformersPolicy
+            from agilerl.generation.policy import SamplingParams as SP, TransformersPolicy
 
             prompt = tokenizer.encode("<|im_start|>user\nReply with one number.<|im_end|>\n<|im_start|>assistant\n")
             g = SP(temperature=0, max_new_tokens=8)
@@ -196,7 +196,7 @@ def grpo_runs(policy, out_dir, report, steps):
 def main(report_path: str, steps: int) -> None:
     import torch
 
-    from agilerl.rollout.vllm_policy import VLLMPolicy
+    from agilerl.generation.vllm.policy import VLLMPolicy
 
     report: dict = {}
     model, tokenizer = tiny(seed=0)

@@ -24,7 +24,7 @@ STEPS = 2
 
 def engines_against(engines, weights, tokenizer, prompt, greedy):
     """Each engine's greedy tokens, and how far its log-probs are from a model holding ``weights``."""
-    from agilerl.rollout.policy import TransformersPolicy
+    from agilerl.generation.policy import TransformersPolicy
 
     model, _ = tiny(seed=0)
     model.load_state_dict(dict(weights))
@@ -42,20 +42,20 @@ def main(out_dir: str, urls: list[str]) -> None:
     from agilerl.builtins.guess import GuessEnv
     from agilerl.manifest.settings import TrainingSettings
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.weights import hf_weights
     from agilerl.train.loops import train_llm_rollout
 
     model, tokenizer = tiny(seed=0)
     initial = hf_weights(model)
     if urls:
-        from agilerl.rollout.vllm_server import VLLMServerPolicy
+        from agilerl.generation.vllm.server import VLLMServerPolicy
 
         policy = VLLMServerPolicy(urls, tokenizer, weights_dir=os.path.join(out_dir, "weights"),
                                   max_model_len=MAX_MODEL_LEN, initial_weights=model)
         engines = [VLLMServerPolicy([url], tokenizer, weights_dir=out_dir, max_model_len=MAX_MODEL_LEN) for url in urls]
     else:
-        from agilerl.rollout.vllm_policy import VLLMPolicy
+        from agilerl.generation.vllm.policy import VLLMPolicy
 
         policy = VLLMPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN, seed=0)
         engines = [policy]

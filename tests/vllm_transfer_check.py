@@ -22,8 +22,8 @@ from vllm_checks import MAX_MODEL_LEN, tiny
 
 def replicas_agree_with(model, tokenizer, urls, report, key):
     """Each replica's greedy tokens and log-probs against the trainer's model's."""
-    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
+    from agilerl.generation.vllm.server import VLLMServerPolicy
 
     prompt = tokenizer.encode("<|im_start|>user\nguess a number<|im_end|>\n<|im_start|>assistant\n")
     greedy = SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,))
@@ -41,9 +41,9 @@ def replicas_agree_with(model, tokenizer, urls, report, key):
 
 def main(report_path: str, urls: list[str]) -> None:
     from agilerl.errors import EndpointError
-    from agilerl.rollout.policy import SamplingParams, TransformersPolicy
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
+    from agilerl.generation.vllm.server import VLLMServerPolicy
+    from agilerl.generation.weights import hf_weights
 
     report: dict = {}
     model, tokenizer = tiny(seed=3)

@@ -42,7 +42,7 @@ def main() -> None:
         return
     import vllm
 
-    from agilerl.rollout.vllm_policy import engine_prompt
+    from agilerl.generation.vllm.policy import engine_prompt
     from tests.vision_models import AlbumEnv
 
     folder = tempfile.mkdtemp()
@@ -94,9 +94,9 @@ def _episode(env: Any, model: Any, processor: Any, generate: Any, turns: int) ->
 def _backend(model: Any, processor: Any) -> dict[str, Any]:
     """The colocated backend (VLLMPolicy) on the same model: it starts from placeholder weights,
     takes the trainer's, and generates every turn of the album episode."""
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.rollout.vision import attach_processor
-    from agilerl.rollout.vllm_policy import VLLMPolicy
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.media import attach_processor
+    from agilerl.generation.vllm.policy import VLLMPolicy
     from tests.vision_models import AlbumEnv
 
     tokenizer = attach_processor(processor)
@@ -110,9 +110,9 @@ def _served(model: Any, processor: Any, url: str, weights_dir: str) -> dict[str,
     import torch
 
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import SamplingParams
-    from agilerl.rollout.vision import attach_processor
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.media import attach_processor
+    from agilerl.generation.vllm.server import VLLMServerPolicy
     from agilerl.train.batch import collate_trajectories
     from agilerl.train.logprobs import policy_logprobs
     from tests.vision_models import AlbumEnv

@@ -16,7 +16,7 @@ from agilerl.registry.loading import split_reference
 
 if TYPE_CHECKING:
     from agilerl.manifest.settings import TrainingSettings
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
     from agilerl.train.algorithm import Algorithm
     from agilerl.train.compatibility import EnvSource
 
@@ -92,7 +92,7 @@ def compatible_algorithm(
     """The manifest's algorithm and the sampling its collector uses (None for SFT/DPO data),
     once ``check_compatible`` accepts them: no model is loaded before this. ``training``
     overrides the manifest's (the CLI's flags)."""
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
     from agilerl.train.algorithm import build_algorithm
     from agilerl.train.compatibility import check_compatible
 

@@ -31,9 +31,9 @@ from agilerl.manifest.environment import EnvironmentSpec, RolloutSpec
 from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.rollout.policy import Policy, SamplingParams
+from agilerl.generation.policy import Policy, SamplingParams
 from agilerl.rollout.trajectory import Trajectory
-from agilerl.rollout.versioned import VersionedPolicy
+from agilerl.generation.versioned import VersionedPolicy
 from agilerl.tools.metrics import TOOL_STATS_KEY, tool_call_metrics
 from agilerl.train.metrics import judge_metrics, reward_component_metrics
 

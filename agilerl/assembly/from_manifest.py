@@ -79,7 +79,7 @@ def train_from_manifest(
 def _generation(manifest: Manifest, model: Any, tokenizer: Any, *, seed: int) -> Any:
     """The policy the ``generation:`` backend builds for ``model`` (default: ``transformers``)."""
     from agilerl.errors import InvalidArgument
-    from agilerl.rollout.generation import build_generation
+    from agilerl.generation.backends import build_generation
 
     settings = manifest.generation
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import ModelLoadError
 from agilerl.images import ImageLimits
-from agilerl.rollout.vision import attach_processor, limit_images, processor_of
+from agilerl.generation.media import attach_processor, limit_images, processor_of
 from agilerl.registry import get_registry, resolve
 from agilerl.manifest.settings import LoraSettings, ModelSettings
 

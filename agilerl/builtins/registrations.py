@@ -122,12 +122,12 @@ TRACKERS: list[tuple[str, str, str]] = [
 GENERATION_BACKENDS: list[tuple[str, str, str]] = [
     (
         "transformers",
-        "agilerl.rollout.generation:transformers_backend",
+        "agilerl.generation.backends:transformers_backend",
         "Hugging Face generate on the trainer's own model (the default).",
     ),
     (
         "vllm",
-        "agilerl.rollout.vllm_policy:build_vllm_policy",
+        "agilerl.generation.vllm.policy:build_vllm_policy",
         "vLLM, colocated in each training process or as vllm serve replicas; weights pushed every step.",
     ),
 ]

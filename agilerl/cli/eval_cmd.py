@@ -76,7 +76,7 @@ def add_parser(subparsers: Any) -> None:
 def _eval(args: argparse.Namespace) -> int:
     from agilerl.assembly.evaluation import EvalPlan, evaluate_spec
     from agilerl.manifest.environment import EnvUrlSpec
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
 
     spec, manifest, env_label = _env_spec(args)
     model_name = args.model or (manifest.model.name_or_path if manifest else None)
@@ -159,7 +159,7 @@ def _env_spec(args: argparse.Namespace) -> tuple[Any, Any, str]:
 def _policy(args: argparse.Namespace, manifest: Any, model_name: str, backend: str, spec: Any) -> tuple[Any, Any]:
     """The policy and the tokenizer the harness renders with."""
     if args.base_url:
-        from agilerl.rollout.openai_policy import OpenAIChatPolicy
+        from agilerl.generation.openai_policy import OpenAIChatPolicy
 
         extra = {"chat_template_kwargs": spec.chat_template_kwargs} if spec.chat_template_kwargs else None
         policy = OpenAIChatPolicy(
@@ -184,7 +184,7 @@ def _policy(args: argparse.Namespace, manifest: Any, model_name: str, backend: s
     import torch
 
     from agilerl.assembly.models import load_model_and_tokenizer
-    from agilerl.rollout.generation import build_generation
+    from agilerl.generation.backends import build_generation
 
     torch.manual_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer(settings, base_dir=manifest.base_dir if manifest else None, seed=args.seed)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from agilerl.envs.client import EnvClient
     from agilerl.manifest.spec import EnvironmentSpec
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.policy import Policy
+    from agilerl.generation.policy import Policy
     from agilerl.rollout.trajectory import Trajectory
 
 __all__ = ["EnvRollout", "env_reward", "task_prompt"]
@@ -120,7 +120,7 @@ class EnvRollout:
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list[Any]]:
         """Play one episode per prompt; return what TRL trains on (the module doc says what)."""
         from agilerl.rollout.assigner import Task
-        from agilerl.rollout.policy import TransformersPolicy
+        from agilerl.generation.policy import TransformersPolicy
 
         collector = self._collector_for(len(prompts), trainer)
         size = collector.assigner.dataset_size
@@ -155,7 +155,7 @@ class EnvRollout:
     def _collector_for(self, num_prompts: int, trainer: Any) -> RolloutCollector:
         """The collector, with a slot for each prompt (rebuilt when a call brings more)."""
         from agilerl.rollout.collector import RolloutCollector
-        from agilerl.rollout.policy import SamplingParams
+        from agilerl.generation.policy import SamplingParams
 
         if self._collector is not None and self._collector.num_slots >= num_prompts:
             return self._collector

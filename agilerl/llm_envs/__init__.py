@@ -49,22 +49,22 @@ _LAZY = {
     "RolloutCollector": "agilerl.rollout.collector",
     "TaskAssigner": "agilerl.rollout.assigner",
     "Task": "agilerl.rollout.assigner",
-    "Policy": "agilerl.rollout.policy",
-    "SamplingParams": "agilerl.rollout.policy",
-    "Generation": "agilerl.rollout.policy",
-    "TransformersPolicy": "agilerl.rollout.policy",
-    "VLLMPolicy": "agilerl.rollout.vllm_policy",
-    "VLLMServerPolicy": "agilerl.rollout.vllm_server",
-    "WeightSyncedPolicy": "agilerl.rollout.generation",
-    "build_generation": "agilerl.rollout.generation",
-    "hf_weights": "agilerl.rollout.weights",
-    "ScriptedPolicy": "agilerl.rollout.policy",
+    "Policy": "agilerl.generation.policy",
+    "SamplingParams": "agilerl.generation.policy",
+    "Generation": "agilerl.generation.policy",
+    "TransformersPolicy": "agilerl.generation.policy",
+    "VLLMPolicy": "agilerl.generation.vllm.policy",
+    "VLLMServerPolicy": "agilerl.generation.vllm.server",
+    "WeightSyncedPolicy": "agilerl.generation.backends",
+    "build_generation": "agilerl.generation.backends",
+    "hf_weights": "agilerl.generation.weights",
+    "ScriptedPolicy": "agilerl.generation.policy",
     "RolloutBatch": "agilerl.rollout.results",
     "CollectStats": "agilerl.rollout.results",
     "SlotFailure": "agilerl.rollout.results",
     "EvalResult": "agilerl.rollout.results",
-    "OpenAIChatPolicy": "agilerl.rollout.openai_policy",
-    "MessageTokenizer": "agilerl.rollout.openai_policy",
+    "OpenAIChatPolicy": "agilerl.generation.openai_policy",
+    "MessageTokenizer": "agilerl.generation.openai_policy",
     # tool calls in the model's own format (a parser is a plugin kind: register_tool_parsers)
     "ToolParser": "agilerl.tools",
     "BodyCall": "agilerl.tools",
@@ -170,12 +170,12 @@ if TYPE_CHECKING:
     from agilerl.rollout.assigner import Task, TaskAssigner
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.harness import RolloutHarness
-    from agilerl.rollout.openai_policy import MessageTokenizer, OpenAIChatPolicy
-    from agilerl.rollout.generation import WeightSyncedPolicy, build_generation
-    from agilerl.rollout.policy import Generation, Policy, SamplingParams, ScriptedPolicy, TransformersPolicy
-    from agilerl.rollout.vllm_policy import VLLMPolicy
-    from agilerl.rollout.vllm_server import VLLMServerPolicy
-    from agilerl.rollout.weights import hf_weights
+    from agilerl.generation.openai_policy import MessageTokenizer, OpenAIChatPolicy
+    from agilerl.generation.backends import WeightSyncedPolicy, build_generation
+    from agilerl.generation.policy import Generation, Policy, SamplingParams, ScriptedPolicy, TransformersPolicy
+    from agilerl.generation.vllm.policy import VLLMPolicy
+    from agilerl.generation.vllm.server import VLLMServerPolicy
+    from agilerl.generation.weights import hf_weights
     from agilerl.rollout.results import CollectStats, EvalResult, RolloutBatch, SlotFailure
     from agilerl.rollout.trajectory import Trajectory
     from agilerl.train.algorithm import Algorithm, AlgorithmConfig, build_algorithm

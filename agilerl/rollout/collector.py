@@ -46,7 +46,7 @@ from agilerl.tools import resolve_tool_parser
 from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.rollout.context import ContextBudget, answer_chars
 from agilerl.rollout.harness import RolloutHarness
-from agilerl.rollout.policy import Generation, Policy, SamplingParams
+from agilerl.generation.policy import Generation, Policy, SamplingParams
 from agilerl.rollout.results import (
     ENV_CHECK_HINT,
     CollectionError,

@@ -20,7 +20,8 @@ from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.tool_routing import TOOL_CALLS_INFO, ToolCallingClient, ToolRouting
 from agilerl.tools.metrics import count_calls
 from agilerl.rollout.trajectory import Trajectory
-from agilerl.rollout.vision import VisionMedia, VisionTurns, image_parts, text_only
+from agilerl.generation.media import VisionMedia
+from agilerl.rollout.vision import VisionTurns, image_parts, text_only
 
 if TYPE_CHECKING:
     from agilerl.manifest.spec import EnvironmentSpec

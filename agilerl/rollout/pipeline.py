@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agilerl.errors import CollectionError, InvalidArgument
 from agilerl.rollout.results import Run, merge_batches
-from agilerl.rollout.versioned import VersionedPolicy
+from agilerl.generation.versioned import VersionedPolicy
 
 if TYPE_CHECKING:
     from agilerl.rollout.assigner import Task

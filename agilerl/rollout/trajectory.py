@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agilerl.rollout.vision import VisionMedia
+    from agilerl.generation.media import VisionMedia
 
 __all__ = ["Trajectory"]
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from agilerl.rollout.trajectory import Trajectory
-    from agilerl.rollout.vision import BatchMedia
+    from agilerl.generation.media import BatchMedia
 
 __all__ = ["RolloutTensors", "collate_trajectories"]
 
@@ -94,7 +94,7 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Rol
             turn_rewards[row, :k] = torch.tensor(traj.rewards, dtype=torch.float)
     media = None
     if any(t.media is not None for t in trajectories):
-        from agilerl.rollout.vision import BatchMedia
+        from agilerl.generation.media import BatchMedia
 
         media = BatchMedia.collate([t.media for t in trajectories], input_ids, action_mask, pad_id)
     return RolloutTensors(

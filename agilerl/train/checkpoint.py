@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import CheckpointError
-from agilerl.rollout.vision import processor_of
+from agilerl.generation.media import processor_of
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from agilerl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agilerl.rollout.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams
     from agilerl.train.algorithm import Algorithm
 
 __all__ = ["BatchKind", "EnvSource", "check_compatible"]

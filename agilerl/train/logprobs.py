@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agilerl.rollout.shared_prefix import shared_prefix_cache
+from agilerl.generation.shared_prefix import shared_prefix_cache
 
 if TYPE_CHECKING:
     import torch
@@ -72,7 +72,7 @@ def forward(
     """The model's forward output, with logits only for what ``mask`` needs scored.
 
     The rows' common unscored start (a GRPO group's prompt, a DPO pair's) runs once per distinct
-    prefix (:mod:`agilerl.rollout.shared_prefix`); the logits then cover the rest of the rows.
+    prefix (:mod:`agilerl.generation.shared_prefix`); the logits then cover the rest of the rows.
     ``media`` (a batch's ``BatchMedia``) adds the rows' images (``pixel_values``, ...).
     """
     keep = logits_to_keep(mask) if mask is not None and _takes_logits_to_keep(model) else 0

@@ -53,9 +53,9 @@ if TYPE_CHECKING:
     import torch
 
     from agilerl.rollout.collector import RolloutCollector
-    from agilerl.rollout.generation import WeightSyncedPolicy
-    from agilerl.rollout.policy import Policy
-    from agilerl.rollout.versioned import VersionedPolicy
+    from agilerl.generation.backends import WeightSyncedPolicy
+    from agilerl.generation.policy import Policy
+    from agilerl.generation.versioned import VersionedPolicy
     from agilerl.data.dataset_env import DatasetEnv
 
 __all__ = [
@@ -107,10 +107,10 @@ def train_llm_rollout(
     policy that collects (default: ``TransformersPolicy`` on ``model``); one holding its own copy
     of the weights (a ``WeightSyncedPolicy``: vLLM) gets them after every optimiser step.
     """
-    from agilerl.rollout.generation import WeightSyncedPolicy
+    from agilerl.generation.backends import WeightSyncedPolicy
     from agilerl.rollout.pipeline import RolloutPipeline, stall_bound
-    from agilerl.rollout.policy import TransformersPolicy
-    from agilerl.rollout.versioned import InferenceCopy, VersionedPolicy
+    from agilerl.generation.policy import TransformersPolicy
+    from agilerl.generation.versioned import InferenceCopy, VersionedPolicy
     from agilerl.train.batch import collate_trajectories
     from agilerl.train.checkpoint import read_state
 
@@ -397,7 +397,7 @@ class _Trainer:
         if self.synced is None:
             self.versioned.publish(self.step)
             return {}
-        from agilerl.rollout.weights import hf_weights
+        from agilerl.generation.weights import hf_weights
 
         t0 = time.perf_counter()
         self.versioned.publish(self.step, hf_weights(self.model))

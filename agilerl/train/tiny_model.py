@@ -272,8 +272,8 @@ def build_tiny_vlm(
 
 def tiny_vlm_and_tokenizer(*, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """The registered ``tiny-vlm``: the model and its tokenizer carrying the processor
-    (``agilerl.rollout.vision.attach_processor``)."""
-    from agilerl.rollout.vision import attach_processor
+    (``agilerl.generation.media.attach_processor``)."""
+    from agilerl.generation.media import attach_processor
 
     processor = build_tiny_vlm_processor()
     return build_tiny_vlm(processor, seed=seed), attach_processor(processor)

@@ -8,7 +8,7 @@ from agilerl.assembly.models import load_model_and_tokenizer
 from agilerl.manifest.settings import ModelSettings
 from agilerl.manifest.spec import load_manifest
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.rollout.policy import SamplingParams, TransformersPolicy
+from agilerl.generation.policy import SamplingParams, TransformersPolicy
 
 HERE = Path(__file__).resolve().parent
 EPISODES = 30

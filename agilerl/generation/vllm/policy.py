@@ -1,7 +1,7 @@
 """vLLM behind the policy seam, in the training process (colocated) or as servers (``vllm serve``).
 
 Both take the harness's token ids as ``prompt_token_ids`` (the text is never rendered again),
-sample as :class:`~agilerl.rollout.policy.TransformersPolicy` does (temperature, top-k/top-p,
+sample as :class:`~agilerl.generation.policy.TransformersPolicy` does (temperature, top-k/top-p,
 the stop ids, ``max_new_tokens`` within the room left in ``max_model_len``) and return vLLM's
 own sampled ids with their log-probs under the temperature-scaled model
 (``logprobs_mode="processed_logprobs"``). vLLM is imported only when an engine is built.
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agilerl.errors import AgileRLWarning, InvalidArgument
-from agilerl.rollout.policy import FinishReason, Generation, SamplingParams
-from agilerl.rollout.vision import processor_of
+from agilerl.generation.policy import FinishReason, Generation, SamplingParams
+from agilerl.generation.media import processor_of
 from agilerl.images import DEFAULT_MAX_IMAGES
-from agilerl.rollout.weights import hf_weights
+from agilerl.generation.weights import hf_weights
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +88,7 @@ def build_vllm_policy(
         problems = "; ".join(f"generation.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InvalidArgument(f"{problems} (the vllm backend's options: {', '.join(VLLMOptions.model_fields)})") from None
     if opts.mode == "server":
-        from agilerl.rollout.vllm_server import VLLMServerPolicy
+        from agilerl.generation.vllm.server import VLLMServerPolicy
 
         if not opts.base_urls:
             raise InvalidArgument("generation.mode 'server' needs generation.base_urls (the vllm serve replicas).")

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agilerl.errors import InvalidArgument
-from agilerl.rollout.policy import Policy, TransformersPolicy
+from agilerl.generation.policy import Policy, TransformersPolicy
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,7 @@ from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactor
 from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
 from agilerl.errors import EndpointError
-from agilerl.rollout import vllm_gloo
+from agilerl.generation.vllm import gloo as vllm_gloo
 
 __all__ = ["PushedWeights", "ReplicaClients", "WeightTransfer"]
 

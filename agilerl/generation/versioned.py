@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import CollectionError
-from agilerl.rollout.policy import Generation, Policy, SamplingParams, TransformersPolicy
+from agilerl.generation.policy import Generation, Policy, SamplingParams, TransformersPolicy
 
 if TYPE_CHECKING:
     import torch
@@ -141,7 +141,7 @@ class InferenceCopy(TransformersPolicy):
         FSDP2: its weights are gathered whole, LoRA merged) built from its config."""
         import torch
 
-        from agilerl.rollout.weights import hf_weights
+        from agilerl.generation.weights import hf_weights
 
         weights = hf_weights(model)
         get_base = getattr(model, "get_base_model", None)

@@ -17,9 +17,9 @@ The weight push goes one of three ways (``weight_transfer``):
 - ``disk``: the weights are written as safetensors into ``weights_dir`` (a folder every replica
   reads: on one machine any folder, across machines a shared file system) and every replica
   ``reload_weights`` from it. Any platform, no vllm in the trainer.
-- ``nccl``: vLLM's NCCL weight transfer (:mod:`agilerl.rollout.vllm_transfer`), GPU to GPU, no disk;
+- ``nccl``: vLLM's NCCL weight transfer (:mod:`agilerl.generation.vllm.transfer`), GPU to GPU, no disk;
   the replicas run with ``--weight-transfer-config '{"backend": "nccl"}'``.
-- ``gloo``: the same protocol over gloo (:mod:`agilerl.rollout.vllm_gloo`), CPU tensors, no disk
+- ``gloo``: the same protocol over gloo (:mod:`agilerl.generation.vllm.gloo`), CPU tensors, no disk
   and no shared file system; the replicas run with ``'{"backend": "agilerl_gloo"}'``.
 
 Either way every replica's prefix cache is reset after the push, and its weights are marked with
@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from agilerl.concurrency import shared_loop
 from agilerl.errors import AgileRLWarning, EndpointError, InvalidArgument
-from agilerl.rollout.policy import Generation, SamplingParams
-from agilerl.rollout.vllm_policy import WeightTransferKind, _stop_ids, check_expansion, engine_requests, to_generation
-from agilerl.rollout.weights import hf_weights
+from agilerl.generation.policy import Generation, SamplingParams
+from agilerl.generation.vllm.policy import WeightTransferKind, _stop_ids, check_expansion, engine_requests, to_generation
+from agilerl.generation.weights import hf_weights
 
 if TYPE_CHECKING:
     import aiohttp
     import torch
 
-    from agilerl.rollout.vision import VisionMedia
+    from agilerl.generation.media import VisionMedia
 
 __all__ = ["VLLMServerPolicy", "WEIGHT_TRANSFERS"]
 
@@ -203,7 +203,7 @@ class VLLMServerPolicy:
             self._close_transfer()
         if self._transfer is None:
             try:
-                from agilerl.rollout.vllm_transfer import WeightTransfer
+                from agilerl.generation.vllm.transfer import WeightTransfer
             except ImportError as exc:
                 raise InvalidArgument(
                     f"weight_transfer {self.weight_transfer!r} drives vLLM's trainer-side transfer engine, which needs "

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from agilerl.errors import InvalidArgument
-from agilerl.rollout.shared_prefix import shared_prefix_cache
-from agilerl.rollout.vision import BatchMedia
+from agilerl.generation.shared_prefix import shared_prefix_cache
+from agilerl.generation.media import BatchMedia
 
 if TYPE_CHECKING:
     import torch
@@ -115,7 +115,7 @@ class TransformersPolicy:
     A prompt that already fills ``max_model_len`` gets an empty completion with reason
     ``context``; the others get at most the room left in the context. Tokens are chosen here
     (:class:`_TokenChooser`), so the model's own sampling defaults never apply. Copies of one
-    prompt in a batch (a GRPO group) share one prefill (:mod:`agilerl.rollout.shared_prefix`).
+    prompt in a batch (a GRPO group) share one prefill (:mod:`agilerl.generation.shared_prefix`).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int | None = None) -> None:

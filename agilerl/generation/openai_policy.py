@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from agilerl.concurrency import shared_loop
 from agilerl.errors import ChatTemplateError, EndpointError, InvalidArgument
-from agilerl.rollout.policy import FinishReason, Generation, SamplingParams
+from agilerl.generation.policy import FinishReason, Generation, SamplingParams
 from agilerl.tools import ParsedCompletion, ToolCall, ToolParser, ToolSet
 
 if TYPE_CHECKING:
