@@ -22,6 +22,15 @@ class Trajectory:
     ``versions`` (when the policy reports them) is aligned the same way: the policy version (the
     optimiser steps taken) of the weights that generated each token, -1 off the mask; an episode
     that spans a weight update carries both versions (docs/async.md).
+
+    An episode whose context was rewritten (``context_policy: truncate | restart``, or an agent
+    program that compacted its history) is several training samples: ``prior_samples`` holds the
+    token streams it produced before its context was last rewritten, oldest first, each with its
+    own ``token_ids``, ``action_mask``, ``turn_ids`` (the episode's turn indices), ``logprobs``,
+    ``versions`` and ``media``; this object is the last sample and carries what belongs to the
+    whole episode (``rewards`` per episode turn, ``terminated``/``truncated``/``error``/``info``,
+    ``group``, ``seed``). Training computes one advantage per episode and weighs each of its
+    samples by ``1 / len(samples)`` (docs/training.md), so splitting never adds weight.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -40,6 +49,39 @@ class Trajectory:
     media: VisionMedia | None = None
     """The images the episode showed and their processor tensors (a vision model's harness);
     None for a text model."""
+    prior_samples: list[Trajectory] = field(default_factory=list)
+    """The token streams this episode produced before its context was last rewritten, oldest
+    first (only their per-token fields and ``media`` are meaningful); empty when it never was."""
+
+    @property
+    def samples(self) -> list[Trajectory]:
+        """Every training sample of the episode, oldest first: ``[*prior_samples, self]``."""
+        return [*self.prior_samples, self]
+
+    def split(self) -> Trajectory:
+        """Close the current sample (moved to ``prior_samples``) and start an empty one.
+
+        Called where the context is rewritten: what was generated so far keeps its exact tokens,
+        and the next prompt is rendered fresh into this object's (now empty) token stream.
+        Returns the closed sample.
+        """
+        closed = Trajectory(
+            token_ids=self.token_ids,
+            action_mask=self.action_mask,
+            turn_ids=self.turn_ids,
+            logprobs=self.logprobs,
+            versions=self.versions,
+            media=self.media,
+            group=self.group,
+            seed=self.seed,
+            row_index=self.row_index,
+        )
+        self.prior_samples.append(closed)
+        self.token_ids, self.action_mask, self.turn_ids = [], [], []
+        self.logprobs = None if self.logprobs is None else []
+        self.versions = None if self.versions is None else []
+        self.media = None
+        return closed
 
     @property
     def num_turns(self) -> int:
