@@ -282,3 +282,45 @@ def test_when_one_rank_fails_every_rank_saves_the_last_whole_step_together(tmp_p
     assert [r["step"] for r in _rows(out)] == [1, 2]
     assert (saved / "trainer_state.json").is_file()
     assert sorted(p.name for p in (saved / "accelerate").glob("random_states_*")) == ["random_states_0.pkl", "random_states_1.pkl"]
+
+
+MERGE = """
+import json, sys
+from accelerate import Accelerator
+from agilerl.train.distributed import merge_over_ranks
+acc = Accelerator(cpu=True)
+mine = [{"loss": 1.0, "rollout/lost": 2.0, "rollout/staleness_max": 3.0, "reward/a": 0.5},
+        {"loss": 3.0, "rollout/lost": 1.0, "rollout/staleness_max": 1.0, "reward/b": 4.0}][acc.process_index]
+merged = merge_over_ranks(acc, mine)
+if acc.is_main_process:
+    open(sys.argv[1], "w").write(json.dumps(merged))
+"""
+
+
+def test_metrics_merge_over_two_ranks_by_each_keys_reduction_even_where_the_keys_differ(tmp_path):
+    """Means average the ranks that report a key, counts add, maxima take the largest; a key only
+    one rank logged (a reward component) is that rank's value, not halved."""
+    script, out = tmp_path / "merge.py", tmp_path / "merged.json"
+    script.write_text(MERGE)
+    _accelerate_launch("ddp", [str(script), str(out)])
+    assert json.loads(out.read_text()) == {
+        "loss": 2.0, "rollout/lost": 3.0, "rollout/staleness_max": 3.0, "reward/a": 0.5, "reward/b": 4.0,
+    }
+
+
+def test_only_the_vllm_weight_transfer_calls_torch_distributed_the_rest_goes_through_accelerate():
+    """Collectives are the engine's (accelerate's ``gather``, ``gather_object``, ``reduce``): a
+    hand-rolled ``torch.distributed`` call elsewhere would bypass its device and backend handling."""
+    import re
+
+    package = Path(__file__).resolve().parent.parent / "agilerl"
+    calls = re.compile(r"\b(dist|torch\.distributed)\.(all_\w+|broadcast\w*|reduce\w*|gather\w*|scatter\w*|barrier|send|recv)\(")
+    imports = re.compile(r"import torch\.distributed as|from torch\.distributed import (?!fsdp)")
+    found = [
+        f"{path.relative_to(package)}:{n}"
+        for path in package.rglob("*.py")
+        if "generation/vllm" not in path.as_posix()
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if calls.search(line) or imports.search(line)
+    ]
+    assert found == []

@@ -153,20 +153,20 @@ def merge_over_ranks(accelerator: Accelerator, metrics: Mapping[str, float]) -> 
     import math
 
     import torch
-    import torch.distributed as dist
+    from accelerate.utils import gather_object
 
     from agilerl.train.metrics import reduction_of
 
-    every: list[list[str] | None] = [None] * accelerator.num_processes
-    dist.all_gather_object(every, sorted(metrics))
-    keys = sorted({key for keys in every for key in keys or ()})
-    device = accelerator.device
-    values = torch.tensor([float(metrics.get(k, 0.0)) for k in keys], dtype=torch.float64, device=device)
-    counts = torch.tensor([float(k in metrics) for k in keys], dtype=torch.float64, device=device)
-    largest = torch.tensor([float(metrics.get(k, -math.inf)) for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    keys = sorted({key for keys in gather_object([sorted(metrics)]) for key in keys})
+    local = [
+        [float(metrics.get(k, 0.0)) for k in keys],
+        [float(k in metrics) for k in keys],
+        [float(metrics.get(k, -math.inf)) for k in keys],
+    ]
+    # one gather of (values, counts, largest) per rank: sums and maxima are taken here
+    every = accelerator.gather(torch.tensor([local], dtype=torch.float64, device=accelerator.device))
+    values, counts = every[:, 0].sum(dim=0), every[:, 1].sum(dim=0)
+    largest = every[:, 2].max(dim=0).values
     means = (values / counts.clamp(min=1)).cpu().tolist()
     sums, maxima = values.cpu().tolist(), largest.cpu().tolist()
     by = {"mean": means, "sum": sums, "max": maxima}
