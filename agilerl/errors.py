@@ -72,6 +72,7 @@ __all__ = [
     "ObservationError",
     "OpenEnvAdapterError",
     "EpisodeError",
+    "ReplicaStartError",
     "DataError",
     "DatasetLoadError",
     "RubricError",
@@ -322,6 +323,16 @@ class OpenEnvAdapterError(EnvError, ValueError):
 class EpisodeError(EnvError):
     """An env or harness was called out of order: ``step`` before ``reset`` or after the episode
     ended, anything after ``close``."""
+
+
+class ReplicaStartError(EnvError):
+    """An env replica (a local process, a Ray actor) did not start and answer ``/health``;
+    ``retryable`` says whether trying again can succeed (a timeout, a lost node) or cannot (the
+    env's own error, a missing package)."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class DataError(AgileRLError):
