@@ -67,6 +67,13 @@ class EnvPackages(BaseModel):
         return list(self.uv if self.uv is not None else self.pip or [])
 
 
+def _replica_count(value: Any) -> Any:
+    """``replicas``: a whole number of servers, or ``auto``; one message for anything else."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024):
+        return value
+    raise ValueError(f"replicas takes a whole number from 1 to 1024, or 'auto' (got {value!r})")
+
+
 class EnvironmentSpec(Section):
     """The ``environment:`` section: one of four variants, picked by its source (``EnvironmentSection``).
 
@@ -206,6 +213,50 @@ class EntrypointSpec(_TextAdapterFields, RolloutSpec):
     action_type: str | None = Field(
         None, description="OpenEnv entrypoint: 'module:attr' of its Action class, when nothing names it."
     )
+    isolation: Literal["none", "venv"] = Field(
+        "none",
+        description="'none': the env (and its env_packages) lives in the trainer's interpreter; 'venv': "
+        "in a uv venv of its own, cached by its resolved requirements, served on loopback "
+        "(docs/env-fleets.md).",
+    )
+    provider: Literal["in_process", "local", "ray"] | None = Field(
+        None,
+        description="Where the env runs: 'in_process', 'local' (server processes on this machine) or "
+        "'ray' (actors on a Ray cluster); default: 'local' with isolation: venv, else 'in_process'.",
+    )
+    replicas: Annotated[int | Literal["auto"], BeforeValidator(_replica_count)] = Field(
+        1,
+        description="Servers of the env (provider local or ray); 'auto' sizes them from the sessions "
+        "the run needs.",
+    )
+    max_concurrent_envs: int | None = Field(
+        None,
+        ge=1,
+        description="Sessions each replica serves at once (provider local or ray; default: the "
+        "server's, 64).",
+    )
+
+    @model_validator(mode="after")
+    def _placement(self) -> EntrypointSpec:
+        placement = self.placement
+        if placement == "in_process":
+            if self.isolation == "venv":
+                raise ValueError(
+                    "isolation 'venv' runs the env in a process of its own: provider 'in_process' "
+                    "cannot hold it; use provider 'local' (or 'ray'), or leave provider out."
+                )
+            if self.replicas != 1 or self.max_concurrent_envs is not None:
+                field = "replicas" if self.replicas != 1 else "max_concurrent_envs"
+                raise ValueError(
+                    f"'{field}' applies to provider 'local' or 'ray' (servers of the env); "
+                    "set provider: local, or remove it."
+                )
+        return self
+
+    @property
+    def placement(self) -> str:
+        """Where the env runs: ``provider``, or its default (``local`` with ``isolation: venv``)."""
+        return self.provider or ("local" if self.isolation == "venv" else "in_process")
 
 
 class EnvUrlSpec(_TextAdapterFields, RolloutSpec):
