@@ -20,6 +20,7 @@ import yaml
 from agilerl.cli.main import main
 from agilerl.errors import CheckpointError
 from agilerl.train.metrics import MetricsLog, read_metrics
+from tests.signals import as_from_a_terminal
 
 SFT = Path(__file__).resolve().parents[1] / "examples" / "sft"
 SEED = int(os.environ.get("AGILERL_FAULT_SEED", time.time_ns() % 100_000))
@@ -92,7 +93,9 @@ def test_sigkill_at_random_points_loses_and_duplicates_no_row(tmp_path):
     assert _steps(out) == list(range(1, stalled + 1)), f"seed {SEED}"  # the row comes before its checkpoint
 
     base = [sys.executable, "-m", "agilerl", *args]
-    resumed = subprocess.Popen([*base, "--resume"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    resumed = subprocess.Popen(
+        [*base, "--resume"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal
+    )
     try:
         _wait_for(lambda: len(_steps(out)) > stalled, "a row after the resume", resumed)
         time.sleep(rng.uniform(0, 0.4))  # somewhere in the next step(s), their rows and checkpoints

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agilerl.remote.client import RemoteEnvClient
+from tests.signals import as_from_a_terminal, as_under_nohup
 
 ENV = textwrap.dedent("""
     import os, pathlib, time
@@ -40,10 +41,6 @@ ENV = textwrap.dedent("""
 """)
 
 
-def _ignore_sighup() -> None:  # what nohup does before it starts the command
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-
 def _serve(tmp_path: Path, *extra: str, hang: bool = False, nohup: bool = False) -> tuple[subprocess.Popen[str], str]:
     (tmp_path / "marked.py").write_text(ENV)
     marks = tmp_path / "marks"
@@ -53,7 +50,7 @@ def _serve(tmp_path: Path, *extra: str, hang: bool = False, nohup: bool = False)
     proc = subprocess.Popen(
         [sys.executable, "-m", "agilerl", "serve", f"{tmp_path / 'marked.py'}:Marked", "--port", "0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        preexec_fn=_ignore_sighup if nohup else None,
+        preexec_fn=as_under_nohup if nohup else as_from_a_terminal,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "serving ... at URL ..." (or nothing: it failed)

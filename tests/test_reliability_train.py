@@ -18,6 +18,7 @@ import yaml
 
 from agilerl.cli.main import main
 from agilerl.train.metrics import read_metrics
+from tests.signals import as_from_a_terminal, as_under_nohup
 
 SFT = Path(__file__).resolve().parents[1] / "examples" / "sft"
 GUESS = {"env_type": "rollout", "entrypoint": "guess",
@@ -99,7 +100,7 @@ def test_resume_after_switching_to_lora_or_another_algorithm_names_the_change(tm
 def _popen(manifest: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal,
     )
 
 
@@ -142,10 +143,6 @@ def test_a_second_run_on_a_busy_output_dir_is_refused_and_sighup_saves(tmp_path)
                  "--max-steps", str(step + 1)]) == 0  # the folder is free again
 
 
-def _ignore_sighup() -> None:  # what nohup does before it starts the command
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_under_nohup_sighup_leaves_the_run_going(tmp_path):
@@ -155,7 +152,7 @@ def test_under_nohup_sighup_leaves_the_run_going(tmp_path):
     out = tmp_path / "out"
     run = subprocess.Popen(
         [sys.executable, "-m", "agilerl", "train", str(manifest), "--output-dir", str(out), "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sighup,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_under_nohup,
     )
     try:
         _wait_for_rows(out, run)

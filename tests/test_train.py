@@ -19,6 +19,7 @@ from agilerl.manifest.spec import load_manifest, parse_manifest
 from agilerl.manifest.settings import ModelSettings
 from agilerl.train.metrics import read_metrics
 from agilerl.assembly.models import load_model_and_tokenizer
+from tests.signals import as_from_a_terminal
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 GUESS = {"env_type": "rollout", "entrypoint": "guess", "env_config": {"target": 7}}
@@ -71,7 +72,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "agilerl", "train", str(EXAMPLES / "guess" / "manifest.yaml"),
            "--max-steps", "100000", "--output-dir", str(out), "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
     try:
         deadline = time.monotonic() + 120
         while len(_steps(out)) < 3 and time.monotonic() < deadline and proc.poll() is None:

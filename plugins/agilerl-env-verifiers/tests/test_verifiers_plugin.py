@@ -1,5 +1,5 @@
 """verifiers v1 tasksets through agilerl, in the plugin's own venv (verifiers pins openai < 3, the
-dev env has 3): ``<repo>/.venv-verifiers``, built by tests/extra_venvs.py on first use (system site
+dev env has 3): ``<repo>/.venv-verifiers``, built by tests/extra_venvs.py on first use (the suite's site
 packages plus verifiers and this plugin; in the background while other tests run), reused after. Each test runs one script there and reads its JSON."""
 
 from __future__ import annotations
