@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from agilerl.tools.schema import compile_check
+from agilerl.errors import EnvProtocolError
+from agilerl.tools.jsonvalue import depth_problem
+from agilerl.tools.schema import compile_check, schema_problem
 
 __all__ = ["CallStatus", "CALL_STATUSES", "ToolCall", "ParsedCompletion", "ToolSet", "function_tool"]
 
@@ -114,11 +116,20 @@ class ToolSet:
     """The tools an episode offers, by name, each with its parameters' JSON Schema."""
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None) -> None:
+        for i, tool in enumerate(tools or ()):
+            _check_spec(tool, i)
         self.specs = [function_tool(t) for t in tools or ()]
         self.schemas: dict[str, dict[str, Any]] = {
             s["function"]["name"]: s["function"].get("parameters") or {} for s in self.specs
         }
         self._checks = {name: compile_check(schema) for name, schema in self.schemas.items()}
+
+    def call(self, name: Any, arguments: Any) -> ToolCall:
+        """One call made by name, as a client sends it (``agilerl serve``'s ``call_tool`` frame):
+        checked as a parsed one is."""
+        if not isinstance(name, str) or not name:
+            return ToolCall(None, None, "missing_name", error=f"the call names no tool (got {name!r:.40})")
+        return self.check(ToolCall(name, arguments))
 
     def __contains__(self, name: object) -> bool:
         return name in self.schemas
@@ -134,9 +145,35 @@ class ToolSet:
         if call.name not in self.schemas:
             known = ", ".join(sorted(self.schemas)) or "none"
             return replace(call, status="unknown_tool", error=f"unknown tool {call.name!r}; the tools are: {known}")
+        if not isinstance(call.arguments, (dict, type(None))):
+            error = f"arguments must be a JSON object, got {type(call.arguments).__name__}"
+            return replace(call, status="invalid_json", arguments=None, error=error)
+        if (problem := depth_problem(call.arguments)) is not None:
+            return replace(call, status="invalid_json", arguments=None, error=problem)
         arguments, problem = self._checks[call.name](call.arguments or {})
         if problem is not None:
             return replace(call, status="schema_violation", error=f"{call.name}: {problem}")
         if arguments == call.arguments:
             return call
         return ToolCall(call.name, arguments, call.status, call.span, call.raw, call.error, call.id)
+
+
+def _check_spec(tool: Any, index: int) -> None:
+    """Refuse a tool whose spec the checker cannot read, naming the tool and the keyword."""
+    if not isinstance(tool, Mapping):
+        raise EnvProtocolError(f"tools[{index}] must be a tool spec (an object), got {type(tool).__name__}")
+    function = tool.get("function") if tool.get("type") == "function" else tool
+    if not isinstance(function, Mapping):
+        raise EnvProtocolError(f"tools[{index}].function must be an object, got {type(function).__name__}")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise EnvProtocolError(f"tools[{index}] has no name (a non-empty string), got {name!r:.40}")
+    for key in ("parameters", "inputSchema", "input_schema"):
+        if function.get(key) is not None:
+            problem = schema_problem(function[key], key)
+            if problem is not None:
+                raise EnvProtocolError(
+                    f"tool {name!r}: {problem}. Its JSON Schema cannot check the model's arguments: fix the "
+                    "env's tools (docs/tools.md)"
+                )
+            break

@@ -20,6 +20,7 @@ import re
 from typing import Any, ClassVar
 
 from agilerl.tools.calls import ParsedCompletion, ToolCall
+from agilerl.tools.jsonvalue import first_value, loads
 from agilerl.tools.parser import BodyCall, Segment, ToolParser
 
 __all__ = [
@@ -43,25 +44,17 @@ def _json_call(obj: Any, names: tuple[str, ...] = ("arguments", "parameters")) -
     name = obj.get("name")
     arguments = next((obj[key] for key in names if key in obj), {})
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as exc:
-            return BodyCall(name if isinstance(name, str) else None, None, "invalid_json", f"arguments: {exc}")
+        arguments, problem = loads(arguments) if arguments.strip() else ({}, None)
+        if problem is not None:
+            return BodyCall(name if isinstance(name, str) else None, None, "invalid_json", f"arguments: {problem}")
     if not isinstance(name, str) or not name:
         return BodyCall(None, arguments, "missing_name", 'the call has no "name"')
     return BodyCall(name, arguments)
 
 
-def _loads(text: str) -> tuple[Any, str | None]:
-    try:
-        return json.loads(text), None
-    except ValueError as exc:
-        return None, f"invalid JSON: {exc}"
-
-
-def _json_calls(text: str) -> list[BodyCall]:
-    """A JSON list of call objects, or one object."""
-    value, problem = _loads(text.strip())
+def _json_calls(text: str, *, first: bool = False) -> list[BodyCall]:
+    """A JSON list of call objects, or one object (``first``: the text's first JSON value)."""
+    value, _, problem = first_value(text, whole=not first)
     if problem is not None:
         return [BodyCall(None, None, "invalid_json", problem)]
     return [_json_call(item) for item in value] if isinstance(value, list) else [_json_call(value)]
@@ -72,9 +65,10 @@ class HermesParser(ToolParser):
     call_start = "<tool_call>"
     call_end = "</tool_call>"
     reasoning = _THINK
+    unclosed_at_end = True
 
     def read_body(self, body: str) -> list[BodyCall]:
-        value, problem = _loads(body.strip())
+        value, problem = loads(body.strip())
         if problem is not None:
             return [BodyCall(None, None, "invalid_json", problem)]
         return [_json_call(value)]
@@ -83,12 +77,13 @@ class HermesParser(ToolParser):
         return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-_FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(</function>|\Z)", re.S)
-_PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
-
-
 class Qwen3CoderParser(ToolParser):
-    """Every value is text; the tool's schema says what it is (``"3"`` for an integer is 3)."""
+    """Every value is text; the tool's schema says what it is (``"3"`` for an integer is 3).
+
+    A value may hold the format's own tags (code that writes ``</parameter>``): as vLLM reads it,
+    a ``</parameter>`` ends the value only where the next parameter, the ``</function>`` or the
+    end of the call follows it, and a ``</function>`` ends the call only before another
+    ``<function=`` or the end."""
 
     name = "qwen3_coder"
     call_start = "<tool_call>"
@@ -97,13 +92,8 @@ class Qwen3CoderParser(ToolParser):
 
     def read_body(self, body: str) -> list[BodyCall]:
         calls = []
-        for match in _FUNCTION.finditer(body):
-            name, inner, closed = match.group(1).strip(), match.group(2), match.group(3)
-            arguments = {}
-            for parameter in _PARAMETER.finditer(inner):
-                value = parameter.group(2)
-                value = value[1:] if value.startswith("\n") else value
-                arguments[parameter.group(1).strip()] = value[:-1] if value.endswith("\n") else value
+        for name, inner, closed in _functions(body):
+            arguments = dict(_parameters(inner))
             if not closed:
                 calls.append(BodyCall(name or None, arguments, "unclosed", "the call has no </function>"))
             else:
@@ -116,6 +106,86 @@ class Qwen3CoderParser(ToolParser):
             for key, value in arguments.items()
         )
         return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+_FUNCTION_OPEN, _FUNCTION_CLOSE = "<function=", "</function>"
+_PARAMETER_OPEN, _PARAMETER_CLOSE = "<parameter=", "</parameter>"
+
+
+def _functions(body: str) -> list[tuple[str, str, bool]]:
+    """Each ``<function=NAME>inner</function>`` of a Qwen3-Coder call: (name, inner, closed)."""
+    found = []
+    at = body.find(_FUNCTION_OPEN)
+    while at >= 0:
+        head = body.find(">", at)
+        if head < 0:
+            found.append((body[at + len(_FUNCTION_OPEN) :].strip(), "", False))
+            break
+        name = body[at + len(_FUNCTION_OPEN) : head].strip()
+        end = _closing(body, _FUNCTION_CLOSE, head + 1, (_FUNCTION_OPEN,))
+        if end < 0:
+            found.append((name, body[head + 1 :], False))
+            break
+        found.append((name, body[head + 1 : end], True))
+        at = body.find(_FUNCTION_OPEN, end + len(_FUNCTION_CLOSE))
+    return found
+
+
+def _parameters(inner: str) -> list[tuple[str, str]]:
+    """Each ``<parameter=NAME>value</parameter>`` of one function; a value's newline margins are
+    the template's, not the value's."""
+    found = []
+    at = inner.find(_PARAMETER_OPEN)
+    while at >= 0:
+        head = inner.find(">", at)
+        if head < 0:
+            break
+        end = _value_end(inner, head + 1)
+        if end < 0:  # no close: the value runs to the next parameter on a line of its own
+            nxt = inner.find("\n" + _PARAMETER_OPEN, head + 1)
+            end = nxt + 1 if nxt >= 0 else len(inner)
+            after = end
+        else:
+            after = end + len(_PARAMETER_CLOSE)
+        value = inner[head + 1 : end]
+        value = value[1:] if value.startswith("\n") else value
+        found.append((inner[at + len(_PARAMETER_OPEN) : head].strip(), value[:-1] if value.endswith("\n") else value))
+        at = inner.find(_PARAMETER_OPEN, after)
+    return found
+
+
+def _value_end(inner: str, start: int) -> int:
+    """Where a parameter's value ends: the first ``</parameter>`` followed by the next parameter
+    or the end, past the pairs a value holds (a ``<parameter=`` on a line of its own and its
+    close); -1 when its close is missing."""
+    depth, at = 0, start
+    while True:
+        close = inner.find(_PARAMETER_CLOSE, at)
+        if close < 0:
+            return -1
+        opened = inner.find("\n" + _PARAMETER_OPEN, at)
+        if 0 <= opened < close:
+            depth, at = depth + 1, opened + 1 + len(_PARAMETER_OPEN)
+            continue
+        at = close + len(_PARAMETER_CLOSE)
+        if depth:
+            depth -= 1
+            continue
+        rest = inner[at:].lstrip()
+        if not rest or rest.startswith(_PARAMETER_OPEN):
+            return close
+
+
+def _closing(text: str, close: str, start: int, next_opens: tuple[str, ...]) -> int:
+    """Where ``close`` closes what opened before ``start``: the first one followed only by
+    whitespace and then the end of ``text`` or one of ``next_opens``; -1 when none is."""
+    at = text.find(close, start)
+    while at >= 0:
+        rest = text[at + len(close) :].lstrip()
+        if not rest or rest.startswith(next_opens):
+            return at
+        at = text.find(close, at + len(close))
+    return -1
 
 
 class Llama3JsonParser(ToolParser):
@@ -136,14 +206,12 @@ class Llama3JsonParser(ToolParser):
             return ParsedCompletion(content=text, unit=unit, text=text_of)  # type: ignore[arg-type]
         span = (body[0].start, body[-1].end)
         calls = []
-        decoder = json.JSONDecoder()
         rest = text.strip()
         while rest:
-            try:
-                value, end = decoder.raw_decode(rest)
-            except ValueError as exc:
-                status = "unclosed" if rest.count("{") > rest.count("}") else "invalid_json"
-                item = BodyCall(None, None, status, f"invalid JSON: {exc}")  # type: ignore[arg-type]
+            value, end, problem = first_value(rest)
+            if problem is not None:
+                status = "unclosed" if "nest" not in problem and rest.count("{") > rest.count("}") else "invalid_json"
+                item = BodyCall(None, None, status, problem)  # type: ignore[arg-type]
                 calls.append(_record(item, span, rest, len(calls)))
                 break
             calls.append(_record(_json_call(value), span, rest[:end], len(calls)))
@@ -169,15 +237,19 @@ class MistralParser(ToolParser):
         return ("[ARGS]", "[CALL_ID]")
 
     def read_body(self, body: str) -> list[BodyCall]:
+        """As vLLM reads it: the first JSON value after the marker (text after it is not the
+        call's), and before a list of calls, whatever precedes its ``[{``."""
         body = body.strip()
         if "[ARGS]" in body:
             name, _, arguments = body.partition("[ARGS]")
             name = name.partition("[CALL_ID]")[0].strip()
-            value, problem = _loads(arguments.strip())
+            value, _, problem = first_value(arguments)
             if problem is not None:
                 return [BodyCall(name or None, None, "invalid_json", problem)]
             return [BodyCall(name or None, value)]
-        return _json_calls(body)
+        if not body.startswith(("[", "{")) and (start := body.find("[{")) > 0:
+            body = body[start:]  # junk before the list
+        return _json_calls(body, first=True)
 
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:
         return "[TOOL_CALLS]" + json.dumps([{"name": name, "arguments": arguments}])
@@ -189,13 +261,33 @@ class GraniteParser(ToolParser):
     reasoning = _THINK
 
     def read_body(self, body: str) -> list[BodyCall]:
-        return _json_calls(body)
+        return _json_calls(body, first=True)
+
+    def _parse_segments(self, segments: list[Segment], text_of: Any, unit: str) -> ParsedCompletion:
+        """As vLLM reads Granite: an answer that opens with the plain text ``<tool_call>`` (not the
+        ``<|tool_call|>`` token) followed by calls that read whole is calls too."""
+        parsed = super()._parse_segments(segments, text_of, unit)
+        opened = parsed.content.lstrip()
+        if parsed.calls or parsed.reasoning is not None or not opened.startswith(_PLAIN_CALL):
+            return parsed
+        raw = opened[len(_PLAIN_CALL) :]
+        found = self._read(raw)
+        if not all(item.status == "ok" for item in found):
+            return parsed  # prose that happens to start with the tag
+        span = (segments[0].start, segments[-1].end)
+        calls = tuple(_record(item, span, raw, i) for i, item in enumerate(found))
+        return ParsedCompletion(content="", calls=calls, unit=unit, text=text_of)  # type: ignore[arg-type]
 
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:
         return "<|tool_call|>" + json.dumps([{"name": name, "arguments": arguments}])
 
 
+_PLAIN_CALL = "<tool_call>"
+
+
 _QUOTE = '<|"|>'
+_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_INTEGER = re.compile(r"-?\d+")
 
 
 class GemmaParser(ToolParser):
@@ -274,6 +366,8 @@ class _GemmaValue:
         literal = {"true": True, "false": False, "null": None}
         if word in literal:
             return literal[word]
+        if _NUMBER.fullmatch(word):  # as vLLM reads Gemma's numbers: 108. and .5 are numbers too
+            return int(word) if _INTEGER.fullmatch(word) else float(word)
         try:
             return json.loads(word)
         except ValueError:
@@ -348,7 +442,7 @@ class HarmonyParser(ToolParser):
                 if not closed:
                     item = BodyCall(name, None, "unclosed", "the call has no <|call|>")
                 else:
-                    value, problem = _loads(text.strip() or "{}")
+                    value, problem = loads(text.strip() or "{}")
                     item = BodyCall(name, None, "invalid_json", problem) if problem else BodyCall(name, value)
                 calls.append(_record(item, (begin, end), text, len(calls)))
             elif channel == "analysis":
@@ -395,7 +489,7 @@ _CALLS_BEGIN, _CALL_BEGIN, _SEP, _CALL_END, _CALLS_END = (
     "<｜tool▁call▁end｜>",
     "<｜tool▁calls▁end｜>",
 )
-_FENCED = re.compile(r"\A\s*([^\n`]*?)\s*\n?```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
+_FENCED = re.compile(r"\A\s*([^\n`]*?)\s*\n?```(?:json)?\s*(.*?)\s*```", re.S)
 
 
 class DeepSeekParser(ToolParser):
@@ -423,7 +517,7 @@ class DeepSeekParser(ToolParser):
             name, arguments = fenced.group(1).strip(), fenced.group(2)
         else:
             name, arguments = left, right
-        value, problem = _loads(arguments.strip() or "{}")
+        value, _, problem = first_value(arguments if arguments.strip() else "{}")  # text after it is not the call's
         if problem is not None:
             return [BodyCall(name or None, None, "invalid_json", problem)]
         return [BodyCall(name or None, value)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agilerl.tools.calls import CallStatus, ParsedCompletion, ToolCall, ToolSet
+from agilerl.tools.jsonvalue import MAX_DEPTH, depth_problem
 
 __all__ = ["Segment", "ToolParser", "BodyCall", "marker_ids"]
 
@@ -77,6 +78,9 @@ class ToolParser:
     ``<|call|>``, Gemma's ``<tool_call|>``); None: the chat template's close of an answer."""
     required_markers: ClassVar[tuple[str, ...] | None] = None
     """The markers that must be tokens to parse on ids (default: the call markers)."""
+    unclosed_at_end: ClassVar[bool] = False
+    """Whether a call the completion ends inside runs when its body reads whole (vLLM's hermes
+    takes ``<tool_call>{...}`` at the end without ``</tool_call>``); else it is ``unclosed``."""
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer
@@ -168,6 +172,13 @@ class ToolParser:
         """The calls in one call block's text (markers removed)."""
         raise NotImplementedError
 
+    def _read(self, body: str) -> list[BodyCall]:
+        """``read_body``, with a family's recursion on a depth bomb turned into the call's status."""
+        try:
+            return self.read_body(body)
+        except RecursionError:
+            return [BodyCall(None, None, "invalid_json", f"the call nests deeper than {MAX_DEPTH} levels")]
+
     def _parse_segments(self, segments: list[Segment], text_of: Any, unit: str) -> ParsedCompletion:
         think_open, think_close = self.reasoning or (None, None)
         content: list[str] = []
@@ -180,8 +191,8 @@ class ToolParser:
 
         def close_call(end: int, closed: bool) -> None:
             raw = text_of.segments(body, keep_special=True)
-            found = self.read_body(raw) if closed or self.call_end is None else []
-            if not closed and self.call_end is not None:
+            found = self._read(raw) if closed or self.call_end is None or self.unclosed_at_end else []
+            if not closed and self.call_end is not None and not (found and all(item.status == "ok" for item in found)):
                 found = [BodyCall(None, None, "unclosed", f"the call has no {self.call_end}")]
             for item in found or [BodyCall(None, None, "missing_name", "an empty call")]:
                 calls.append(_call(item, (call_begin, end), raw, len(calls)))
@@ -244,6 +255,8 @@ def _call(item: BodyCall, span: tuple[int, int], raw: str, index: int) -> ToolCa
         arguments = {}
     if status == "ok" and not isinstance(arguments, dict):
         status, error = "invalid_json", f"arguments must be a JSON object, got {type(arguments).__name__}"
+    if status == "ok" and (problem := depth_problem(arguments)) is not None:
+        status, error, arguments = "invalid_json", problem, None
     return ToolCall(
         name=item.name or None,
         arguments=arguments if isinstance(arguments, dict) else None,

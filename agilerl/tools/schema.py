@@ -9,12 +9,13 @@ covered is what tool schemas use: ``type`` (or a list of types), ``properties``,
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["check_arguments", "compile_check"]
+from agilerl.tools.jsonvalue import loads
+
+__all__ = ["check_arguments", "compile_check", "schema_problem"]
 
 _NO_VALUE = object()
 
@@ -37,6 +38,67 @@ _BOUNDS = frozenset(
 _CHOICES = ("anyOf", "oneOf")
 
 
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_ONE = ("additionalProperties", "items", "not", "contains", "propertyNames")
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+
+
+def schema_problem(schema: Any, where: str = "parameters", depth: int = 0) -> str | None:
+    """The first keyword of ``schema`` that is not what JSON Schema says it is (``required: 5``,
+    ``properties`` as a list, ``enum: 5``), named by its path; None when the keywords the checker
+    reads are well-formed. A schema may be ``true``/``false``; unknown keywords are not ours."""
+    if isinstance(schema, bool):
+        return None
+    if not isinstance(schema, Mapping):
+        return f"{where} must be a JSON Schema object, got {_short(schema)}"
+    if depth > _SCHEMA_DEPTH:
+        return f"{where} nests deeper than {_SCHEMA_DEPTH} levels"
+    kinds = schema.get("type")
+    if "type" in schema and not (
+        isinstance(kinds, str) or isinstance(kinds, list) and kinds and all(isinstance(k, str) for k in kinds)
+    ):
+        return f"{where}.type must be a type name or a list of them, got {_short(kinds)}"
+    required = schema.get("required")
+    if "required" in schema and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        return f"{where}.required must be a list of property names, got {_short(required)}"
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        return f"{where}.enum must be a list of the allowed values, got {_short(schema['enum'])}"
+    for key in _BOUNDS.difference(_COUNTS):
+        bound = schema.get(key)
+        if key in schema and (isinstance(bound, bool) and not key.startswith("exclusive") or not isinstance(bound, (int, float))):
+            return f"{where}.{key} must be a number, got {_short(bound)}"
+    for key in _COUNTS:
+        count = schema.get(key)
+        if key in schema and (type(count) is not int or count < 0):
+            return f"{where}.{key} must be a whole number >= 0, got {_short(count)}"
+    for key in _SCHEMA_MAPS:
+        if key in schema:
+            members = schema[key]
+            if not isinstance(members, Mapping):
+                return f"{where}.{key} must be an object of schemas by name, got {_short(members)}"
+            for name, member in members.items():
+                if (problem := schema_problem(member, f"{where}.{key}.{name}", depth + 1)) is not None:
+                    return problem
+    for key in _SCHEMA_LISTS:
+        if key in schema:
+            options = schema[key]
+            if not isinstance(options, list) or not options:
+                return f"{where}.{key} must be a non-empty list of schemas, got {_short(options)}"
+            for i, option in enumerate(options):
+                if (problem := schema_problem(option, f"{where}.{key}[{i}]", depth + 1)) is not None:
+                    return problem
+    for key in _SCHEMA_ONE:
+        if key in schema:
+            members = schema[key] if key == "items" and isinstance(schema[key], list) else [schema[key]]
+            for i, member in enumerate(members):
+                path = f"{where}.{key}" + (f"[{i}]" if len(members) > 1 or members is schema[key] else "")
+                if (problem := schema_problem(member, path, depth + 1)) is not None:
+                    return problem
+    return None
+
+
+_SCHEMA_DEPTH = 32
 _PLAIN_TYPES = {"string": str, "integer": int, "boolean": bool}
 _PLAIN_KEYS = frozenset({"type", "description", "title"})
 
@@ -129,11 +191,40 @@ def _check_object(schema: Mapping[str, Any], value: dict[str, Any], where: str) 
     return checked
 
 
+def _kind(name: Any) -> Any:
+    """A type name as JSON Schema spells it. Tool schemas written for code name types as their
+    language does (``float``, ``double``, ``int64``, ``bool``, ``str``, ``list``, ``dict``); Qwen's
+    reference parser and vLLM's read those (any ``num*`` or ``float*`` a number, ``int*``,
+    ``uint*``, ``long*``, ``short*``, ``unsigned*`` an integer), and so does the check."""
+    if not isinstance(name, str) or name in _JSON_TYPES:
+        return name
+    low = name.strip().lower()
+    if low in _JSON_TYPES:
+        return low
+    if low.startswith(("num", "float", "double")):
+        return "number"
+    if low.startswith(("int", "uint", "long", "short", "unsigned")):
+        return "integer"
+    if low in ("bool", "binary"):
+        return "boolean"
+    if low in ("str", "text", "varchar", "char", "enum"):
+        return "string"
+    if low == "arr" or low.startswith("list"):
+        return "array"
+    if low.startswith("dict"):
+        return "object"
+    return name
+
+
+_JSON_TYPES = frozenset({"string", "integer", "number", "boolean", "null", "object", "array"})
+
+
 def _typed(types: list[Any], value: Any, where: str) -> Any:
     if len(types) == 1:  # the common case: one type, already right
         kind = types[0]
         if kind == "integer" and type(value) is int or kind == "string" and type(value) is str:
             return value
+    types = [_kind(kind) for kind in types]
     for kind in types:
         if _is(kind, value):
             return float(value) if kind == "number" and isinstance(value, int) else value
@@ -182,11 +273,8 @@ def _coerce(kind: Any, value: Any) -> Any:
     elif kind == "null" and isinstance(value, str) and value.strip().lower() in ("null", "none"):
         return None
     elif kind in ("object", "array") and isinstance(value, str):
-        try:
-            decoded = json.loads(value)
-        except ValueError:
-            return _NO_VALUE
-        return decoded if _is(kind, decoded) else _NO_VALUE
+        decoded, problem = loads(value)
+        return decoded if problem is None and _is(kind, decoded) else _NO_VALUE
     elif kind == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     return _NO_VALUE
