@@ -235,6 +235,34 @@ class EntrypointSpec(_TextAdapterFields, RolloutSpec):
         description="Sessions each replica serves at once (provider local or ray; default: the "
         "server's, 64).",
     )
+    address: str | None = Field(
+        None,
+        min_length=1,
+        description="provider ray: the Ray cluster ('ray://host:10001', 'host:6379', 'auto'); default: "
+        "$RAY_ADDRESS, else a local cluster started and shut down with the run.",
+    )
+    max_starts_per_s: float = Field(
+        4.0,
+        gt=0,
+        le=1000,
+        description="Replica starts per second at most (provider local or ray; the first ones, "
+        "replacements and growth, retries included).",
+    )
+
+    @model_validator(mode="after")
+    def _fleet_options(self) -> EntrypointSpec:
+        """``address`` is Ray's; ``max_starts_per_s`` any fleet's (not an in-process env's)."""
+        if self.address is not None and self.placement != "ray":
+            raise ValueError(
+                f"'address' names a Ray cluster: it applies to provider 'ray' only (provider is "
+                f"{self.placement!r}); set provider: ray, or remove it."
+            )
+        if "max_starts_per_s" in self.model_fields_set and self.placement == "in_process":
+            raise ValueError(
+                "'max_starts_per_s' applies to provider 'local' or 'ray' (servers of the env); "
+                "set provider: local, or remove it."
+            )
+        return self
 
     @model_validator(mode="after")
     def _placement(self) -> EntrypointSpec:
