@@ -134,6 +134,7 @@ class MissingExtra(AgileRLError, ImportError):
         "openenv": "openenv",
         "PIL": "vision",
         "numpy": "vision",
+        "ray": "ray",
     }
 
     def __init__(self, extra: str, what: str, missing: str) -> None:
