@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from agilerl.generation.policy import Policy
     from agilerl.generation.versioned import VersionedPolicy
     from agilerl.data.dataset_env import DatasetEnv
+    from agilerl.train.records import RolloutRecorder
 
 __all__ = [
     "AlgorithmRef",
@@ -123,6 +124,10 @@ def train_llm_rollout(
             f"{collector.group_size}: a micro-batch must hold whole groups to compare them."
         )
     trainer = _Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
+    if trainer.world.is_main and settings.record_rollouts != 0:  # rank 0's samples (docs/viewer.md)
+        from agilerl.train.records import RolloutRecorder
+
+        trainer.records = RolloutRecorder(trainer.output_dir, tokenizer, settings.record_rollouts, start_step=trainer.step)
     generator = generation or TransformersPolicy(model, tokenizer, max_model_len=max_model_len)
     if settings.rollout_mode == "async" and isinstance(generator, TransformersPolicy) and generator.model is model:
         # generation goes on during the update: it needs weights of its own (docs/async.md)
@@ -150,6 +155,8 @@ def train_llm_rollout(
     def next_batch() -> tuple[Any, dict[str, float]]:
         with own_weights(), trainer.accelerator.autocast():
             rollouts, metrics = pipeline.take()
+        if trainer.records is not None:
+            trainer.records.add(rollouts.trajectories, version=trainer.step)
         assigner = collector.assigner  # adaptive task sampling counts the step's groups, every rank's
         assigner.observe(rollouts.trajectories)
         if assigner.adaptive is not None and trainer.world.world_size > 1:
@@ -279,6 +286,7 @@ class _Trainer:
         self.versioned: VersionedPolicy | None = None  # what generates: told each step's version (and weights)
         self.rollout_state: Callable[[], dict[str, Any]] | None = None  # the task stream, kept in checkpoints
         self.rollouts_trained: Callable[[], None] | None = None  # told when an update has used its batches
+        self.records: RolloutRecorder | None = None  # rollouts.jsonl, written with each step's row
         self._unlogged: dict[str, float] | None = None  # a finished step's metrics, until its row is written
         self._saved_step, self._saved_at = self.step, time.monotonic()
 
@@ -409,6 +417,8 @@ class _Trainer:
     def _log_step(self, header: dict[str, Any]) -> None:
         """The finished step's row (metrics.jsonl, trackers): written before its checkpoint, so
         a checkpoint never exists without its row."""
+        if self.records is not None:  # the step's samples, before its row
+            self.records.write(self.step)
         if self.log is not None:
             self.log.write(self.step, self._unlogged or {}, header)
         self.tracking.log(self.step, self._unlogged or {})
@@ -505,6 +515,8 @@ def split_rows(batch: Any, size: int | None) -> list[tuple[int, Any]]:
     multiples of the group size keep every group whole (its advantages stay right)."""
     from dataclasses import fields, is_dataclass, replace
 
+    if hasattr(batch, "micro_batches"):  # RolloutTensors: whole episodes (an episode may be several rows)
+        return batch.micro_batches(size)
     tensors = {f.name: getattr(batch, f.name) for f in fields(batch)} if is_dataclass(batch) else batch
     rows = next(iter(tensors.values())).shape[0]
     if size is None or size >= rows:

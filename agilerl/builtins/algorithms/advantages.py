@@ -1,11 +1,19 @@
 """Advantage estimation over collated rollouts: group-relative, GAE and returns.
 
 Every function is a pure tensor function, so each one is checked against hand-computed values.
-Shapes: ``[B]`` per rollout, ``[B, K]`` per turn, ``[B, T]`` per token.
+Shapes: ``[B]`` per row, ``[B, K]`` per turn, ``[B, T]`` per token; ``[E]`` per episode.
+
+A row is a training sample; an episode whose context was rewritten spans several rows
+(``RolloutTensors.episode``). Whatever compares or accumulates over an episode (group statistics,
+baselines, returns, GAE) runs per episode: ``per_episode`` takes one row of each, ``to_rows``
+broadcasts back, ``merge_turns`` joins the turns an episode's rows hold, and ``over_episodes``
+runs a scan along an episode's tokens with its rows joined end to end. A batch without split
+episodes passes through all four untouched, so its numbers are exactly those of rows = episodes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,6 +24,10 @@ if TYPE_CHECKING:
     from agilerl.train.batch import RolloutTensors
 
 __all__ = [
+    "per_episode",
+    "to_rows",
+    "merge_turns",
+    "over_episodes",
     "group_normalize",
     "has_per_turn_rewards",
     "is_multi_turn",
@@ -27,6 +39,56 @@ __all__ = [
     "leave_one_out_mean",
     "whiten",
 ]
+
+
+def per_episode(values: torch.Tensor, batch: RolloutTensors) -> torch.Tensor:
+    """``values`` (``[B, ...]``, the same on every row of an episode) with one row per episode."""
+    return values[batch.episode_ends] if batch.is_split else values
+
+
+def to_rows(values: torch.Tensor, batch: RolloutTensors) -> torch.Tensor:
+    """Per-episode ``values`` (``[E, ...]``) given to every row of their episode (``[B, ...]``)."""
+    return values[batch.episode_of] if batch.is_split else values
+
+
+def merge_turns(
+    values: torch.Tensor, present: torch.Tensor, batch: RolloutTensors
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-turn ``values`` ``[B, K]`` that each turn has in the one row holding it (``present``)
+    as ``[E, K]``, with where they are present."""
+    if not batch.is_split:
+        return values, present
+    of, episodes = batch.episode_of, len(batch.episode_ends)
+    merged = values.new_zeros((episodes, values.shape[1])).index_add(0, of, values * present)
+    count = present.new_zeros((episodes, values.shape[1]), dtype=torch.long).index_add(0, of, present.long())
+    return merged, count > 0
+
+
+def over_episodes(
+    batch: RolloutTensors, scan: Callable[..., torch.Tensor], *per_token: torch.Tensor
+) -> torch.Tensor:
+    """``scan(*per_token)`` (``[B, T]`` tensors in, ``[B, T]`` out: returns, GAE) run along each
+    episode's tokens, its rows joined end to end, so what a later sample earns reaches the
+    earlier samples' tokens; the result is cut back into rows (0 on padding)."""
+    if not batch.is_split:
+        return scan(*per_token)
+    of = batch.episode_of
+    lengths = batch.attention_mask.sum(dim=1)
+    starts = torch.cumsum(lengths, 0) - lengths  # each row's start, counted over the whole batch
+    first_row = torch.zeros_like(starts).index_reduce(0, of, starts, "amin", include_self=False)
+    offsets = starts - first_row[of]
+    width = int(torch.zeros_like(lengths).index_add(0, of, lengths).max())
+    positions = torch.arange(batch.input_ids.shape[1], device=of.device).expand_as(batch.input_ids)
+    real = positions < lengths[:, None]
+    columns = torch.where(real, offsets[:, None] + positions, width)  # padding: one spare column
+    episodes = of[:, None].expand_as(columns)
+    joined = []
+    for x in per_token:
+        laid = x.new_zeros((len(batch.episode_ends), width + 1))
+        laid[episodes[real], columns[real]] = x[real]
+        joined.append(laid)
+    out = scan(*joined)
+    return torch.where(real, out[episodes, columns], torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def group_normalize(

@@ -17,7 +17,9 @@ from torch import Tensor
 from agilerl.builtins.algorithms.advantages import (
     group_normalize,
     has_per_turn_rewards,
+    per_episode,
     per_turn_to_tokens,
+    to_rows,
 )
 from agilerl.builtins.algorithms.off_policy import Correction
 from agilerl.builtins.algorithms.policy_gradient import (
@@ -80,7 +82,7 @@ class GroupRelative(PolicyGradient[ConfigT]):
         )
         metrics["turn_level"] = float(granularity == "turn")
         metrics["advantage_abs_mean"] = masked_mean(advantages.abs(), batch.loss_mask).item()
-        return -self.aggregate(objective, mask), metrics
+        return -self.aggregate(objective, mask, batch.sample_weight if batch.is_split else None), metrics
 
     def granularity(self, batch: RolloutTensors) -> Literal["trajectory", "turn"]:
         """The configured granularity, with ``auto`` settled for this batch."""
@@ -92,25 +94,36 @@ class GroupRelative(PolicyGradient[ConfigT]):
     def advantages(
         self, batch: RolloutTensors, granularity: Literal["trajectory", "turn"]
     ) -> torch.Tensor:
-        """Per-token advantages ``[B, T]`` (0 off the loss mask)."""
+        """Per-token advantages ``[B, T]`` (0 off the loss mask), normalised over the group's
+        episodes (an episode split into several rows counts once) and given to each of its rows."""
+        rewards = per_episode(batch.turn_rewards, batch)
         if granularity == "trajectory":
-            values = batch.turn_rewards.sum(dim=1, keepdim=True)
+            values = rewards.sum(dim=1, keepdim=True)
             mask = torch.ones_like(values, dtype=torch.bool)
         else:
-            values, mask = batch.turn_rewards, batch.turn_mask
-        per_turn = group_normalize(
-            values,
-            mask,
-            batch.group,
-            epsilon=self.config.std_epsilon,
-            scale=self.config.scale_rewards,
+            values, mask = rewards, per_episode(batch.turn_mask, batch)
+        per_turn = to_rows(
+            group_normalize(
+                values,
+                mask,
+                per_episode(batch.group, batch),
+                epsilon=self.config.std_epsilon,
+                scale=self.config.scale_rewards,
+            ),
+            batch,
         )
         if granularity == "trajectory":
             return per_turn.expand(batch.input_ids.shape) * batch.loss_mask
         return per_turn_to_tokens(per_turn, batch.turn_ids) * batch.loss_mask
 
-    def aggregate(self, objective: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Token-level mean over every action token in the batch (long answers weigh more)."""
+    def aggregate(
+        self, objective: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token-level mean over every action token in the batch (long answers weigh more).
+
+        ``weight`` (``[B]``, with split episodes: each row's share of its episode) is not needed
+        here: every generated token sits in exactly one row, so an episode weighs its tokens
+        however many rows hold them. Per-row means (GSPO's) use it."""
         return masked_mean(objective, mask)
 
     @abstractmethod

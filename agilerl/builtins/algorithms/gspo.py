@@ -49,9 +49,16 @@ class GSPO(GroupRelative[GSPOConfig]):
         )
         return objective, {"clip_fraction": masked_mean(clipped.float(), mask).item()}
 
-    def aggregate(self, objective: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Mean over sequences of each sequence's token mean (every completion weighs the same)."""
+    def aggregate(
+        self, objective: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Mean over sequences of each sequence's token mean (every completion weighs the same);
+        with ``weight`` (split episodes) a row weighs its share of its episode, so an episode's
+        samples together weigh one completion."""
         weights = mask.float()
         tokens = weights.sum(dim=1)
         per_sequence = (objective * weights).sum(dim=1) / tokens.clamp(min=1.0)
-        return masked_mean(per_sequence, tokens > 0)
+        if weight is None:
+            return masked_mean(per_sequence, tokens > 0)
+        rows = weight * (tokens > 0)
+        return (per_sequence * rows).sum() / rows.sum().clamp(min=1e-8)

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import torch
 from pydantic import AliasChoices, Field
 
+from agilerl.builtins.algorithms.advantages import per_episode
 from agilerl.builtins.algorithms.off_policy import Correction, OffPolicyConfig, off_policy_correction
 from agilerl.errors import InvalidArgument
 from agilerl.train.algorithm import Algorithm
@@ -90,9 +91,10 @@ class PolicyGradient(Algorithm[ConfigT]):
             kl = masked_mean(self._kl(logprobs, batch, reference), batch.loss_mask)
             loss = loss + self.config.beta * kl
             metrics["kl"] = kl.item()
-        rewards = batch.turn_rewards.sum(dim=1)[batch.valid]
+        valid = per_episode(batch.valid, batch)  # per episode, however many rows each spans
+        rewards = per_episode(batch.turn_rewards, batch).sum(dim=1)[valid]
         metrics["reward_mean"] = rewards.mean().item() if len(rewards) else 0.0
-        metrics["valid_fraction"] = batch.valid.float().mean().item()
+        metrics["valid_fraction"] = valid.float().mean().item()
         metrics["loss"] = loss.item()
         return loss, metrics
 

@@ -10,8 +10,11 @@ from pydantic import Field
 
 from agilerl.builtins.algorithms.advantages import (
     gae,
+    merge_turns,
+    over_episodes,
     per_turn_to_tokens,
     rewards_at_turn_ends,
+    to_rows,
     turn_action_bounds,
     whiten,
 )
@@ -90,18 +93,26 @@ class LLMPPO(PolicyGradient[LLMPPOConfig]):
     ) -> tuple[torch.Tensor, dict[str, float]]:
         config, mask = self.config, batch.loss_mask
         granularity = config.granularity_for(batch)
+        # GAE runs over whole episodes: an episode split into rows bootstraps across them
         if granularity == "token":
             predicted, value_mask = outputs.values, mask
-            rewards = rewards_at_turn_ends(batch)
+            advantages = over_episodes(
+                batch,
+                lambda r, v, m: gae(r, v, m, config.gamma, config.gae_lambda),
+                rewards_at_turn_ends(batch),
+                predicted.detach(),
+                value_mask,
+            )
+            returns = advantages + predicted.detach()
         else:
             first, _ = turn_action_bounds(batch.turn_ids, batch.action_mask, batch.max_turns)
             predicted = outputs.values.gather(1, first.clamp(min=0))
             value_mask = batch.turn_mask & (first >= 0) & batch.valid[:, None]
-            rewards = batch.turn_rewards
-        advantages = gae(rewards, predicted.detach(), value_mask, config.gamma, config.gae_lambda)
-        returns = advantages + predicted.detach()
-        if granularity == "turn":
-            advantages = per_turn_to_tokens(advantages, batch.turn_ids) * mask
+            values, present = merge_turns(predicted.detach(), value_mask, batch)
+            rewards, _ = merge_turns(batch.turn_rewards, batch.turn_mask & (first >= 0), batch)
+            advantages = gae(rewards, values, present, config.gamma, config.gae_lambda)
+            returns = to_rows(advantages + values, batch)
+            advantages = per_turn_to_tokens(to_rows(advantages, batch), batch.turn_ids) * mask
         if config.whiten_advantages:
             advantages = whiten(advantages, mask)
         ratio = torch.exp(logprobs - logprobs.detach())

@@ -10,8 +10,11 @@ from pydantic import Field
 from agilerl.builtins.algorithms.advantages import (
     discounted_returns,
     leave_one_out_mean,
+    over_episodes,
+    per_episode,
     per_turn_to_tokens,
     rewards_at_turn_ends,
+    to_rows,
     turn_action_bounds,
 )
 from agilerl.builtins.algorithms.off_policy import Correction
@@ -47,8 +50,9 @@ class LLMREINFORCE(PolicyGradient[LLMREINFORCEConfig]):
         granularity = self.config.granularity_for(batch)
         returns, episode_return = self.returns(batch, granularity)
         baseline = torch.zeros_like(episode_return)
-        if self.config.baseline == "leave_one_out":
-            baseline = leave_one_out_mean(episode_return, batch.group)
+        if self.config.baseline == "leave_one_out":  # over the group's episodes, not its rows
+            episodes = per_episode(episode_return, batch)
+            baseline = to_rows(leave_one_out_mean(episodes, per_episode(batch.group, batch)), batch)
         advantages = (returns - baseline[:, None]) * mask
         loss = -masked_mean(correction.weigh(advantages) * logprobs, correction.mask)
         return loss, {
@@ -59,11 +63,23 @@ class LLMREINFORCE(PolicyGradient[LLMREINFORCEConfig]):
     def returns(
         self, batch: RolloutTensors, granularity: Literal["turn", "token"]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token returns ``[B, T]`` and each rollout's return from its first step ``[B]``."""
+        """Per-token returns ``[B, T]`` and each row's episode's return from its first step ``[B]``
+        (returns run over the whole episode, across its rows)."""
         gamma = self.config.gamma
-        if granularity == "turn":
+        if granularity == "turn":  # every row holds its episode's turn rewards
             per_turn = discounted_returns(batch.turn_rewards, batch.turn_mask, gamma)
             return per_turn_to_tokens(per_turn, batch.turn_ids), per_turn[:, 0]
-        per_token = discounted_returns(rewards_at_turn_ends(batch), batch.action_mask, gamma)
+        per_token = over_episodes(
+            batch, lambda r, m: discounted_returns(r, m, gamma), rewards_at_turn_ends(batch), batch.action_mask
+        )
         first, _ = turn_action_bounds(batch.turn_ids, batch.action_mask, batch.max_turns)
-        return per_token, per_token.gather(1, first[:, :1].clamp(min=0)).squeeze(1)
+        at_first = per_token.gather(1, first[:, :1].clamp(min=0)).squeeze(1)
+        if batch.is_split:  # the episode's first turn is in its first row
+            at_first = to_rows(at_first[_first_rows(batch)], batch)
+        return per_token, at_first
+
+
+def _first_rows(batch: RolloutTensors) -> torch.Tensor:
+    """The first row of each episode ``[E]``."""
+    ends = batch.episode_ends
+    return torch.cat([ends.new_zeros(1), ends[:-1] + 1])
