@@ -1,0 +1,290 @@
+"""An agent program's episode as training samples: the exact tokens of every call it made.
+
+An episode is the sequence of its calls. A call whose messages extend an earlier call's messages
+plus the reply it was given continues that call's sample: its prompt is that sample's tokens (the
+earlier prompts and completions, exactly as generated) followed by the tokens of the new messages
+only. A call that extends no sample (the program compacted its history, dropped thinking, started
+a sub-agent, changed its system prompt or tools) starts a new sample from a fresh render. History
+is never re-tokenized from text, so the model trains on exactly what it saw and generated.
+
+The new messages are rendered the way the harness renders tool results: the chat template renders
+a short conversation (an opening, the reply as given, the new messages), and the text after the
+reply's close is what they add; constant work per call, whatever the history's length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agilerl.chat import ChatRenderer
+from agilerl.errors import ChatTemplateError, InvalidArgument
+from agilerl.generation.policy import Generation
+from agilerl.rollout.trajectory import Trajectory
+
+__all__ = ["CallPlan", "Episode", "normalize_messages"]
+
+_BASES = (
+    [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+    [{"role": "user", "content": "u"}],
+)
+"""Openings a reply can follow when its continuation is rendered (as ``agilerl.chat`` learns
+templates: some refuse a system message)."""
+
+
+def _text(content: Any) -> str:
+    """A message's content as text: a string, or the text of its ``text`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                texts.append(str(part.get("text", "")))
+            else:
+                raise InvalidArgument(
+                    f"a message content part of type {kind!r}: this endpoint takes text parts only "
+                    "(images in image_url parts are not served yet)"
+                )
+        return "".join(texts)
+    raise InvalidArgument(f"a message's content must be a string or a list of parts, got {type(content).__name__}")
+
+
+def _arguments(value: Any) -> Any:
+    """Tool-call arguments as a mapping when they are JSON (clients send them as text)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """Messages as the chat template takes them and as calls are compared: role, text content,
+    tool calls (arguments as mappings) and the tool call a result answers; the rest a client adds
+    (``refusal: null``, ``annotations``) is dropped."""
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidArgument(f"messages[{i}] must be an object with a string 'role'")
+        item: dict[str, Any] = {"role": message["role"], "content": _text(message.get("content"))}
+        calls = message.get("tool_calls")
+        if calls:
+            item["tool_calls"] = [
+                {
+                    "id": str(call.get("id", "")),
+                    "type": "function",
+                    "function": {
+                        "name": str((call.get("function") or {}).get("name", "")),
+                        "arguments": _arguments((call.get("function") or {}).get("arguments")),
+                    },
+                }
+                for call in calls
+            ]
+        if message.get("tool_call_id") is not None:
+            item["tool_call_id"] = str(message["tool_call_id"])
+        if message["role"] == "tool" and message.get("name") is not None:
+            item["name"] = str(message["name"])
+        out.append(item)
+    return out
+
+
+@dataclass
+class _Sample:
+    """One training sample being built: its token stream and the conversation it holds."""
+
+    trajectory: Trajectory
+    history: list[Any]
+    """The messages (chat) of its last call plus the reply, or its text so far (completions)."""
+    tools: str = ""
+    last_turn: int = -1
+    """The episode turn (call index) of its last completion: its next prompt tokens belong to it."""
+
+
+@dataclass
+class CallPlan:
+    """What a call will generate from: its prompt ids, and where its completion goes."""
+
+    prompt_ids: list[int]
+    sample: _Sample | None
+    """The sample it extends (None: it starts one)."""
+    base_len: int = 0
+    """The extended sample's length when the call was planned."""
+    history: list[Any] = field(default_factory=list)
+    tools: str = ""
+
+
+class Episode:
+    """The calls of one program's episode, kept as samples (see the module doc).
+
+    Calls come from the endpoint's loop thread; the lock keeps a concurrent reader (the episode's
+    end) consistent.
+    """
+
+    def __init__(self, episode_id: str, key: str, renderer: ChatRenderer, *, max_calls: int | None = None) -> None:
+        self.id = episode_id
+        self.key = key
+        self.renderer = renderer
+        self.max_calls = max_calls
+        self.calls = 0
+        self.call_s = 0.0
+        self.generated_tokens = 0
+        self.in_flight = 0
+        self.last_chat: list[dict[str, Any]] | None = None
+        """The latest chat call's messages plus its reply: the final conversation, for rubrics."""
+        self._samples: list[_Sample] = []
+        self._turn = 0
+        self._lock = threading.Lock()
+
+    # -- planning a call ----------------------------------------------------------------------
+
+    def plan_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, calls_end: str | None) -> CallPlan:
+        """The prompt of a chat call: the sample it extends plus its new messages, or a fresh render."""
+        key = json.dumps(tools, sort_keys=True) if tools else ""
+        renderer = self.renderer.with_tools(tools or None)
+        with self._lock:
+            best = None
+            for sample in self._samples:
+                history = sample.history
+                if (
+                    isinstance(history, list) and sample.tools == key and len(history) < len(messages)
+                    and messages[: len(history)] == history and (best is None or len(history) > len(best.history))
+                ):
+                    best = sample
+            if best is None:
+                return CallPlan(renderer.prompt_ids(messages), None, history=messages, tools=key)
+            traj = best.trajectory
+            new = messages[len(best.history) :]
+            tail = continuation_ids(renderer, best.history[-1], new, traj.token_ids, calls_end)
+            return CallPlan(traj.token_ids + tail, best, len(traj.token_ids), messages, key)
+
+    def plan_text(self, prompt: str) -> CallPlan:
+        """The prompt of a completions call: the sample whose text it extends plus the new text's
+        ids, or the prompt encoded afresh."""
+        with self._lock:
+            best = None
+            for sample in self._samples:
+                text = sample.history
+                if isinstance(text, str) and prompt.startswith(text) and (best is None or len(text) > len(best.history)):
+                    best = sample
+            if best is None:
+                return CallPlan(self.renderer.encode(prompt), None, history=prompt)  # type: ignore[arg-type]
+            traj = best.trajectory
+            rest = prompt[len(best.history) :]
+            ids = self.renderer.encode(rest) if rest else []
+            return CallPlan(traj.token_ids + ids, best, len(traj.token_ids), prompt)  # type: ignore[arg-type]
+
+    # -- recording a call ---------------------------------------------------------------------
+
+    def record(self, plan: CallPlan, generation: Generation, reply: Any, elapsed_s: float) -> None:
+        """Append a finished call's completion to its sample (``reply``: the assistant message, or
+        the completion's text, that the program was given)."""
+        ids = list(generation.token_ids)
+        with self._lock:
+            turn = self._turn
+            self._turn += 1
+            self.calls += 1
+            self.call_s += elapsed_s
+            self.generated_tokens += len(ids)
+            sample = plan.sample
+            if sample is not None and len(sample.trajectory.token_ids) == plan.base_len:
+                traj = sample.trajectory
+                new_prompt = plan.prompt_ids[plan.base_len :]
+                prompt_turn = sample.last_turn
+            else:  # a new sample; or a fork of one that another call extended meanwhile
+                traj = Trajectory()
+                new_prompt = plan.prompt_ids
+                sample = _Sample(traj, [], plan.tools)
+                self._samples.append(sample)
+                prompt_turn = -1
+            _extend(traj, new_prompt, ids, generation, turn, prompt_turn)
+            sample.last_turn = turn
+            if isinstance(plan.history, list):
+                sample.history = [*plan.history, reply]
+                self.last_chat = sample.history
+            else:
+                sample.history = plan.history + reply
+
+    @property
+    def num_samples(self) -> int:
+        return len(self._samples)
+
+    def trajectories(self) -> list[Trajectory]:
+        """The episode's samples, oldest first; each stamped with the episode id."""
+        with self._lock:
+            out = [s.trajectory for s in self._samples]
+        for traj in out:
+            traj.info["episode"] = self.id
+        return out
+
+    @property
+    def turns(self) -> int:
+        return self._turn
+
+    def check_budget(self) -> None:
+        """Refuse a call past ``max_calls`` (the manifest's ``max_turns``)."""
+        if self.max_calls is not None and self.calls + self.in_flight >= self.max_calls:
+            raise InvalidArgument(f"this episode has made its {self.max_calls} calls (max_turns)")
+
+
+def _extend(traj: Trajectory, prompt: list[int], completion: list[int], generation: Generation, turn: int, prompt_turn: int) -> None:
+    """Append a call's new prompt tokens (masked out) and its completion (trained)."""
+    if generation.logprobs is not None or traj.logprobs is not None:
+        if traj.logprobs is None:
+            traj.logprobs = [0.0] * len(traj.token_ids)
+        traj.logprobs += [0.0] * len(prompt)
+        traj.logprobs += list(generation.logprobs) if generation.logprobs is not None else [0.0] * len(completion)
+    if generation.version is not None or traj.versions is not None:
+        if traj.versions is None:
+            traj.versions = [-1] * len(traj.token_ids)
+        traj.versions += [-1] * len(prompt)
+        traj.versions += [generation.version if generation.version is not None else -1] * len(completion)
+    traj.token_ids += prompt + completion
+    traj.action_mask += [False] * len(prompt) + [True] * len(completion)
+    traj.turn_ids += [prompt_turn] * len(prompt) + [turn] * len(completion)
+
+
+def continuation_ids(
+    renderer: ChatRenderer,
+    reply: dict[str, Any],
+    new: list[dict[str, Any]],
+    completion_ids: Sequence[int],
+    calls_end: str | None = None,
+) -> list[int]:
+    """The ids the template puts after ``reply`` (the assistant message a call was given) for the
+    ``new`` messages, then the generation prompt; without what the completion already wrote (its
+    stop token)."""
+    refusals: list[Exception] = []
+    for base in _BASES:
+        try:
+            prompt = renderer.render_text(base, add_generation_prompt=True)
+            after = renderer.render_text([*base, reply, *new], add_generation_prompt=True)
+        except (ChatTemplateError, TypeError) as exc:
+            refusals.append(exc)
+            continue
+        start = len(os.path.commonprefix([prompt, after]))
+        end = after.rfind(calls_end, start) if calls_end and reply.get("tool_calls") else -1
+        if end >= 0:
+            end += len(calls_end or "")
+        elif renderer.assistant_close:
+            end = after.find(renderer.assistant_close, start + len(reply.get("content") or ""))
+            if end < 0:
+                end = after.find(renderer.assistant_close, start)
+        if end < 0:
+            raise ChatTemplateError(
+                f"the chat template's render of an answer holds no {renderer.assistant_close!r}: where "
+                "the answer ends, and the new messages start, cannot be found"
+            )
+        tail = renderer.encode(after[end:])
+        if completion_ids and tail and tail[0] == completion_ids[-1] and completion_ids[-1] == renderer.end_of_turn_id:
+            tail = tail[1:]  # the model already closed its turn
+        return tail
+    raise ChatTemplateError(f"the chat template cannot render these messages after an answer: {refusals[0]}")
