@@ -249,6 +249,22 @@ class TrainingSettings(_Strict):
         description="adaptive: this share of draws is uniform, so every task keeps at least this "
         "fraction of its uniform chance (solved and hopeless rows come back).",
     )
+    record_rollouts: Literal["all"] | int = Field(
+        8,
+        description="Samples written to <output_dir>/rollouts.jsonl each step (tokens, turns, tool "
+        "calls, images, reward parts; agilerl view shows them): 'all', N per step, or 0 for none. "
+        "Rollout only.",
+    )
+
+    @field_validator("record_rollouts", mode="before")
+    @classmethod
+    def _records_count(cls, value: Any) -> Any:
+        """``all``, or a count of samples per step that is not negative."""
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"{value} is negative; give 'all', a number of samples per step, or 0 for none")
+        if isinstance(value, str) and value != "all":
+            raise ValueError(f"{value!r} is not 'all'; give 'all', a number of samples per step, or 0 for none")
+        return value
 
     @field_validator(*_SIZE_BOUNDS, mode="before")
     @classmethod

@@ -17,7 +17,7 @@ from agilerl.chat import ChatRenderer, EpisodeChat
 from agilerl.envs.client import InProcessEnvClient, as_client
 from agilerl.errors import AgileRLWarning, EpisodeError, InvalidArgument
 from agilerl.protocol import EnvInfo, StepResult
-from agilerl.rollout.tool_routing import TOOL_CALLS_INFO, ToolCallingClient, ToolRouting
+from agilerl.rollout.tool_routing import TOOL_CALLS_INFO, TURN_TOOL_CALLS, ToolCallingClient, ToolRouting
 from agilerl.tools.metrics import count_calls
 from agilerl.rollout.trajectory import Trajectory
 from agilerl.generation.media import VisionMedia
@@ -267,6 +267,7 @@ class RolloutHarness:
         if self.tool_routing is not None:
             tail = self.tool_routing.tail_ids(self.renderer, info, final=self._done, action_ids=action_ids)
             count_calls(traj.info, info.get(TOOL_CALLS_INFO))
+            traj.info.setdefault(TURN_TOOL_CALLS, []).append(list(info.get(TOOL_CALLS_INFO) or []))
         self._append_turn(action_ids, logprobs, version, self.observation_role_for(info), observation, tail)
         traj.rewards.append(reward)
         _add_components(traj.info, info)

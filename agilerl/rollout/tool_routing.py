@@ -22,10 +22,13 @@ from agilerl.errors import AgileRLWarning, ChatTemplateError
 from agilerl.protocol import StepResult
 from agilerl.tools import ParsedCompletion, ToolParser, ToolSet, function_tool, resolve_tool_parser
 
-__all__ = ["TOOL_CALLS_INFO", "ToolAction", "ToolRouting", "ToolCallingClient", "tool_tail_text"]
+__all__ = ["TOOL_CALLS_INFO", "TURN_TOOL_CALLS", "ToolAction", "ToolRouting", "ToolCallingClient", "tool_tail_text"]
 
 TOOL_CALLS_INFO = "tool_calls"
 """The step info key holding the records of the turn's calls."""
+TURN_TOOL_CALLS = "turn_tool_calls"
+"""The trajectory info key holding each model turn's call records, in turn order (the records of
+``rollouts.jsonl`` show them with their status)."""
 
 _SENTINEL = "@@AGILERL_TOOL_RESULT_{}@@"
 _PROBE = " probe {}\n  text "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,9 @@ class Trajectory:
     prior_samples: list[Trajectory] = field(default_factory=list)
     """The token streams this episode produced before its context was last rewritten, oldest
     first (only their per-token fields and ``media`` are meaningful); empty when it never was."""
+    episode: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    """The episode's id, shared by all its samples (``split`` passes it on): what ties the
+    records of ``rollouts.jsonl`` (docs/viewer.md) back to one episode."""
 
     @property
     def samples(self) -> list[Trajectory]:
@@ -75,6 +79,7 @@ class Trajectory:
             group=self.group,
             seed=self.seed,
             row_index=self.row_index,
+            episode=self.episode,
         )
         self.prior_samples.append(closed)
         self.token_ids, self.action_mask, self.turn_ids = [], [], []

@@ -93,11 +93,12 @@ class MetricsLog:
 
     A resumed run first drops the lines past its checkpoint (and a torn last line, with a
     warning) by replacing the file atomically: a kill at any moment leaves the old file or the
-    new one, never a truncated history.
+    new one, never a truncated history. ``file`` names another log kept by the same rules
+    (``rollouts.jsonl``: several lines per step, ``append``).
     """
 
-    def __init__(self, output_dir: str | Path, *, start_step: int = 0) -> None:
-        self.path = Path(output_dir) / METRICS_FILE
+    def __init__(self, output_dir: str | Path, *, start_step: int = 0, file: str = METRICS_FILE) -> None:
+        self.path = Path(output_dir) / file
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept: list[dict[str, Any]] = []
         if start_step:
@@ -114,9 +115,12 @@ class MetricsLog:
     def write(self, step: int, metrics: Mapping[str, float], info: Mapping[str, Any] | None = None) -> None:
         """One line: ``step``, ``info`` as given (e.g. the engine, on a run's first line), then
         the metrics (non-finite values as null)."""
-        record = {"step": step, **(info or {}), **{k: _finite(v) for k, v in metrics.items()}}
+        self.append([{"step": step, **(info or {}), **{k: _finite(v) for k, v in metrics.items()}}])
+
+    def append(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Whole JSON lines, each holding its ``step``, in one write, on disk before this returns."""
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write("".join(json.dumps(record) + "\n" for record in records))
             f.flush()
             os.fsync(f.fileno())
 

@@ -17,7 +17,8 @@ RUN_LOCK = ".agilerl-lock"
 """The file a running ``agilerl train`` holds locked (fcntl) and writes its pid into."""
 KNOWN_RUN_ENTRIES = frozenset(
     {RUN_MARKER, RUN_LOCK, "metrics.jsonl", "metrics.jsonl.tmp", "reward_curve.png", "loss_curve.png",
-     "checkpoints", "tracker_run.json", "tensorboard", "wandb"}
+     "checkpoints", "tracker_run.json", "tensorboard", "wandb", "rollouts.jsonl", "rollouts.jsonl.tmp",
+     "rollout_images"}
 )
 """What a run writes at its top level, for runs from before the marker (and before a save)."""
 
