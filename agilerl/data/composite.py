@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agilerl.data.rubric import Reward, Rubric, _as_reward, resolve_awaitable
+from agilerl.data.reward import Reward, resolve_awaitable
+from agilerl.data.rubric import Rubric, _as_reward
 from agilerl.errors import EnvUnavailable, RubricError
 
 __all__ = ["RubricEntry", "RubricGate", "CompositeRubric", "check_gate"]

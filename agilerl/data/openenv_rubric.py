@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agilerl.data.rubric import Reward
+from agilerl.data.reward import Reward, resolve_awaitable
 from agilerl.envs.openenv_rubrics import RubricRecorder, is_openenv_rubric
 from agilerl.errors import RubricError
 
@@ -71,8 +71,6 @@ class OpenEnvRubric:
         if hasattr(result, "__await__"):
             awaiting = self._finish(result, scores)
             if wait:
-                from agilerl.data.rubric import resolve_awaitable
-
                 return resolve_awaitable(awaiting)
             return awaiting
         return Reward(float(result), self.recorder.components(scores))

@@ -19,21 +19,15 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
+from agilerl.data.openenv_rubric import as_openenv_rubric
+from agilerl.data.reward import Reward, resolve_awaitable
 from agilerl.errors import EnvUnavailable, RubricError
 
-__all__ = ["RUBRIC_KEYWORDS", "Reward", "Rubric", "load_rubric", "make_format_rubric", "resolve_awaitable"]
+__all__ = ["RUBRIC_KEYWORDS", "Rubric", "load_rubric", "make_format_rubric"]
 
 RUBRIC_KEYWORDS = ("completion", "answer", "question", "row", "info")
 # Keywords read from a dataset column of the same name.
 _COLUMN_KEYWORDS = ("answer", "question")
-
-
-@dataclass(frozen=True)
-class Reward:
-    """A rubric's result when its total is not the plain sum of its parts (weights, gates)."""
-
-    total: float
-    components: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -48,8 +42,6 @@ class Rubric:
     def bind(cls, fn: Callable[..., Any], name: str | None = None) -> Rubric:
         """Read the keywords ``fn`` declares; reject parameters we could never fill."""
         name = name or getattr(fn, "__qualname__", None) or repr(fn)
-        from agilerl.data.openenv_rubric import as_openenv_rubric
-
         fn = as_openenv_rubric(fn) or fn  # OpenEnv's Rubric objects score (action, observation)
         if not callable(fn):
             raise RubricError(f"rubric {name!r} is not callable (got {type(fn).__name__}).")
@@ -117,19 +109,6 @@ class Rubric:
                 f"rubric {self.name!r} raised {type(exc).__name__}: {exc} (on {where})."
             ) from exc
         return _as_reward(result, self.name, where)
-
-
-def resolve_awaitable(result: Any) -> Any:
-    """``result``, awaited on the shared event loop when it is awaitable (an async rubric called
-    from a sync ``step``); from that loop's own thread an awaitable cannot be waited for."""
-    if not inspect.isawaitable(result):
-        return result
-    from agilerl.concurrency import shared_loop
-
-    async def wait() -> Any:
-        return await result
-
-    return shared_loop().run(wait())
 
 
 def _as_reward(result: Any, name: str, where: str) -> tuple[float, dict[str, float]]:

@@ -23,6 +23,7 @@ from typing import Any
 from agilerl.envs.action_text import ActionText
 from agilerl.envs.observations import ObservationProcessor, make_observation_reader
 from agilerl.envs.openenv_rubrics import RubricRecorder, is_openenv_rubric
+from agilerl.envs.openenv_types import ACTION, ENVIRONMENT, MCP_ENVIRONMENT, has_base
 from agilerl.errors import OpenEnvAdapterError
 from agilerl.protocol import declared_members, member_problem
 
@@ -41,9 +42,6 @@ __all__ = [
     "adapt_openenv",
 ]
 
-_ENVIRONMENT = ("openenv.core.env_server.interfaces", "Environment")
-_MCP_ENVIRONMENT = ("openenv.core.env_server.mcp_environment", "MCPEnvironment")
-_ACTION = ("openenv.core.env_server.types", "Action")
 _NOT_TEXT = ("reward", "done", "metadata")
 """Observation fields that are not its content (what openenv's server leaves out too)."""
 
@@ -54,23 +52,18 @@ ADAPTER_OPTIONS = ("action_field", "observation_field", "observation_processor",
 DEFAULT_ACTION_FIELD = "message"
 
 
-def _has_base(obj: Any, base: tuple[str, str]) -> bool:
-    klass = obj if isinstance(obj, type) else type(obj)
-    return any((c.__module__, c.__name__) == base for c in getattr(klass, "__mro__", ()))
-
-
 def is_openenv_environment(obj: Any) -> bool:
     """True for an OpenEnv ``Environment`` subclass or instance; never imports openenv."""
-    return _has_base(obj, _ENVIRONMENT)
+    return has_base(obj, ENVIRONMENT)
 
 
 def is_mcp_environment(obj: Any) -> bool:
     """True for an OpenEnv ``MCPEnvironment`` subclass or instance."""
-    return _has_base(obj, _MCP_ENVIRONMENT)
+    return has_base(obj, MCP_ENVIRONMENT)
 
 
 def _is_specific_action(value: Any) -> bool:
-    return isinstance(value, type) and _has_base(value, _ACTION) and (value.__module__, value.__name__) != _ACTION
+    return isinstance(value, type) and has_base(value, ACTION) and (value.__module__, value.__name__) != ACTION
 
 
 def find_action_type(env_cls: type) -> type | None:

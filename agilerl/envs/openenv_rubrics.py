@@ -16,27 +16,21 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from agilerl.envs.openenv_types import RUBRIC, TRAJECTORY_RUBRIC, has_base
+
 __all__ = ["is_openenv_rubric", "is_trajectory_rubric", "RubricRecorder"]
 
-_RUBRIC = ("openenv.core.rubrics.base", "Rubric")
-_TRAJECTORY = ("openenv.core.rubrics.trajectory", "TrajectoryRubric")
 _scores: ContextVar[dict[int, float] | None] = ContextVar("agilerl_rubric_scores", default=None)
-
-
-def _has_base(obj: Any, base: tuple[str, str]) -> bool:
-    from agilerl.envs.openenv_native import _has_base  # the one test of an OpenEnv base; it imports this module
-
-    return _has_base(obj, base)
 
 
 def is_openenv_rubric(obj: Any) -> bool:
     """True for an OpenEnv ``Rubric`` subclass or instance."""
-    return _has_base(obj, _RUBRIC)
+    return has_base(obj, RUBRIC)
 
 
 def is_trajectory_rubric(obj: Any) -> bool:
     """True for an OpenEnv ``TrajectoryRubric`` (it keeps the episode's steps between calls)."""
-    return _has_base(obj, _TRAJECTORY)
+    return has_base(obj, TRAJECTORY_RUBRIC)
 
 
 def _record(rubric: Any, action: Any, observation: Any, result: Any) -> None:

@@ -39,7 +39,7 @@ _LAZY = {
     "DatasetEnv": "agilerl.data.dataset_env",
     "make_format_rubric": "agilerl.data.rubric",
     "Rubric": "agilerl.data.rubric",
-    "Reward": "agilerl.data.rubric",
+    "Reward": "agilerl.data.reward",
     "CompositeRubric": "agilerl.data.composite",
     "RubricEntry": "agilerl.data.composite",
     "RubricGate": "agilerl.data.composite",
@@ -131,7 +131,8 @@ if TYPE_CHECKING:
     from agilerl.assembly.from_manifest import train_from_manifest
     from agilerl.assembly.models import load_model_and_tokenizer
     from agilerl.data.composite import CompositeRubric, RubricEntry, RubricGate
-    from agilerl.data.rubric import Reward, Rubric, make_format_rubric
+    from agilerl.data.reward import Reward
+    from agilerl.data.rubric import Rubric, make_format_rubric
     from agilerl.train.tiny_model import build_tiny_model, build_tiny_tokenizer
 
     exact_match: Callable[..., float]
