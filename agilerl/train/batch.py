@@ -80,6 +80,14 @@ class RolloutTensors:
         last[:-1] = of[1:] != of[:-1]
         return last.nonzero().squeeze(1)
 
+    @property
+    def episode_starts(self) -> torch.Tensor:
+        """The first row of each episode ``[E]``."""
+        ends = self.episode_ends
+        import torch
+
+        return torch.cat([ends.new_zeros(1), ends[:-1] + 1])
+
     def micro_batches(self, size: int | None) -> list[tuple[int, RolloutTensors]]:
         """``(episodes, chunk)`` pairs of at most ``size`` episodes each (all their rows), so an
         episode's samples, like a group's episodes, are never cut apart."""

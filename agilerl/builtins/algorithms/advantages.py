@@ -75,8 +75,7 @@ def over_episodes(
     of = batch.episode_of
     lengths = batch.attention_mask.sum(dim=1)
     starts = torch.cumsum(lengths, 0) - lengths  # each row's start, counted over the whole batch
-    first_row = torch.zeros_like(starts).index_reduce(0, of, starts, "amin", include_self=False)
-    offsets = starts - first_row[of]
+    offsets = starts - starts[batch.episode_starts][of]
     width = int(torch.zeros_like(lengths).index_add(0, of, lengths).max())
     positions = torch.arange(batch.input_ids.shape[1], device=of.device).expand_as(batch.input_ids)
     real = positions < lengths[:, None]

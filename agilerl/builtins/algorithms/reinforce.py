@@ -75,11 +75,6 @@ class LLMREINFORCE(PolicyGradient[LLMREINFORCEConfig]):
         first, _ = turn_action_bounds(batch.turn_ids, batch.action_mask, batch.max_turns)
         at_first = per_token.gather(1, first[:, :1].clamp(min=0)).squeeze(1)
         if batch.is_split:  # the episode's first turn is in its first row
-            at_first = to_rows(at_first[_first_rows(batch)], batch)
+            at_first = to_rows(at_first[batch.episode_starts], batch)
         return per_token, at_first
 
-
-def _first_rows(batch: RolloutTensors) -> torch.Tensor:
-    """The first row of each episode ``[E]``."""
-    ends = batch.episode_ends
-    return torch.cat([ends.new_zeros(1), ends[:-1] + 1])
