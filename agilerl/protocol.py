@@ -270,23 +270,24 @@ def reset_problems(result: Any) -> list[str]:
     return problems
 
 
-def step_problems(result: Any) -> list[str]:
-    """What is wrong with a ``step`` result; empty when it follows the protocol."""
+def step_problems(result: Any, method: str = "step") -> list[str]:
+    """What is wrong with a ``step`` result (or a ``call_tool`` one: ``method`` names it); empty
+    when it follows the protocol."""
     if not isinstance(result, tuple) or len(result) != 5:
         shape = _shape(result)
-        return [f"step() must return a 5-tuple (observation, reward, terminated, truncated, info), got {shape}"]
+        return [f"{method}() must return a 5-tuple (observation, reward, terminated, truncated, info), got {shape}"]
     observation, reward, terminated, truncated, info = result
     problems = []
-    if not isinstance(observation, str) and (problem := observation_problem(observation, "step()")) is not None:
+    if not isinstance(observation, str) and (problem := observation_problem(observation, f"{method}()")) is not None:
         problems.append(problem)
     problem = reward_problem(reward)
     if problem is not None:
-        problems.append(f"step() reward {problem}")
+        problems.append(f"{method}() reward {problem}")
     for name, value in (("terminated", terminated), ("truncated", truncated)):
         if not _is_bool(value):
-            problems.append(f"step() {name} must be a bool, got {value!r}")
+            problems.append(f"{method}() {name} must be a bool, got {value!r}")
     if not isinstance(info, dict):
-        problems.append(f"step() info must be a dict, got {type(info).__name__}")
+        problems.append(f"{method}() info must be a dict, got {type(info).__name__}")
     return problems
 
 
@@ -300,9 +301,9 @@ def check_reset_result(result: Any, env_name: str) -> tuple[str, dict[str, Any]]
     return _observation(result[0], env_name, "reset"), dict(result[1])
 
 
-def check_step_result(result: Any, env_name: str) -> StepResult:
+def check_step_result(result: Any, env_name: str, method: str = "step") -> StepResult:
     """``result`` with plain ``float``/``bool`` values (info copied), or ``EnvProtocolError`` naming
-    every problem."""
+    every problem and the method that returned it (``step``, ``call_tool``)."""
     if (
         type(result) is tuple
         and len(result) == 5
@@ -314,11 +315,11 @@ def check_step_result(result: Any, env_name: str) -> StepResult:
         and type(result[4]) is dict
     ):
         return valid_text(result[0]), result[1], result[2], result[3], dict(result[4])  # the common case
-    problems = step_problems(result)
+    problems = step_problems(result, method)
     if problems:
-        raise _broken(env_name, "step", result, problems)
+        raise _broken(env_name, method, result, problems)
     observation, reward, terminated, truncated, info = result
-    observation = _observation(observation, env_name, "step")
+    observation = _observation(observation, env_name, method)
     return observation, float(reward), bool(terminated), bool(truncated), dict(info)
 
 

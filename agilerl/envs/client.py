@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from agilerl.concurrency import EnvCaller, default_threads
-from agilerl.errors import EnvProtocolError
+from agilerl.errors import EnvError, EnvProtocolError, exception_text
 from agilerl.protocol import (
     EnvInfo,
     StepResult,
@@ -198,7 +198,14 @@ class InProcessEnvClient(EnvClient):
         return state_dict(read_state(self.env))
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
-        return check_step_result(self._tool_method()(name, arguments), self.name)
+        method = self._tool_method()
+        try:
+            result = method(name, arguments)
+        except TimeoutError:
+            raise
+        except Exception as exc:
+            raise self._tool_failure(name, exc) from exc
+        return check_step_result(result, self.name, "call_tool")
 
     def list_tools(self) -> list[dict[str, Any]] | None:
         listed = getattr(self.env, "list_tools", None)  # an OpenEnv MCP env lists its own
@@ -206,7 +213,18 @@ class InProcessEnvClient(EnvClient):
         return tools if tools is not None else self.describe().tools
 
     async def acall_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
-        return check_step_result(await self._calls().call(self._tool_method(), name, arguments), self.name)
+        method = self._tool_method()
+        try:
+            result = await self._calls().call(method, name, arguments)
+        except TimeoutError:
+            raise
+        except Exception as exc:
+            raise self._tool_failure(name, exc) from exc
+        return check_step_result(result, self.name, "call_tool")
+
+    def _tool_failure(self, tool: str, exc: Exception) -> EnvError:
+        """What the env's ``call_tool`` raised, naming the method and the tool (not ``step``)."""
+        return EnvError(f"{self.name}.call_tool({tool!r}) raised {exception_text(exc)}")
 
     def _tool_method(self) -> Any:
         method = getattr(self.env, "call_tool", None)

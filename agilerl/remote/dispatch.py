@@ -29,6 +29,7 @@ from agilerl.remote.frames import (
     state_frame,
 )
 from agilerl.remote.openenv_host import NativeSession, hosts_natively
+from agilerl.tools import ToolSet
 
 __all__ = ["Session", "session_for", "TextSession"]
 
@@ -58,6 +59,7 @@ class TextSession:
 
     def __init__(self, env: Any, caller: EnvCaller, *, with_info: bool) -> None:
         self.client = InProcessEnvClient(env, caller=caller)
+        self._tools: ToolSet | None = None
         self.with_info = with_info
         self.steps = 0
         self.episode_id: str | None = None
@@ -76,7 +78,7 @@ class TextSession:
             if kind == "step":
                 data = frame["data"]
                 if "tool_name" in data:  # a parsed tool call (tool_parser): the env's call_tool
-                    result = await client.acall_tool(data["tool_name"], data.get("arguments") or {})
+                    result = await self._call_tool(data["tool_name"], data.get("arguments"))
                 elif "message" not in data:
                     raise FrameError(ErrorCode.VALIDATION_ERROR, "invalid message: data.message: Field required")
                 else:
@@ -102,6 +104,15 @@ class TextSession:
             return error_frame(exc.code, str(exc), **exc.extra)
         except Exception as exc:
             return error_frame(ErrorCode.EXECUTION_ERROR, exception_text(exc))
+
+    async def _call_tool(self, name: Any, arguments: Any) -> Any:
+        """The env's ``call_tool``, only for a tool it lists and arguments its schema allows:
+        checked (and coerced) by the in-process checker, ``ToolSet``; a call that cannot run is
+        answered as in process, its error in the tool role, and the episode goes on."""
+        if self._tools is None:
+            self._tools = ToolSet(await self.client.alist_tools())
+        call = self._tools.call(name, {} if arguments is None else arguments)
+        return await self.client.acall_tool(call.name, call.arguments) if call.ok else call.refusal()
 
     async def mcp(self, payload: Any) -> dict[str, Any]:
         """A text env has no MCP tools: OpenEnv's answers for an env without MCP."""

@@ -46,6 +46,7 @@ from agilerl.tools import resolve_tool_parser
 from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.rollout.context import ContextBudget, answer_chars
 from agilerl.rollout.harness import RolloutHarness
+from agilerl.rollout.tool_routing import late_call
 from agilerl.generation.policy import Generation, Policy, SamplingParams
 from agilerl.rollout.results import (
     ENV_CHECK_HINT,
@@ -377,7 +378,7 @@ class RolloutCollector:
             harness = self._harness_of(s)
             try:
                 if isinstance(result, BaseException):
-                    raise result
+                    raise late_call(harness.client, result)  # a timeout names the call_tool it caught
                 if s in oversize:
                     self._too_long(run, s, method, result, budget)
                 elif method == "reset":

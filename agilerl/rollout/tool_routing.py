@@ -18,11 +18,11 @@ from typing import Any
 
 from agilerl.chat import ChatRenderer
 from agilerl.envs.client import EnvClient, WrappingClient
-from agilerl.errors import AgileRLWarning, ChatTemplateError
+from agilerl.errors import AgileRLWarning, ChatTemplateError, EnvTimeoutError
 from agilerl.protocol import StepResult
-from agilerl.tools import ParsedCompletion, ToolParser, ToolSet, function_tool, resolve_tool_parser
+from agilerl.tools import REFUSED_INFO, ParsedCompletion, ToolParser, ToolSet, function_tool, resolve_tool_parser
 
-__all__ = ["TOOL_CALLS_INFO", "TURN_TOOL_CALLS", "ToolAction", "ToolRouting", "ToolCallingClient", "tool_tail_text"]
+__all__ = ["TOOL_CALLS_INFO", "TURN_TOOL_CALLS", "ToolAction", "ToolRouting", "ToolCallingClient", "late_call", "tool_tail_text"]
 
 TOOL_CALLS_INFO = "tool_calls"
 """The step info key holding the records of the turn's calls."""
@@ -263,6 +263,9 @@ class ToolCallingClient(WrappingClient):
         super().__init__(client)
         self._tools: list[dict[str, Any]] | None = None
         self._listed = False
+        self.calling: str | None = None
+        """The ``call_tool`` in flight (left set when it raised or was given up on): what a step's
+        timeout names (``late_call``)."""
         self.tools_only = False
         """(Known after the first reset.) An MCP env with no ``mcp_tool`` takes only tool calls: a completion without one is
         answered with the list of its tools, and the episode goes on."""
@@ -287,25 +290,34 @@ class ToolCallingClient(WrappingClient):
 
     def step(self, action: str) -> StepResult:
         calls = action.parsed.calls if isinstance(action, ToolAction) else ()
+        self.calling = None
         if not calls:
             return self._no_call() if self.tools_only else self.inner.step(str(action))
         results = []
         for call in calls:
+            self.calling = self._naming(call)
             results.append((call, self.inner.call_tool(call.name, call.arguments) if call.ok else None))
+            self.calling = None
             if _ended(results[-1][1]):
                 break
         return _combined(results)
 
     async def astep(self, action: str) -> StepResult:
         calls = action.parsed.calls if isinstance(action, ToolAction) else ()
+        self.calling = None
         if not calls:
             return self._no_call() if self.tools_only else await self.inner.astep(str(action))
         results = []
         for call in calls:
+            self.calling = self._naming(call)
             results.append((call, await self.inner.acall_tool(call.name, call.arguments) if call.ok else None))
+            self.calling = None
             if _ended(results[-1][1]):
                 break
         return _combined(results)
+
+    def _naming(self, call: Any) -> str:
+        return f"{getattr(self.inner, 'name', type(self.inner).__name__)}.call_tool({call.name!r})"
 
     def _no_call(self) -> StepResult:
         names = ", ".join(t["function"]["name"] for t in self._tools or ()) or "none"
@@ -319,6 +331,15 @@ class ToolCallingClient(WrappingClient):
     @staticmethod
     def _specs(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         return [function_tool(t) for t in tools] if tools else None
+
+
+def late_call(client: Any, exc: BaseException) -> BaseException:
+    """A step's timeout, named by the env's ``call_tool`` that was running when it came (not
+    ``step``); any other failure as it is."""
+    calling = getattr(client, "calling", None)
+    if isinstance(exc, EnvTimeoutError) and isinstance(calling, str):
+        return EnvTimeoutError(f"{calling} did not finish: {exc}")
+    return exc
 
 
 def _tools_only(client: EnvClient) -> bool:
@@ -342,13 +363,13 @@ def _combined(results: list[tuple[Any, StepResult | None]]) -> StepResult:
     info: dict[str, Any] = {}
     for call, result in results:
         record = call.as_record()
-        if result is None:
-            record["result"] = f"Error: {call.error}"
-        else:
-            observation, r, terminated, truncated, step_info = result
-            record["result"] = observation
-            reward += r
-            info.update(step_info)
+        observation, r, terminated, truncated, step_info = call.refusal() if result is None else result
+        refused = step_info.pop(REFUSED_INFO, None)
+        if isinstance(refused, dict):  # the env's server refused what we sent (its tools differ)
+            record.update(status=refused.get("status"), error=refused.get("error"))
+        record["result"] = observation
+        reward += r
+        info.update(step_info)
         records.append(record)
     info[TOOL_CALLS_INFO] = records
     return "", reward, terminated, truncated, info

@@ -15,7 +15,10 @@ from agilerl.errors import EnvProtocolError
 from agilerl.tools.jsonvalue import depth_problem
 from agilerl.tools.schema import compile_check, schema_problem
 
-__all__ = ["CallStatus", "CALL_STATUSES", "ToolCall", "ParsedCompletion", "ToolSet", "function_tool"]
+__all__ = ["CallStatus", "CALL_STATUSES", "REFUSED_INFO", "ToolCall", "ParsedCompletion", "ToolSet", "function_tool"]
+
+REFUSED_INFO = "tool_refused"
+"""The step info key of a call refused before the env's ``call_tool``: its status and error."""
 
 CallStatus = Literal["ok", "invalid_json", "unclosed", "missing_name", "unknown_tool", "schema_violation"]
 CALL_STATUSES: tuple[CallStatus, ...] = (
@@ -44,6 +47,12 @@ class ToolCall:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def refusal(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """The step result that answers a call which cannot run: its error in the ``tool`` role,
+        no reward, the episode goes on; the info says why (``REFUSED_INFO``), so a harness that
+        sent the call through a server that refused it records the status."""
+        return f"Error: {self.error}", 0.0, False, False, {REFUSED_INFO: {"status": self.status, "error": self.error}}
 
     def as_record(self) -> dict[str, Any]:
         """A JSON-able record (the transcript, ``info["tool_calls"]``, metrics)."""
