@@ -39,6 +39,10 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
         from agilerl.assembly.datasets import qa_env_factory
 
         return qa_env_factory(spec, base_dir=base_dir)
+    if spec.placement != "in_process":  # served by replicas (a venv of its own, Ray): a fleet
+        from agilerl.fleet.factory import fleet_env_factory
+
+        return fleet_env_factory(spec, base_dir=base_dir)
     return entrypoint_factory(
         spec.entrypoint,
         spec.env_config,
@@ -71,4 +75,6 @@ def first_then(first: Any, factory: EnvFactory) -> EnvFactory:
     def build() -> Any:
         return spare.pop() if spare else factory()
 
+    if hasattr(factory, "close"):  # a fleet's factory: whoever closes this one stops the fleet
+        build.close = factory.close  # type: ignore[attr-defined]
     return build

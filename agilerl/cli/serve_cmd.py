@@ -34,6 +34,12 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--session-timeout", type=positive_float, default=None, metavar="S",
                         help="Close sessions idle for S seconds (default: never).")
     parser.add_argument("--token", default=None, help="Bearer token required on every route.")
+    parser.add_argument("--base-dir", default=None, metavar="DIR",
+                        help="Folder a file.py:attr entrypoint is relative to (default: the working directory).")
+    parser.add_argument("--port-file", default=None, metavar="PATH",
+                        help="Write the bound URL to PATH once listening (with --port 0: how a launcher learns it).")
+    parser.add_argument("--parent-pid", type=positive_int, default=None, metavar="PID",
+                        help="Stop when process PID ends (a fleet's replica outlives no trainer, even a killed one).")
     # the loop kinds are checked by agilerl.concurrency, imported only to serve: --help stays light
     parser.add_argument("--loop", default=None, metavar="{auto,uvloop,asyncio}",
                         help="Event loop (default: $AGILERL_EVENT_LOOP, else auto: uvloop when installed).")
@@ -89,6 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.entrypoint,
         args.env_config,
         env_packages=args.env_packages,
+        base_dir=args.base_dir,
         token=args.token,
         host=args.host,
         port=args.port,
@@ -97,7 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
         adapter=adapter_options(args),
         **{option: getattr(args, option) for _, _, option, _, _ in _LIMITS},
     )
-    run(_run_until_signal(server, kind), kind)
+    run(_run_until_signal(server, kind, port_file=args.port_file, parent_pid=args.parent_pid), kind)
     return 0
 
 
@@ -109,8 +116,8 @@ def _build_one_env(args: argparse.Namespace) -> int:
     from agilerl.remote.lifecycle import concurrency_limit
 
     factory = entrypoint_factory(
-        args.entrypoint, dict(args.env_config), install=args.env_packages, options_in_config=True,
-        **adapter_options(args),
+        args.entrypoint, dict(args.env_config), base_dir=args.base_dir, install=args.env_packages,
+        options_in_config=True, **adapter_options(args),
     )
     try:
         env = factory()
@@ -128,7 +135,9 @@ def _build_one_env(args: argparse.Namespace) -> int:
     return limit
 
 
-async def _run_until_signal(server: Any, loop_name: str) -> None:
+async def _run_until_signal(
+    server: Any, loop_name: str, *, port_file: str | None = None, parent_pid: int | None = None
+) -> None:
     import asyncio
     import gc
 
@@ -138,7 +147,13 @@ async def _run_until_signal(server: Any, loop_name: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in stop_signals():  # a closed terminal stops it cleanly too, unless under nohup
         loop.add_signal_handler(sig, stop.set)
+    watch = asyncio.ensure_future(_watch_parent(parent_pid, stop)) if parent_pid else None
     url = await server.start()
+    if port_file:  # written whole, then renamed: a launcher polling for it never reads half a URL
+        tmp = f"{port_file}.{os.getpid()}.tmp"
+        with open(tmp, "w") as handle:
+            handle.write(url)
+        os.replace(tmp, port_file)
     # Everything alive now (modules, the env class) lives as long as the process: frozen, it is
     # never rescanned, so a full collection stops being a ~15 ms pause for every session. And a
     # young-generation pass every 10,000 allocations rather than 700: an MCP env's step (FastMCP,
@@ -151,5 +166,30 @@ async def _run_until_signal(server: Any, loop_name: str) -> None:
     try:
         await stop.wait()
     finally:
+        if watch is not None:
+            watch.cancel()
         await server.stop()
     print("stopped", flush=True)
+
+
+async def _watch_parent(pid: int, stop: Any, interval_s: float = 0.5) -> None:
+    """Set ``stop`` once process ``pid`` is gone (reparented away from it, or no such process):
+    a launcher killed with SIGKILL cannot stop its servers, so they stop themselves."""
+    import asyncio
+
+    child = os.getppid() == pid  # its child: reparented means it died (even as an unreaped zombie)
+    while not stop.is_set():
+        if child:
+            gone = os.getppid() != pid
+        else:
+            try:
+                os.kill(pid, 0)
+                gone = False
+            except ProcessLookupError:
+                gone = True
+            except PermissionError:  # alive, someone else's
+                gone = False
+        if gone:
+            stop.set()
+            return
+        await asyncio.sleep(interval_s)

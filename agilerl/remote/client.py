@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from agilerl.concurrency import shared_loop
 from agilerl.envs.client import EnvClient
@@ -50,7 +50,7 @@ from agilerl.remote.connection import (
 from agilerl.remote.limits import TOKEN_ENV_VAR, clean_token
 from agilerl.remote.observations import ObservationProcessor, make_observation_reader
 
-__all__ = ["RemoteEnvClient"]
+__all__ = ["RemoteEnvClient", "ReplicaPicker"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,6 +61,18 @@ _next_replica = itertools.count()
 MAX_METADATA_BYTES = 4 * 1024 * 1024
 """The most of a ``/metadata`` body a client reads (ours are a few kB): no server can take the
 trainer's memory with it."""
+
+
+class ReplicaPicker(Protocol):
+    """Which replica a session starts on (a ``Fleet``: the one with the most free capacity).
+    Each ``pick`` is answered exactly once: ``released`` when its session ends, ``failed`` when
+    it could not connect or was cut (the picker checks that replica)."""
+
+    def pick(self) -> str: ...
+
+    def released(self, url: str) -> None: ...
+
+    def failed(self, url: str) -> None: ...
 
 
 class RemoteEnvClient(EnvClient):
@@ -97,12 +109,15 @@ class RemoteEnvClient(EnvClient):
         max_message_bytes: int = DEFAULT_MAX_REPLY_BYTES,
         token: str | None = None,
         base_dir: str | Path | None = None,
+        picker: ReplicaPicker | None = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise InvalidArgument("RemoteEnvClient needs at least one URL (env_url is empty).")
         self._urls = [_http_base(u) for u in urls]
         self._first = next(_next_replica)  # spreads sessions across replicas
+        self._picker = picker  # given: it chooses each session's replica (round robin without)
+        self._picked: str | None = None  # the picked URL this client's session holds
         self.action_field = action_field
         self.mcp_tool = mcp_tool
         self.serves_mcp = False
@@ -214,13 +229,13 @@ class RemoteEnvClient(EnvClient):
         while True:
             try:
                 if self._conn is None or self._conn.closed:
-                    await self._connect(self._urls[(self._first + backoff.attempts) % len(self._urls)])
+                    await self._connect(self._next_url(backoff.attempts))
                 reply = await self._request(frame, "reset", "observation")
                 break
             except (ConnectionLost, RemoteEnvError) as exc:
                 if isinstance(exc, RemoteEnvError) and exc.code not in _RETRIED_AT_RESET:
                     raise
-                await self._drop()
+                await self._drop(failed=isinstance(exc, ConnectionLost))
                 if not await backoff.wait():
                     raise self._unavailable("start an episode", backoff, exc) from exc
         text, _, _, _, info = self._observation(reply, "reset")
@@ -236,7 +251,7 @@ class RemoteEnvClient(EnvClient):
                 step_frame(action, self.action_field, self.mcp_tool, self._fields), "step", "observation"
             )
         except ConnectionLost as exc:
-            await self._drop()
+            await self._drop(failed=True)
             raise RemoteEnvError(
                 f"the session on {self.url} ended mid-episode ({exc}); this episode is over, "
                 "the next reset() reconnects."
@@ -283,8 +298,24 @@ class RemoteEnvClient(EnvClient):
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
+        self._release(failed=False)
         if conn is not None:
             await conn.close(polite=True)
+
+    def _next_url(self, attempt: int) -> str:
+        """The replica a new session starts on: the picker's choice (held until released), else
+        the next in turn."""
+        if self._picker is None:
+            return self._urls[(self._first + attempt) % len(self._urls)]
+        self._release(failed=False)
+        self._picked = self._picker.pick()
+        return _http_base(self._picked)
+
+    def _release(self, *, failed: bool) -> None:
+        """Answer the picker for the session this client held (once)."""
+        picked, self._picked = self._picked, None
+        if picked is not None and self._picker is not None:
+            (self._picker.failed if failed else self._picker.released)(picked)
 
     async def _connect(self, url: str) -> None:
         self._conn = await Connection.open(
@@ -301,9 +332,10 @@ class RemoteEnvClient(EnvClient):
         except asyncio.CancelledError:  # its reply would answer the next request: hang up at once
             conn, self._conn = self._conn, None
             conn.abort()
+            self._release(failed=False)
             raise
         except asyncio.TimeoutError:
-            await self._drop()
+            await self._drop(failed=True)
             raise RemoteEnvTimeout(
                 f"{self.url} sent no reply to {what} within request_timeout_s="
                 f"{self.request_timeout_s:g} s; the session was dropped and this episode is over."
@@ -336,8 +368,10 @@ class RemoteEnvClient(EnvClient):
             ) from None
         return valid_text(self._read(observation.observation)), *observation[1:]
 
-    async def _drop(self) -> None:
+    async def _drop(self, *, failed: bool = False) -> None:
+        """End the session without its closing handshake; ``failed``: the replica is suspect."""
         conn, self._conn = self._conn, None
+        self._release(failed=failed)
         if conn is not None:
             await conn.close(polite=False)
 

@@ -471,6 +471,8 @@ class RolloutCollector:
                 _close_quietly(harness)
         if hasattr(self, "_threads"):
             self._threads.shutdown()
+        if hasattr(self._env_factory, "close"):  # a fleet's factory: its replicas stop with the collector
+            _close_quietly(self._env_factory)
 
     def __enter__(self) -> RolloutCollector:
         return self
