@@ -84,7 +84,7 @@ REFUSED = {
     "mcp_tool on a dataset rollout": ({**SCORED, "mcp_tool": "play"}, "'mcp_tool' applies only with 'env_url' or an OpenEnv MCP 'entrypoint'"),
     "rubric on an entrypoint": ({**ROLLOUT, "rubric_name": "r"}, "'rubric_name' applies to a dataset rollout ('dataset' with a rubric); remove it for an 'entrypoint' env"),
     "a rubric's alias on env_url": ({**REMOTE, "reward_fn_name": "r"}, "'reward_fn_name' applies to a dataset rollout"),
-    "train_test_split on env_url": ({**REMOTE, "train_test_split": 0.5}, "'train_test_split' applies to a dataset rollout ('dataset' with a rubric) or env_type 'dataset'; remove it for a remote env"),
+    "train_test_split on env_url": ({**REMOTE, "train_test_split": 0.5}, "'train_test_split' applies to a dataset rollout ('dataset' with a rubric) or env_type 'dataset' or an agent program ('agent_command' or 'agent'); remove it for a remote env"),
     "max_turns on SFT data": ({**SFT, "max_turns": 2}, "'max_turns' applies to an 'entrypoint' env or a remote env ('env_url') or a dataset rollout"),
     "reconnect_timeout_s in process": ({**ROLLOUT, "reconnect_timeout_s": 5}, "'reconnect_timeout_s' applies to a remote env ('env_url'); remove it for an 'entrypoint' env"),
     "response_column on a rollout": ({**SCORED, "response_column": "y"}, "'response_column' applies to env_type 'dataset'; remove it for a dataset rollout"),
@@ -136,10 +136,15 @@ def test_objective_only_for_dataset():
         ({}, "none"),
         ({"entrypoint": "a:b", "env_url": "http://127.0.0.1:1", "max_turns": 2}, "entrypoint, env_url"),
         ({"entrypoint": "a:b", "dataset": "d.parquet", "rubric_name": "r"}, "dataset, entrypoint"),
+        ({"agent": "a.py:f", "agent_command": ["python", "a.py"]}, "agent, agent_command"),
+        ({"agent_command": ["python", "a.py"], "entrypoint": "a:b"}, "agent_command, entrypoint"),
     ],
 )
 def test_rollout_names_exactly_one_source(sources, got):
-    assert f"a rollout names exactly one source: 'dataset' (with a rubric), 'entrypoint' or 'env_url' (got: {got})" in _error(
+    assert (
+        "a rollout names exactly one source: 'dataset' (with a rubric), 'entrypoint', 'env_url', or an "
+        f"agent program ('agent_command' or 'agent') (got: {got})"
+    ) in _error(
         {"env_type": "rollout", **sources}
     )
 
@@ -296,7 +301,7 @@ def test_the_docs_table_marks_exactly_the_fields_of_each_variant():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "manifest.md").read_text()
-    rows = re.findall(r"^\| `(\w+)`[^|]*\|((?: *x? *\|){4})", text, flags=re.MULTILINE)
+    rows = re.findall(r"^\| `(\w+)`[^|]*\|((?: *x? *\|){5})", text, flags=re.MULTILINE)
     for column, variant in enumerate(ENVIRONMENT_VARIANTS):
         marked = {key for key, marks in rows if marks.split("|")[column].strip() == "x"}
         assert marked == set(variant.model_fields), variant.__name__

@@ -30,6 +30,7 @@ from typing import Any
 
 from agilerl.agents.endpoint import AgentEndpoint
 from agilerl.agents.episodes import Episode
+from agilerl.agents.metrics import AGENT_STATS_KEY
 from agilerl.agents.programs import AgentOutcome, AgentRunner
 from agilerl.concurrency import WorkerThreads
 from agilerl.errors import InvalidArgument
@@ -39,13 +40,9 @@ from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.rollout.results import CollectionError, EvalResult, RolloutBatch, Run
 from agilerl.rollout.trajectory import Trajectory
 
-__all__ = ["AgentCollector", "AGENT_STATS_KEY"]
+__all__ = ["AgentCollector"]
 
 log = logging.getLogger(__name__)
-
-AGENT_STATS_KEY = "agent"
-"""``Trajectory.info`` key of an episode's agent counts: calls, samples, failed, call_s."""
-
 
 class _AgentFailed(Exception):
     """An agent episode lost (``failure_score: null``, or no call to train on)."""
@@ -327,3 +324,4 @@ class AgentCollector:
                 f"{self.give_up_after_s:g}): the command {self.agent.what!r} ends with {last.failure}; its "
                 f"stderr ends:\n{last.stderr_tail or '(empty)'}"
             )
+

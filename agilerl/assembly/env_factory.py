@@ -7,9 +7,11 @@ from typing import Any
 
 from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
 from agilerl.errors import InvalidArgument
-from agilerl.manifest.environment import EntrypointSpec, EnvironmentSpec, EnvUrlSpec, RolloutSource, ScoredDatasetSpec
+from agilerl.manifest.environment import (
+    AgentSpec, EntrypointSpec, EnvironmentSpec, EnvUrlSpec, RolloutSource, ScoredDatasetSpec,
+)
 
-__all__ = ["first_then", "make_env_factory", "rollout_spec"]
+__all__ = ["first_then", "make_env_factory", "placement", "rollout_spec"]
 
 
 def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = None) -> EnvFactory:
@@ -57,8 +59,25 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
     )
 
 
+def placement(spec: EnvironmentSpec) -> str | None:
+    """Where a rollout's env runs, for a header (``env: ...``); None for a fleet, which says
+    where each of its replicas runs as it starts, and for what is no env."""
+    if isinstance(spec, EntrypointSpec):
+        return f"{spec.entrypoint} in process (the trainer's interpreter)" if spec.placement == "in_process" else None
+    if isinstance(spec, EnvUrlSpec):
+        return f"remote at {', '.join(spec.env_urls)}"
+    if isinstance(spec, ScoredDatasetSpec):
+        return f"dataset {spec.dataset} in process"
+    return None
+
+
 def rollout_spec(spec: EnvironmentSpec) -> RolloutSource:
     """``spec``, refused when it is SFT/preference data rather than an env to roll out."""
+    if isinstance(spec, AgentSpec):
+        raise InvalidArgument(
+            "an agent program ('agent_command' or 'agent') has no env factory: its episodes are "
+            "played by agilerl.agents.AgentCollector (agilerl.assembly.agents.agent_collector_from_spec)"
+        )
     if not isinstance(spec, (EntrypointSpec, EnvUrlSpec, ScoredDatasetSpec)):
         raise InvalidArgument(
             f"env_type {spec.env_type!r} has no env factory: it is data for "

@@ -61,14 +61,30 @@ def train_from_manifest(
         )
         return train_llm_dataset(model, tokenizer, dataset, algorithm, training, **common)
 
+    from agilerl.manifest.environment import AgentSpec
+    from agilerl.assembly.env_factory import placement
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.train.loops import train_llm_rollout
 
-    with RolloutCollector.from_spec(
-        spec, tokenizer, batch_size=training.batch_size, group_size=training.group_size,
-        base_dir=base_dir, sampling=sampling, seed=training.seed,
-        rank=world.rank, world_size=world.world_size,
-    ) as collector:
+    where = placement(spec)  # a fleet says where its replicas run as they start
+    if where is not None and world.is_main:
+        print(f"env: {where}", file=sys.stderr, flush=True)
+
+    if isinstance(spec, AgentSpec):  # agent programs play whole episodes against the served policy
+        from agilerl.assembly.agents import agent_collector_from_spec
+
+        collector: Any = agent_collector_from_spec(
+            spec, tokenizer, batch_size=training.batch_size, group_size=training.group_size,
+            base_dir=base_dir, sampling=sampling, seed=training.seed,
+            rank=world.rank, world_size=world.world_size, model_name=manifest.model.name_or_path,
+        )
+    else:
+        collector = RolloutCollector.from_spec(
+            spec, tokenizer, batch_size=training.batch_size, group_size=training.group_size,
+            base_dir=base_dir, sampling=sampling, seed=training.seed,
+            rank=world.rank, world_size=world.world_size,
+        )
+    with collector:
         return train_llm_rollout(
             model, tokenizer, collector, algorithm, training,
             max_model_len=manifest.model.max_model_len,

@@ -1,8 +1,9 @@
-"""The ``environment:`` section: flat YAML read as one of four variants, picked by its source.
+"""The ``environment:`` section: flat YAML read as one of five variants, picked by its source.
 
 An entrypoint (an env in this process), an env_url (a remote env), a dataset with a rubric (a
-scored rollout) or SFT/preference data. Each variant holds only the keys that apply to it, so a
-combination no run could use cannot be built, and the error says where a misplaced key belongs.
+scored rollout), SFT/preference data, or an agent program (agent_command, or agent in process).
+Each variant holds only the keys that apply to it, so a combination no run could use cannot be
+built, and the error says where a misplaced key belongs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from agilerl.manifest.section import Section
 from agilerl.manifest.settings import ManifestModel
 
 __all__ = [
+    "AgentSpec",
     "ENVIRONMENT_VARIANTS",
     "MAX_TURNS",
     "VARIANT_TAGS",
@@ -394,25 +396,7 @@ class ScoredDatasetSpec(_TableFields, RolloutSpec):
                 "'rubric_gates' gate the entries of 'rubrics:'; list the rubric there, e.g. "
                 f"rubrics: [{{name: correct, rubric: {self.rubric_name}}}]."
             )
-        names = [entry.name for entry in self.rubric_entries]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(
-                f"rubrics: the name {duplicates[0]!r} is used twice; give each entry its own name."
-            )
-        for gate in self.rubric_gates:
-            head = gate.component.split(".", 1)[0]
-            if gate.component not in names and head not in names:
-                raise ValueError(
-                    f"rubric_gates: {gate.component!r} is no rubric entry's name (the entries: "
-                    f"{', '.join(names)}); name an entry, or one of its parts as 'entry.part'."
-                )
-            unknown = [z for z in gate.zeroes or [] if z not in names]
-            if unknown:
-                raise ValueError(
-                    f"rubric_gates: the gate on {gate.component!r} zeroes {', '.join(map(repr, unknown))}, "
-                    f"which no entry is named (the entries: {', '.join(names)})."
-                )
+        _check_rubric_entries([entry.name for entry in self.rubric_entries], self.rubric_gates)
         return self
 
     @property
@@ -423,6 +407,28 @@ class ScoredDatasetSpec(_TableFields, RolloutSpec):
         assert self.rubric_name is not None
         ref = f"{self.rubric_file_path}:{self.rubric_name}" if self.rubric_file_path else self.rubric_name
         return [RubricEntrySpec(name="reward", rubric=ref)]
+
+
+def _check_rubric_entries(names: list[str], gates: list[RubricGateSpec]) -> None:
+    """Each rubric entry named once; each gate on an entry (or 'entry.part') that exists."""
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(
+            f"rubrics: the name {duplicates[0]!r} is used twice; give each entry its own name."
+        )
+    for gate in gates:
+        head = gate.component.split(".", 1)[0]
+        if gate.component not in names and head not in names:
+            raise ValueError(
+                f"rubric_gates: {gate.component!r} is no rubric entry's name (the entries: "
+                f"{', '.join(names)}); name an entry, or one of its parts as 'entry.part'."
+            )
+        unknown = [z for z in gate.zeroes or [] if z not in names]
+        if unknown:
+            raise ValueError(
+                f"rubric_gates: the gate on {gate.component!r} zeroes {', '.join(map(repr, unknown))}, "
+                f"which no entry is named (the entries: {', '.join(names)})."
+            )
 
 
 class DatasetSpec(_TableFields, EnvironmentSpec):
@@ -439,21 +445,113 @@ class DatasetSpec(_TableFields, EnvironmentSpec):
     response_column: str = Field("response", description="SFT target column.")
 
 
+class AgentSpec(EnvironmentSpec):
+    """An agent program (``agent_command``) or Python function (``agent``) that plays whole
+    episodes against the trainer's OpenAI-compatible endpoint (docs/agents.md)."""
+
+    _kind: ClassVar[str] = "an agent program ('agent_command' or 'agent')"
+
+    env_type: Literal["rollout"] = Field(description="'rollout': the model acts, the agent program drives.")
+    max_turns: int | None = Field(
+        None, ge=1, le=MAX_TURNS, description="Model calls one episode may make (later ones get 400); none: no bound."
+    )
+    max_reward: float | None = Field(None, gt=0, description="Accuracy is reward / max_reward.")
+
+    agent_command: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None,
+        min_length=1,
+        description="The program run once per episode, as argv (in the manifest's folder); it gets "
+        "OPENAI_BASE_URL, OPENAI_API_KEY, AGILERL_TASK and AGILERL_EPISODE, and prints {\"reward\": r} last.",
+    )
+    agent: str | None = Field(
+        None,
+        min_length=1,
+        description="In-process agent, 'path/to/file.py:fn' or 'module:fn': fn(task, base_url, api_key) "
+        "-> reward, sync or async.",
+    )
+    dataset: str | None = Field(
+        None,
+        alias="name",
+        min_length=1,
+        description="The tasks (each row, as JSON, is one episode's task; a group shares a row): a "
+        "HuggingFace id or a file. Left out: tasks are {seed: s}.",
+    )
+    columns: dict[str, str] | None = Field(None, description="With dataset: rename source columns: {src: dst}.")
+    train_test_split: float = Field(0.9, gt=0, lt=1, description="With dataset: train fraction, in (0, 1).")
+    env_config: dict[str, Any] = Field(
+        default_factory=dict, description="With dataset: split_seed, subset, split."
+    )
+    rubrics: list[RubricEntrySpec] | None = Field(
+        None, description="Score the final conversation of an episode whose agent prints no reward."
+    )
+    rubric_gates: list[RubricGateSpec] = Field(
+        default_factory=list, description="{component, min, zeroes}, over the entries of 'rubrics'."
+    )
+    tool_parser: str | None = Field(
+        None,
+        min_length=1,
+        description="Parse the model's tool calls (hermes, auto, ...) into the endpoint's OpenAI tool_calls.",
+    )
+    episode_timeout_s: float = Field(
+        600, gt=0, description="An agent still running this long fails its episode (and is killed), seconds."
+    )
+    failure_score: float | None = Field(
+        0.0,
+        description="The reward of a failed episode (non-zero exit, no reward, timeout); null: the "
+        "episode is lost instead.",
+    )
+    give_up_after_s: float = Field(
+        300, gt=0, description="The run stops when every episode has failed this long, seconds."
+    )
+    max_concurrent_calls: int = Field(
+        8, ge=1, le=1024, description="Calls one episode may have running at once (more get 429)."
+    )
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="The largest request body the endpoint reads (larger get 413)."
+    )
+
+    @model_validator(mode="after")
+    def _one_agent_and_its_tasks(self) -> AgentSpec:
+        if (self.agent_command is None) == (self.agent is None):
+            raise ValueError(
+                "an agent rollout takes exactly one of 'agent_command: [program, args...]' and "
+                "'agent: path/to/file.py:fn'."
+            )
+        if self.dataset is None:
+            given = [k for k in ("columns", "env_config", "train_test_split") if k in self.model_fields_set]
+            if given:
+                raise ValueError(
+                    f"'{given[0]}' applies to an agent's task table; add 'dataset:' (the tasks) or remove it."
+                )
+        if self.rubric_gates and self.rubrics is None:
+            raise ValueError("'rubric_gates' gate the entries of 'rubrics:'; list the rubrics there.")
+        _check_rubric_entries([entry.name for entry in self.rubric_entries], self.rubric_gates)
+        return self
+
+    @property
+    def rubric_entries(self) -> list[RubricEntrySpec]:
+        """``rubrics:`` (none: the agent must report its reward)."""
+        return list(self.rubrics or [])
+
+
 ENVIRONMENT_VARIANTS: tuple[type[EnvironmentSpec], ...] = (
     EntrypointSpec,
     EnvUrlSpec,
     ScoredDatasetSpec,
     DatasetSpec,
+    AgentSpec,
 )
-"""The four ``environment:`` variants, one per source."""
+"""The ``environment:`` variants, one per source."""
 
 RolloutSource = Union[EntrypointSpec, EnvUrlSpec, ScoredDatasetSpec]  # noqa: UP007 - pydantic classes
 """A rollout's spec, whichever its source (what an env factory is made from)."""
 
-_ROLLOUT_SOURCES: dict[str, type[RolloutSpec]] = {
+_ROLLOUT_SOURCES: dict[str, type[EnvironmentSpec]] = {
     "dataset": ScoredDatasetSpec,
     "entrypoint": EntrypointSpec,
     "env_url": EnvUrlSpec,
+    "agent_command": AgentSpec,
+    "agent": AgentSpec,
 }
 """The key that names a rollout's source -> its variant."""
 
@@ -476,6 +574,8 @@ def _aliases(model: type[BaseModel]) -> set[str]:
 def _rollout_sources(data: dict[str, Any]) -> list[str]:
     """The source keys a rollout mapping sets (``name`` is ``dataset``'s alias)."""
     given = {("dataset" if key == "name" else key) for key, value in data.items() if value is not None}
+    if given & {"agent", "agent_command"}:
+        given.discard("dataset")  # an agent's dataset holds its tasks: not a source of its own
     return sorted(given & set(_ROLLOUT_SOURCES))
 
 
@@ -499,7 +599,8 @@ def _check_env_type_and_source(data: Any) -> Any:
     if env_type == "rollout" and len(sources) != 1:
         raise ValueError(
             "a rollout names exactly one source: 'dataset' (with a rubric), "
-            f"'entrypoint' or 'env_url' (got: {', '.join(sources) or 'none'})."
+            "'entrypoint', 'env_url', or an agent program ('agent_command' or 'agent') "
+            f"(got: {', '.join(sources) or 'none'})."
         )
     return data
 
@@ -522,6 +623,7 @@ EnvironmentSection = Annotated[
         Annotated[EnvUrlSpec, Tag("EnvUrlSpec")],
         Annotated[ScoredDatasetSpec, Tag("ScoredDatasetSpec")],
         Annotated[DatasetSpec, Tag("DatasetSpec")],
+        Annotated[AgentSpec, Tag("AgentSpec")],
     ],
     Discriminator(
         _variant_tag,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.tools.metrics import TOOL_STATS_KEY, tool_call_metrics
+from agilerl.agents.metrics import agent_metrics
 from agilerl.train.algorithm import Algorithm, build_algorithm
 from agilerl.train.checkpoint import checkpoint_dir, save_checkpoint
 from agilerl.train.compatibility import EnvSource, check_compatible
@@ -152,6 +153,8 @@ def train_llm_rollout(
         collector.assigner.load_state_dict(mine["tasks"])
     pipeline.resume(trainer.step, mine)  # a resumed run plays on
 
+    from agilerl.fleet.fleet import fleet_metrics
+
     def next_batch() -> tuple[Any, dict[str, float]]:
         with own_weights(), trainer.accelerator.autocast():
             rollouts, metrics = pipeline.take()
@@ -162,9 +165,13 @@ def train_llm_rollout(
         if assigner.adaptive is not None and trainer.world.world_size > 1:
             assigner.merge([r["pending"] for r in _by_rank(trainer.accelerator, {"pending": assigner.pending})])
         batch = collate_trajectories(rollouts.trajectories, pad_id).to(trainer.device)
+        metrics = {**metrics, **fleet_metrics()}  # envs/replicas, replaced, sessions, start_s (with a fleet)
         finished = (t.info.get("reward_components") for t in rollouts.trajectories if t.error is None)
         tool_stats = (t.info.get(TOOL_STATS_KEY) for t in rollouts.trajectories if t.error is None)
-        return batch, {**metrics, **reward_component_metrics(finished), **tool_call_metrics(tool_stats), **judge_metrics()}
+        return batch, {
+            **metrics, **reward_component_metrics(finished), **tool_call_metrics(tool_stats), **judge_metrics(),
+            **agent_metrics(rollouts.trajectories),
+        }
 
     def evaluate() -> dict[str, float]:
         with own_weights():  # every rank gathers; rank 0 alone plays

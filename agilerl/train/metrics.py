@@ -46,6 +46,7 @@ SUMMED_METRICS = frozenset({
     "rollout/retries", "rollout/lost", "rollout/failures", "rollout/groups_dropped", "rollout/informative_groups",
     "rollout/dropped_stale", "rollout/dropped_stale_tokens",
     "judge/calls", "judge/failures", "judge/cache_hits", "judge/tokens",
+    "agent/calls", "agent/failures",
 })
 """Counts: a step's row holds their total over its gradient-accumulation batches and its ranks
 (every drop, loss and judge call counted once), where other metrics are means."""
