@@ -4,15 +4,24 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agilerl.errors import InvalidArgument, ManifestError, ReplicaStartError
+from agilerl.errors import InvalidArgument, ManifestError, MissingExtra, ReplicaStartError
 from agilerl.fleet.autoscale import Autoscaler, sessions_needed
 from agilerl.fleet.limits import StartLimiter, start_with_retry
+from agilerl.fleet.provider import ReplicaSpec
+from agilerl.fleet.ray_provider import NAMESPACE, RayProvider
 from agilerl.manifest.settings import TrainingSettings
 from agilerl.manifest.spec import parse_manifest
+from agilerl.remote.client import RemoteEnvClient
 
 
 class FakeClock:
@@ -187,3 +196,92 @@ def test_a_bad_fleet_value_is_a_manifest_error_naming_the_field(environment, fie
 def test_a_ray_fleet_manifest_validates():
     env = _manifest(provider="ray", replicas="auto", address="ray://head:10001", max_starts_per_s=0.5).environment
     assert (env.placement, env.replicas, env.address, env.max_starts_per_s) == ("ray", "auto", "ray://head:10001", 0.5)
+
+
+# -- Ray ------------------------------------------------------------------------------------------
+
+
+def replica_servers() -> list[int]:
+    """The pids of the ``agilerl serve`` processes Ray replicas started (their URL files live in
+    an ``agilerl-replica-*`` folder)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"serve" in cmdline and b"agilerl-replica-" in cmdline:
+                found.append(int(entry))
+    return found
+
+
+def replica_actors(ray: Any) -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
+
+
+def wait_until(predicate: Any, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    """One local Ray cluster for the module (2 CPUs); the SIGTERM handler ray.init sets is undone."""
+    import ray
+
+    before = signal.getsignal(signal.SIGTERM)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        signal.signal(signal.SIGTERM, before)
+
+
+def _spec(tmp_path: Path, **environment: Any) -> ReplicaSpec:
+    return ReplicaSpec({"env_type": "rollout", "entrypoint": "guess", "provider": "ray", **environment}, str(tmp_path), 4)
+
+
+def test_without_the_ray_extra_the_error_names_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(MissingExtra, match=r"provider: ray needs the 'ray' extra .*pip install 'agilerl-envlayer\[ray\]'"):
+        RayProvider(_spec(tmp_path))
+
+
+def test_a_ray_replica_serves_dies_with_its_actor_and_close_leaves_nothing(ray_cluster, tmp_path):
+    spec = _spec(tmp_path)
+    provider = RayProvider(spec)
+    try:
+        first, second = provider.start(spec, 0, 120), provider.start(spec, 1, 120)
+        assert first.url.startswith("ws://127.0.0.1:") and first.url != second.url
+        with RemoteEnvClient(first.url) as client:
+            client.reset(seed=0)
+            assert client.step("5")[0] in ("Too low!", "Too high!", "Correct!")
+        assert len(replica_servers()) == 2 and len(replica_actors(ray_cluster)) == 2
+        ray_cluster.kill(first.handle[1])  # the actor dies: its server goes with it
+        wait_until(lambda: not provider.alive(first), "the killed replica reads as dead")
+        wait_until(lambda: len(replica_servers()) == 1, "the dead actor's server exits")
+        assert provider.alive(second)
+    finally:
+        provider.close()
+    assert replica_servers() == [] and replica_actors(ray_cluster) == []
+    provider.close()  # idempotent
+    with pytest.raises(ReplicaStartError, match="closed") as exc:
+        provider.start(spec, 2, 10)
+    assert not exc.value.retryable
+
+
+def test_a_replica_whose_env_cannot_be_built_is_not_retried_and_leaves_nothing(ray_cluster, tmp_path):
+    spec = _spec(tmp_path, entrypoint="no_such_module_here:Env")
+    provider = RayProvider(spec)
+    try:
+        with pytest.raises(ReplicaStartError, match="no_such_module_here") as exc:
+            provider.start(spec, 0, 120)
+        assert not exc.value.retryable
+    finally:
+        provider.close()
+    assert replica_servers() == [] and replica_actors(ray_cluster) == []
