@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 from agilerl.errors import InvalidArgument
 
+__all__ = ["LOOP_ENV_VAR", "LOOP_KINDS", "loop_kind", "new_event_loop", "run", "LoopThread", "shared_loop", "stop_signals"]
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,8 @@ from agilerl.concurrency.loops import LoopThread
 from agilerl.concurrency.threads import WorkerThreads
 from agilerl.errors import EnvTimeoutError
 
+__all__ = ["run_in_threads", "run_on_loop"]
+
 class _Phase:
     """One batch of calls in flight: results land in place, the caller wakes once when all are in.
 

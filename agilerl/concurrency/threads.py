@@ -26,6 +26,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
+__all__ = ["WorkerThreads", "SessionThread", "LoopCalls", "default_threads", "EnvCaller"]
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
