@@ -71,6 +71,18 @@ def placement(spec: EnvironmentSpec) -> str | None:
     return None
 
 
+def placement(spec: EnvironmentSpec) -> str | None:
+    """Where a rollout's env runs, for a header (``env: ...``); None for a fleet, which says
+    where each of its replicas runs as it starts, and for what is no env."""
+    if isinstance(spec, EntrypointSpec):
+        return f"{spec.entrypoint} in process (the trainer's interpreter)" if spec.placement == "in_process" else None
+    if isinstance(spec, EnvUrlSpec):
+        return f"remote at {', '.join(spec.env_urls)}"
+    if isinstance(spec, ScoredDatasetSpec):
+        return f"dataset {spec.dataset} in process"
+    return None
+
+
 def rollout_spec(spec: EnvironmentSpec) -> RolloutSource:
     """``spec``, refused when it is SFT/preference data rather than an env to roll out."""
     if isinstance(spec, AgentSpec):

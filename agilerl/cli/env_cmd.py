@@ -106,7 +106,7 @@ def _turn_budget(spec: Any, info: EnvInfo, summary: dict[str, Any]) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from agilerl.envs.checker import check_env
-    from agilerl.assembly.env_factory import make_env_factory
+    from agilerl.assembly.env_factory import make_env_factory, placement
     from agilerl.envs.client import as_client
 
     if args.episodes < 0:
@@ -135,6 +135,7 @@ def _check(args: argparse.Namespace) -> int:
         "terminated": 0,
         "truncated": 0,
         "errors": [],
+        "where": getattr(factory, "where", None) or placement(spec),
     }
     if report.ok and args.episodes:
         tokenizer = _load_tokenizer(args.tokenizer, base_dir) if args.tokenizer else None
@@ -159,6 +160,8 @@ def _check(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         _print_report(summary)
+    if hasattr(factory, "close"):  # a fleet: its replicas stop now (and at exit, however it ends)
+        factory.close()
     return 0 if report.ok and not summary["errors"] else 1
 
 
@@ -342,6 +345,8 @@ def _play(player: Any, episode: int, args: argparse.Namespace, act: Any, summary
 def _print_report(summary: dict[str, Any]) -> None:
     status = "ok" if not summary["problems"] else "PROBLEMS"
     print(f"env {summary['env']}: {status}")
+    if summary.get("where"):
+        print(f"  runs: {summary['where']}")
     for p in summary["problems"]:
         print(f"  problem: {p}")
     for w in summary["warnings"]:

@@ -57,8 +57,9 @@ def install_packages(requirements: Sequence[str]) -> None:
         raise EnvPackagesError(
             f"env_packages {checked} need versions of packages the trainer already has installed "
             "(installed versions are held fixed, so the trainer is never changed under it).\n"
-            f"uv said:\n{detail}\nHost the env in its own environment instead: serve it there "
-            "with `agilerl serve` and set `env_url:` in the manifest."
+            f"uv said:\n{detail}\nGive the env an environment of its own: set `isolation: venv` "
+            "in the manifest's environment section (its packages go into a cached uv venv, served for "
+            "the run; docs/env-fleets.md), or serve it yourself with `agilerl serve` and set `env_url:`."
         )
     raise EnvPackagesError(
         f"env_packages {checked} cannot be resolved from the configured package indexes.\n"

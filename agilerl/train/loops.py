@@ -155,6 +155,8 @@ def train_llm_rollout(
 
     from agilerl.fleet.fleet import fleet_metrics
 
+    from agilerl.fleet.fleet import fleet_metrics
+
     def next_batch() -> tuple[Any, dict[str, float]]:
         with own_weights(), trainer.accelerator.autocast():
             rollouts, metrics = pipeline.take()
