@@ -72,6 +72,9 @@ def add_parser(subparsers: Any) -> None:
     )
     check.add_argument("--json", action="store_true", help="Print a JSON summary instead.")
     check.set_defaults(handler=_check)
+    from agilerl.cli.env_prepare_cmd import add_parsers as add_prepare_parsers
+
+    add_prepare_parsers(sub)  # env prepare, env prepared
 
 
 _SPEC_FLAGS = (
@@ -160,6 +163,8 @@ def _check(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         _print_report(summary)
+    if hasattr(factory, "close"):  # a fleet: its replicas stop now (and at exit, however it ends)
+        factory.close()
     if hasattr(factory, "close"):  # a fleet: its replicas stop now (and at exit, however it ends)
         factory.close()
     return 0 if report.ok and not summary["errors"] else 1
@@ -345,6 +350,8 @@ def _play(player: Any, episode: int, args: argparse.Namespace, act: Any, summary
 def _print_report(summary: dict[str, Any]) -> None:
     status = "ok" if not summary["problems"] else "PROBLEMS"
     print(f"env {summary['env']}: {status}")
+    if summary.get("where"):
+        print(f"  runs: {summary['where']}")
     if summary.get("where"):
         print(f"  runs: {summary['where']}")
     for p in summary["problems"]:
