@@ -38,10 +38,14 @@ __all__ = [
     "prepared_envs",
     "remove_prepared",
     "serve_argv",
+    "serve_environ",
 ]
 
 MARKER = "agilerl-env.json"
 """Written last into a venv: a folder without it is a build that did not finish."""
+_HIDDEN_FROM_VENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+"""The trainer's interpreter settings a venv's python must not inherit: they would put the
+trainer's packages back in front of the env's own."""
 ADAPTER_OPTIONS = ("action_field", "observation_field", "observation_processor", "image_field", "mcp_tool", "action_type")
 """An entrypoint's OpenEnv adapter options: they go to the server, which drives the env in process."""
 
@@ -178,6 +182,16 @@ def serve_argv(
     if parent_pid is not None:
         argv += ["--parent-pid", str(parent_pid)]
     return argv
+
+
+def serve_environ(runtime: EnvRuntime, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment ``serve_argv`` runs in: ``base`` (this process's), less what would let the
+    trainer's packages into a venv, and unbuffered so a replica's log is current."""
+    env = dict(os.environ if base is None else base, PYTHONUNBUFFERED="1")
+    if runtime.venv is not None:
+        for name in _HIDDEN_FROM_VENV:
+            env.pop(name, None)
+    return env
 
 
 def prepared_envs() -> list[PreparedEnv]:

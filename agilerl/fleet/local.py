@@ -19,16 +19,13 @@ from typing import ClassVar
 
 from agilerl.errors import InvalidArgument
 from agilerl.fleet.health import wait_healthy
-from agilerl.fleet.isolation import EnvRuntime, prepare_env, serve_argv
+from agilerl.fleet.isolation import EnvRuntime, prepare_env, serve_argv, serve_environ
 from agilerl.fleet.provider import Replica, ReplicaSpec, ReplicaStartError
 
 __all__ = ["LocalProvider"]
 
 STOP_GRACE_S = 5.0
 """How long a replica has to stop after SIGTERM before it is killed."""
-_HIDDEN_FROM_VENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
-"""The trainer's interpreter settings a venv's python must not inherit: they would put the
-trainer's packages back in front of the env's own."""
 
 
 class LocalProvider:
@@ -63,10 +60,7 @@ class LocalProvider:
             stem = self._folder / f"replica-{index}-{self._count}"
         port_file, log_path = Path(f"{stem}.url"), Path(f"{stem}.log")
         argv = serve_argv(spec, runtime, 0, port_file=str(port_file), parent_pid=os.getpid())
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if runtime.venv is not None:
-            for name in _HIDDEN_FROM_VENV:
-                env.pop(name, None)
+        env = serve_environ(runtime)
         if not Path(spec.base_dir).is_dir():
             raise InvalidArgument(f"the env's base_dir {spec.base_dir!r} is not a folder")
         with open(log_path, "wb") as log:
