@@ -122,7 +122,8 @@ def _check(args: argparse.Namespace) -> int:
         raise InvalidArgument("give --actions (comma-separated) or --action (repeated), not both")
     first = _policy(args)(0) if args.actions or args.action else "1"
     report = check_env(
-        factory(), seed=args.seed, action=first, raise_on_error=False, strict=args.strict, max_turns=spec.max_turns
+        factory(), seed=args.seed, action=first, raise_on_error=False, strict=args.strict, max_turns=spec.max_turns,
+        tool_parser=getattr(spec, "tool_parser", None),  # the step sends the action as a run does
     )
     if first == "1" and any(p.startswith("step('1') raised OpenEnvAdapterError") for p in report.problems):
         report.notes.append("the check steps with '1' unless --actions gives an action this env takes (its first)")

@@ -10,6 +10,7 @@ from agilerl.envs.client import EnvClient
 from agilerl.envs.openenv_native import OpenEnvTextEnv
 from agilerl.errors import EnvCheckError, exception_text
 from agilerl.images import DEFAULT_MAX_IMAGE_PIXELS, observation_from, observation_images
+from agilerl.envs.tool_check import tool_step, tools_problem
 from agilerl.protocol import close_env, declared_members, member_problem, reset_problems, step_problems
 
 __all__ = ["CheckReport", "check_env"]
@@ -38,12 +39,15 @@ def check_env(
     raise_on_error: bool = True,
     strict: bool = False,
     max_turns: int | None = None,
+    tool_parser: Any = None,
 ) -> CheckReport:
     """Run one reset (twice, for reproducibility) and one step, and check every shape and type.
 
     ``action`` is the step's text: one the env takes (``agilerl env check`` passes the first
     scripted one; an env whose Action is an Enum or a list takes no "1"). ``max_turns`` is a
     budget given from outside (a manifest, ``--max-turns``): then the env need not declare one.
+    ``tool_parser`` (a name or a parser): the step plays ``action`` as a run sends it, its calls
+    through the env's ``call_tool`` (``agilerl.envs.tool_check``).
     An OpenEnv env need not honour seeds (OpenEnv does not ask it to): a reset that does not
     reproduce is a warning for one, unless ``strict``; for a text env it is a problem."""
     report = CheckReport(type(env).__name__)
@@ -70,8 +74,9 @@ def check_env(
                 f"({first[0]!r:.60} vs {again[0]!r:.60}); {fix}"
             )
             (report.warnings if openenv and not strict else problems).append(found)
-        result = _call(report, f"step({action!r})", env.step, action)
-        if result is not None:
+        if tool_parser is not None:
+            tool_step(env, tool_parser, action, first[1] if isinstance(first, tuple) else {}, report, _call)
+        elif (result := _call(report, f"step({action!r})", env.step, action)) is not None:
             _check_step_result(result, report)
     close = getattr(env, "close", None)
     if close is not None:
@@ -139,6 +144,10 @@ def _check_optional_members(env: Any, report: CheckReport, *, budget_given: bool
     for i, tool in enumerate(members["tools"] if isinstance(members["tools"], list) else []):
         if isinstance(tool, dict) and "name" not in tool.get("function", tool):
             report.problems.append(f"tools[{i}] has no 'name' (nor function.name)")
+    tools = members["tools"] if isinstance(members["tools"], list) else []
+    if all(isinstance(t, dict) and "name" in t.get("function", t) for t in tools):
+        if (problem := tools_problem(tools)) is not None:  # a schema the run's checker cannot read
+            report.problems.append(problem)
     if members["dataset_size"] is not None:
         params = inspect.signature(env.reset).parameters
         missing = [k for k in ("row_index", "evaluation") if k not in params]

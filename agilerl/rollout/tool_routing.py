@@ -18,6 +18,7 @@ from typing import Any
 
 from agilerl.chat import ChatRenderer
 from agilerl.envs.client import EnvClient, WrappingClient
+from agilerl.envs.tool_check import takes_only_calls
 from agilerl.errors import AgileRLWarning, ChatTemplateError, EnvTimeoutError
 from agilerl.protocol import StepResult
 from agilerl.tools import REFUSED_INFO, ParsedCompletion, ToolParser, ToolSet, function_tool, resolve_tool_parser
@@ -276,7 +277,7 @@ class ToolCallingClient(WrappingClient):
         prompt, info = self.inner.reset(seed, row_index=row_index, evaluation=evaluation)
         if not self._listed:
             self._tools, self._listed = self._specs(self.inner.list_tools()), True
-            self.tools_only = _tools_only(self.inner)
+            self.tools_only = takes_only_calls(self.inner)
         return prompt, self._with_tools(info)
 
     async def areset(
@@ -285,7 +286,7 @@ class ToolCallingClient(WrappingClient):
         prompt, info = await self.inner.areset(seed, row_index=row_index, evaluation=evaluation)
         if not self._listed:
             self._tools, self._listed = self._specs(await self.inner.alist_tools()), True
-            self.tools_only = _tools_only(self.inner)
+            self.tools_only = takes_only_calls(self.inner)
         return prompt, self._with_tools(info)
 
     def step(self, action: str) -> StepResult:
@@ -340,15 +341,6 @@ def late_call(client: Any, exc: BaseException) -> BaseException:
     if isinstance(exc, EnvTimeoutError) and isinstance(calling, str):
         return EnvTimeoutError(f"{calling} did not finish: {exc}")
     return exc
-
-
-def _tools_only(client: EnvClient) -> bool:
-    """Whether ``client``'s env is an OpenEnv MCP env reached without ``mcp_tool`` (in process, or
-    remote: then its server must answer ``tools/list``, checked at the first reset)."""
-    env = getattr(client, "env", None)
-    if env is not None:
-        return bool(getattr(env, "mcp", False)) and not getattr(env, "mcp_tool", None)
-    return getattr(client, "mcp_tool", "") is None and getattr(client, "serves_mcp", False)
 
 
 def _ended(result: StepResult | None) -> bool:
