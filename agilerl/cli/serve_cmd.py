@@ -34,6 +34,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--session-timeout", type=positive_float, default=None, metavar="S",
                         help="Close sessions idle for S seconds (default: never).")
     parser.add_argument("--token", default=None, help="Bearer token required on every route.")
+    parser.add_argument("--isolation", choices=("none", "venv"), default="none",
+                        help="venv: serve from a uv venv of the env's own, holding its --env-package packages "
+                        "and this agilerl (built once, cached; agilerl env prepared lists them).")
     parser.add_argument("--base-dir", default=None, metavar="DIR",
                         help="Folder a file.py:attr entrypoint is relative to (default: the working directory).")
     parser.add_argument("--port-file", default=None, metavar="PATH",
@@ -83,6 +86,8 @@ def _serve(args: argparse.Namespace) -> int:
     from agilerl.remote.hosting import build_server
 
     kind = loop_kind(args.loop)  # a wrong --loop fails before anything is built
+    if args.isolation == "venv":
+        _exec_in_venv(args)
     # checked (and a trailing newline stripped) before anything is built: a token that no
     # client could send must not start a server that refuses everyone
     if args.token is not None:
@@ -106,6 +111,32 @@ def _serve(args: argparse.Namespace) -> int:
     )
     run(_run_until_signal(server, kind, port_file=args.port_file, parent_pid=args.parent_pid), kind)
     return 0
+
+
+def _exec_in_venv(args: argparse.Namespace) -> None:
+    """Become ``agilerl serve`` in the env's venv (built first when it is not cached), with the
+    same flags: the env's packages never touch this interpreter."""
+    from agilerl.fleet.isolation import prepare_env, serve_argv, serve_environ
+    from agilerl.fleet.provider import ReplicaSpec
+
+    environment: dict[str, Any] = {
+        "entrypoint": args.entrypoint, "env_config": args.env_config, "isolation": "venv",
+        "env_packages": {"uv": list(args.env_packages or [])}, **adapter_options(args),
+    }
+    spec = ReplicaSpec(environment, os.path.abspath(args.base_dir or "."), args.max_concurrent_envs)
+    runtime = prepare_env(spec)
+    argv = serve_argv(spec, runtime, args.port, port_file=args.port_file, parent_pid=args.parent_pid)
+    argv += ["--host", args.host] + (["--loop", args.loop] if args.loop else [])
+    if args.session_timeout is not None:
+        argv += ["--session-timeout", str(args.session_timeout)]
+    for flag, _, option, _, _ in _LIMITS:
+        if getattr(args, option) is not None:
+            argv += [flag, str(getattr(args, option))]
+    env = serve_environ(runtime)
+    if args.token:  # by the environment, not the command line other users can read
+        env[limits.TOKEN_ENV_VAR] = args.token
+    print(f"serving from venv {runtime.venv}", file=sys.stderr, flush=True)
+    os.execve(runtime.python, argv, env)
 
 
 def _build_one_env(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ _LAZY = {
     "CheckReport": "agilerl.envs.checker",
     "InProcessEnvClient": "agilerl.envs.client",
     "RemoteEnvClient": "agilerl.remote.client",
-    "resolve_env": "agilerl.remote.hosting",
+    "resolve_env": "agilerl.fleet.serving",  # isolation="venv" too; else agilerl.remote.hosting
     "adapt_openenv": "agilerl.envs.openenv_native",
     "process_observation": "agilerl.envs.observations",
     # manifests
@@ -167,7 +167,7 @@ if TYPE_CHECKING:
     from agilerl.protocol import TextEnv
     from agilerl.registry.resolver import get_plugin_manager, get_registry, reset_registry, resolve
     from agilerl.remote.client import RemoteEnvClient
-    from agilerl.remote.hosting import resolve_env
+    from agilerl.fleet.serving import resolve_env
     from agilerl.rollout.assigner import Task, TaskAssigner
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.rollout.harness import RolloutHarness

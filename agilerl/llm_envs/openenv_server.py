@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from agilerl.llm_envs._lazy import lazy_exports
 
 _LAZY = {
-    "resolve_env": "agilerl.remote.hosting",
+    "resolve_env": "agilerl.fleet.serving",  # isolation="venv" too; else agilerl.remote.hosting
 }
 
 __all__ = list(_LAZY)
@@ -15,4 +15,4 @@ __all__ = list(_LAZY)
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 if TYPE_CHECKING:
-    from agilerl.remote.hosting import resolve_env
+    from agilerl.fleet.serving import resolve_env
