@@ -56,7 +56,9 @@ def _one_image(value: Any, shape: Any) -> EnvImage:
             )
         import numpy as np
 
-        return EnvImage.from_array(np.asarray(value, dtype=np.int64).reshape(shape))
+        if not all(isinstance(n, int) and n > 0 for n in shape) or int(np.prod(shape)) != len(value):
+            raise InvalidArgument(f"the pixels' shape {shape} does not hold the {len(value):,} values given")
+        return EnvImage.from_array(np.asarray(value).reshape(shape))
     return image_from_value(value)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from agilerl.concurrency import EnvCaller
 from agilerl.envs.client import InProcessEnvClient
 from agilerl.errors import exception_text
+from agilerl.images import ImageLimits, ImageObservation
 from agilerl.remote.frames import (
     ErrorCode,
     FrameError,
@@ -46,21 +47,23 @@ class Session(Protocol):
     async def close(self) -> None: ...
 
 
-def session_for(env: Any, caller: EnvCaller, *, with_info: bool) -> Session:
+def session_for(env: Any, caller: EnvCaller, *, with_info: bool, image_limits: ImageLimits | None = None) -> Session:
     """The dispatcher for ``env``: native for an OpenEnv env, text otherwise. ``with_info``: the
-    client asked for each observation's info (``/ws?metadata=1``)."""
+    client asked for each observation's info (``/ws?metadata=1``); ``image_limits``: what an
+    observation's images may be before they are encoded for the wire."""
     if hosts_natively(env):
         return NativeSession(env, caller)
-    return TextSession(env, caller, with_info=with_info)
+    return TextSession(env, caller, with_info=with_info, image_limits=image_limits)
 
 
 class TextSession:
     """A text env's session: ``reset``/``step``/``state``/``close`` frames through its client."""
 
-    def __init__(self, env: Any, caller: EnvCaller, *, with_info: bool) -> None:
+    def __init__(self, env: Any, caller: EnvCaller, *, with_info: bool, image_limits: ImageLimits | None = None) -> None:
         self.client = InProcessEnvClient(env, caller=caller)
         self._tools: ToolSet | None = None
         self.with_info = with_info
+        self.image_limits = image_limits or ImageLimits(setting="agilerl serve --max-image-pixels")
         self.steps = 0
         self.episode_id: str | None = None
 
@@ -84,6 +87,7 @@ class TextSession:
                 else:
                     result = await client.astep(data["message"])
                 text, reward, terminated, truncated, info = result
+                self._check_images(text, "step")
                 self.steps += 1
                 return observation_frame(text, reward, terminated, truncated, info if self.with_info else None)
             if kind == "reset":
@@ -91,6 +95,7 @@ class TextSession:
                 text, info = await client.areset(
                     data.get("seed"), row_index=data.get("row_index"), evaluation=data.get("evaluation")
                 )
+                self._check_images(text, "reset")
                 self.steps = 0
                 self.episode_id = uuid.uuid4().hex
                 return observation_frame(text, 0.0, False, False, info if self.with_info else None)
@@ -104,6 +109,12 @@ class TextSession:
             return error_frame(exc.code, str(exc), **exc.extra)
         except Exception as exc:
             return error_frame(ErrorCode.EXECUTION_ERROR, exception_text(exc))
+
+    def _check_images(self, observation: Any, method: str) -> None:
+        """Each image's size (from its header or shape) against the bound, before encoding it."""
+        if isinstance(observation, ImageObservation):
+            for image in observation.images:
+                self.image_limits.check_image(image, f"{self.client.name}.{method}()")
 
     async def _call_tool(self, name: Any, arguments: Any) -> Any:
         """The env's ``call_tool``, only for a tool it lists and arguments its schema allows:

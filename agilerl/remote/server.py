@@ -33,6 +33,7 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from agilerl.concurrency import EnvCaller, WorkerThreads
 from agilerl.errors import InvalidArgument
+from agilerl.images import DEFAULT_MAX_IMAGE_PIXELS, ImageLimits
 from agilerl.protocol import describe_env
 from agilerl.remote.dispatch import Session, session_for
 from agilerl.remote.frames import (
@@ -96,6 +97,7 @@ class EnvServer:
         close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
         max_connections: int | None = None,
         backlog: int = DEFAULT_BACKLOG,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         if max_concurrent_envs < 1:
             raise InvalidArgument(f"max_concurrent_envs must be at least 1 (got {max_concurrent_envs}).")
@@ -109,6 +111,7 @@ class EnvServer:
         self._keepalive_timeout_s = keepalive_timeout_s
         self._close_timeout_s = close_timeout_s
         self._backlog = backlog
+        self._image_limits = ImageLimits(max_pixels=max_image_pixels, setting="agilerl serve --max-image-pixels")
         # Every session's socket, plus room for /health probes and clients told CAPACITY_REACHED.
         self.guard = ConnectionGuard(
             header_timeout_s, max_connections if max_connections is not None else 2 * max_concurrent_envs + 64
@@ -346,7 +349,7 @@ class EnvServer:
             env = await self.envs.build(caller)
             try:
                 self._note(env)
-                session = session_for(env, caller, with_info=False)
+                session = session_for(env, caller, with_info=False, image_limits=self._image_limits)
                 await session.open()
                 try:
                     return await use(session)
@@ -449,7 +452,9 @@ class EnvServer:
             if self._stopping:  # stop() began while the env was being built
                 await self.watchdog.end(link, WSCloseCode.GOING_AWAY, "the server is stopping")
                 return ws
-            session = session_for(env, caller, with_info=request.query.get(INFO_QUERY) in ("1", "true"))
+            session = session_for(
+                env, caller, with_info=request.query.get(INFO_QUERY) in ("1", "true"), image_limits=self._image_limits
+            )
             await self._serve(link, session)
         finally:
             self._handlers.discard(task)

@@ -215,6 +215,9 @@ class VisionTurns:
             return set()
 
 
+_DEFAULT_LIMITS = ImageLimits()
+
+
 def _image_token(processor: Any) -> str:
     token = getattr(processor, "image_token", None)
     if not isinstance(token, str) or not token:
@@ -222,13 +225,15 @@ def _image_token(processor: Any) -> str:
     return token
 
 
-def image_parts(observation: str | ImageObservation) -> str | list[dict[str, Any]]:
+def image_parts(observation: str | ImageObservation, limits: ImageLimits | None = None) -> str | list[dict[str, Any]]:
     """An observation as an OpenAI chat message's content, for a policy behind a chat endpoint
     that reads images itself: its text, or an ``image_url`` part (a data URL) per image, then a
-    text part."""
+    text part. Each image's size is checked (``limits``: the defaults) before it is encoded."""
     images = observation_images(observation)
     if not images:
         return observation_text(observation)
+    for image in images:
+        (limits or _DEFAULT_LIMITS).check_image(image, "an observation for the chat endpoint")
     parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": image.data_url()}} for image in images]
     return [*parts, {"type": "text", "text": observation_text(observation)}]
 
