@@ -27,7 +27,7 @@ from agilerl.errors import InvalidArgument
 from agilerl.images import ImageObservation
 from agilerl.assembly.env_factory import first_then, make_env_factory
 from agilerl.assembly.from_spec import tool_kwargs
-from agilerl.manifest.environment import EnvironmentSpec, RolloutSpec
+from agilerl.manifest.environment import AgentSpec, EnvironmentSpec, RolloutSpec
 from agilerl.protocol import EnvInfo, StepResult
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.collector import RolloutCollector
@@ -117,6 +117,10 @@ def evaluate_spec(
     show_progress: bool = False,
 ) -> EvalSummary:
     """Play ``plan`` on the env ``spec`` names with ``policy`` and write the results file."""
+    if isinstance(spec, AgentSpec):  # an agent program plays against the served policy
+        from agilerl.assembly.agents import evaluate_agents
+
+        return evaluate_agents(spec, policy, tokenizer, plan, base_dir=base_dir)  # type: ignore[no-any-return]
     if not isinstance(spec, RolloutSpec):
         raise InvalidArgument(
             "environment.env_type 'dataset' is training data (SFT/preference), not an env to "
@@ -150,6 +154,7 @@ def evaluate_spec(
             recorded_envs, tokenizer, batch_size=min(slots, len(todo)), group_size=1,
             max_turns=max_turns, sampling=plan.sampling, seed=plan.seed, max_reward=max_reward,
             chat_template_kwargs=spec.chat_template_kwargs, env_timeout_s=spec.request_timeout_s or None,
+            context_policy=spec.context_policy,
             **tool_kwargs(spec, base_dir),
         ) as collector, _progress(show_progress, len(episodes), resumed) as advance:
             for start in range(0, len(todo), collector.num_slots):

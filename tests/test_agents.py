@@ -1,0 +1,371 @@
+"""Agent programs as envs: a real OpenAI-client program against the served tiny model. Its
+completions are exactly the trained tokens, its samples split where it rewrites its history, and
+a crashing, hanging or failing program costs only its own episode."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agilerl.agents import AgentCollector, AgentEndpoint, CommandAgent, FunctionAgent
+from agilerl.agents.metrics import agent_metrics
+from agilerl.chat import ChatRenderer
+from agilerl.data.rubric import Rubric
+from agilerl.errors import CollectionError
+from agilerl.generation.policy import Generation, SamplingParams, ScriptedPolicy, TransformersPolicy
+from agilerl.generation.versioned import VersionedPolicy
+
+# An agent as people write them: the OpenAI client in a loop. It answers, checks itself (the
+# history extended: one sample), compacts (a rewritten history: a new sample, streamed) and goes
+# on; what it was given is logged for the test, its reward is its last stdout line.
+COMPACTING_AGENT = """
+import json, os, sys
+from openai import OpenAI
+
+client = OpenAI()
+task = json.loads(os.environ["AGILERL_TASK"])
+system = {"role": "system", "content": "Answer briefly."}
+messages = [system, {"role": "user", "content": f"What is {task['seed'] % 10} plus one?"}]
+first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6)
+messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Check it."}]
+second = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, logprobs=True, temperature=0.5)
+summary = [system, {"role": "user", "content": "Summary: " + (second.choices[0].message.content or "")}]
+third = "".join(
+    chunk.choices[0].delta.content or ""
+    for chunk in client.chat.completions.create(model="tiny", messages=summary, max_tokens=6, stream=True)
+    if chunk.choices
+)
+summary += [{"role": "assistant", "content": third}, {"role": "user", "content": "Go on."}]
+fourth = client.chat.completions.create(model="tiny", messages=summary, max_tokens=6)
+log = {
+    "contents": [first.choices[0].message.content, second.choices[0].message.content, third,
+                 fourth.choices[0].message.content],
+    "tokens": [t.token for t in second.choices[0].logprobs.content],
+}
+(__import__("pathlib").Path(os.environ["AGENT_LOG"]) / (os.environ["AGILERL_EPISODE"] + ".json")).write_text(json.dumps(log))
+print("some chatter")
+print(json.dumps({"reward": len(log["contents"][3]) % 2, "components": {"length": len(log["contents"][3])}}))
+"""
+
+# A program without the OpenAI client: one call with urllib, then what its task's row says.
+ROW_AGENT = """
+import json, os, subprocess, sys, time, urllib.request
+
+task = json.loads(os.environ["AGILERL_TASK"])
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body, headers={
+    "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+urllib.request.urlopen(request, timeout=60).read()
+if task["mode"] == "crash":
+    print("boom-crash", file=sys.stderr)
+    sys.exit(3)
+if task["mode"] == "hang":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(os.environ["AGENT_LOG"] + "/child.pid", "w") as f:
+        f.write(str(child.pid))
+    time.sleep(600)
+if task["mode"] == "silent":
+    sys.exit(0)
+print(json.dumps({"reward": 1.0}))
+"""
+
+
+def _program(tmp_path: Path, code: str, name: str = "agent.py") -> list[str]:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return [sys.executable, str(path)]
+
+
+def _spans(sample) -> list[list[int]]:
+    """The runs of trained (generated) token ids, in order."""
+    spans: list[list[int]] = []
+    previous = False
+    for token, trained in zip(sample.token_ids, sample.action_mask):
+        if trained and not previous:
+            spans.append([])
+        if trained:
+            spans[-1].append(token)
+        previous = trained
+    return spans
+
+
+@pytest.fixture()
+def agent_log(tmp_path, monkeypatch):
+    folder = tmp_path / "log"
+    folder.mkdir()
+    monkeypatch.setenv("AGENT_LOG", str(folder))
+    return folder
+
+
+def test_an_openai_client_program_trains_on_exactly_its_completions_split_where_it_compacts(
+    tiny_model, chatml_tokenizer, tmp_path, agent_log
+):
+    agent = CommandAgent(_program(tmp_path, COMPACTING_AGENT))
+    with AgentCollector(
+        agent, chatml_tokenizer, batch_size=2, group_size=2, seed=0, sampling=SamplingParams(max_new_tokens=8)
+    ) as collector, pytest.warns(match="temperature"):
+        batch = collector.collect(TransformersPolicy(tiny_model, chatml_tokenizer))
+    renderer = ChatRenderer(chatml_tokenizer)
+    for episode in batch.trajectories:
+        assert episode.error is None
+        log = json.loads((agent_log / f"{episode.info['episode']}.json").read_text())
+        # one sample per history: the answer and its check, then the compacted conversation
+        assert len(episode.samples) == 2 and episode.prior_samples[0].info["episode"] == episode.info["episode"]
+        spans = [span for sample in episode.samples for span in _spans(sample)]
+        assert [renderer.decode(span) for span in spans] == log["contents"]  # streamed one included
+        # the very ids: the second call's tokens as its logprobs named them
+        assert chatml_tokenizer.convert_ids_to_tokens(spans[1]) == log["tokens"]
+        assert [max(s.turn_ids) for s in episode.samples] == [1, 3]
+        assert episode.rewards == [0.0, 0.0, 0.0, float(len(log["contents"][3]) % 2)]
+        assert episode.info["reward_components"] == {"length": float(len(log["contents"][3]))}
+        assert episode.versions is None  # a plain policy reports none
+    metrics = agent_metrics(batch.trajectories)
+    assert metrics["agent/calls"] == 16 and metrics["agent/samples_per_episode"] == 2
+    assert metrics["agent/failures"] == 0 and metrics["agent/call_s"] > 0
+
+
+def _post(url: str, body: dict, key: str) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}") if exc.code != 413 else {}
+
+
+def test_each_episode_has_its_own_key_and_any_other_gets_401(chatml_tokenizer):
+    import openai
+
+    endpoint = AgentEndpoint(chatml_tokenizer, model_name="tiny")
+    try:
+        episode = endpoint.open_episode("e1", VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42")), SamplingParams())
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key=episode.key)
+        assert [m.id for m in client.models.list()] == ["tiny"]
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "42" and reply.choices[0].finish_reason == "stop"
+        for key in ("wrong", ""):
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=endpoint.base_url, api_key=key or "x").chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "hi"}]
+                )
+        endpoint.close_episode(episode)  # its episode has ended: the key with it
+        with pytest.raises(openai.AuthenticationError):
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        assert episode.calls == 1
+    finally:
+        endpoint.close()
+
+
+def test_tool_calls_come_back_as_openai_tool_calls_and_results_go_through_the_template(chatml_tokenizer):
+    import openai
+
+    def reply(prompt) -> str:
+        text = chatml_tokenizer.decode(list(prompt))
+        if "<|im_start|>tool" in text:
+            return "it is 3"
+        return '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+
+    tools = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+    endpoint = AgentEndpoint(chatml_tokenizer, tool_parser="hermes")
+    try:
+        stops = SamplingParams(stop_token_ids=(endpoint.renderer.end_of_turn_id,))
+        episode = endpoint.open_episode("e1", VersionedPolicy(ScriptedPolicy(chatml_tokenizer, reply)), stops)
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key=episode.key)
+        messages = [{"role": "user", "content": "1 + 2?"}]
+        first = client.chat.completions.create(model="m", messages=messages, tools=tools)
+        call = first.choices[0].message.tool_calls[0]
+        assert first.choices[0].finish_reason == "tool_calls"
+        assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 1, "b": 2}
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+        second = client.chat.completions.create(model="m", messages=messages, tools=tools)
+        assert second.choices[0].message.content == "it is 3"
+        (sample,) = episode.trajectories()  # the tool result extended the conversation
+        first_end = sample.action_mask.index(False, sample.action_mask.index(True))
+        second_start = sample.action_mask.index(True, first_end)
+        assert chatml_tokenizer.decode(sample.token_ids[first_end:second_start]) == (
+            "\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n"  # the model's own <|im_end|> kept
+        )
+    finally:
+        endpoint.close()
+
+
+class _HeldPolicy:
+    """Generates only once the test lets it: a call can be held in flight."""
+
+    def __init__(self, tokenizer) -> None:
+        self.inner = ScriptedPolicy(tokenizer, "ok")
+        self.release = threading.Event()
+
+    def generate(self, prompts, params) -> list[Generation]:
+        assert self.release.wait(60)
+        return self.inner.generate(prompts, params)
+
+
+def test_the_endpoint_bounds_request_size_and_calls_per_episode(chatml_tokenizer):
+    endpoint = AgentEndpoint(chatml_tokenizer, max_request_bytes=2048, max_concurrent_calls=1)
+    held = _HeldPolicy(chatml_tokenizer)
+    try:
+        episode = endpoint.open_episode("e1", VersionedPolicy(held), SamplingParams())
+        url = endpoint.base_url + "/chat/completions"
+        big = {"messages": [{"role": "user", "content": "x" * 4096}]}
+        assert _post(url, big, episode.key)[0] == 413
+        status, body = _post(url, {"messages": [{"role": "user", "content": "hi"}], "n": 2}, episode.key)
+        assert status == 400 and "less than or equal to 1" in body["error"]["message"]
+        first: dict = {}
+        thread = threading.Thread(target=lambda: first.update(r=_post(url, {"messages": [{"role": "user", "content": "a"}]}, episode.key)))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while episode.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, body = _post(url, {"messages": [{"role": "user", "content": "b"}]}, episode.key)
+        assert status == 429 and "max_concurrent_calls 1" in body["error"]["message"]
+        held.release.set()
+        thread.join(60)
+        assert first["r"][0] == 200 and episode.calls == 1
+    finally:
+        held.release.set()
+        endpoint.close()
+
+
+def test_completions_extend_their_text_as_one_sample_and_honour_max_tokens(chatml_tokenizer):
+    endpoint = AgentEndpoint(chatml_tokenizer)
+    try:
+        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, " one two three four"), version=7)
+        episode = endpoint.open_episode("e1", policy, SamplingParams(max_new_tokens=16))
+        url = endpoint.base_url + "/completions"
+        status, first = _post(url, {"prompt": "Count:", "max_tokens": 2, "logprobs": 1}, episode.key)
+        assert status == 200 and first["choices"][0]["finish_reason"] == "length"
+        text = first["choices"][0]["text"]
+        assert len(first["choices"][0]["logprobs"]["tokens"]) == 2
+        status, second = _post(url, {"prompt": "Count:" + text + " more", "max_tokens": 50}, episode.key)
+        assert status == 200
+        (sample,) = episode.trajectories()
+        spans = _spans(sample)
+        assert [len(s) for s in spans] == [2, len(chatml_tokenizer.encode(" one two three four", add_special_tokens=False))]
+        assert sample.versions == [7 if m else -1 for m in sample.action_mask]  # each token's weights
+    finally:
+        endpoint.close()
+
+
+def test_crashing_hanging_and_silent_programs_cost_only_their_own_episode(chatml_tokenizer, tmp_path, agent_log, caplog):
+    rows = [{"mode": "ok"}, {"mode": "crash"}, {"mode": "hang"}, {"mode": "silent"}]
+    agent = CommandAgent(_program(tmp_path, ROW_AGENT))
+    with AgentCollector(
+        agent, chatml_tokenizer, batch_size=4, group_size=1, seed=0, train_rows=rows, episode_timeout_s=8,
+        failure_score=-1.0,
+    ) as collector:
+        batch = collector.collect(VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "hi")))
+    by_mode = {rows[t.row_index]["mode"]: t for t in batch.trajectories}
+    assert by_mode["ok"].rewards == [1.0] and by_mode["ok"].error is None
+    for mode, why in (("crash", "exit code 3"), ("hang", "timeout"), ("silent", "no reward line")):
+        assert by_mode[mode].error is None and by_mode[mode].rewards == [-1.0], mode  # trained at failure_score
+        assert why in by_mode[mode].info["agent_failure"]
+    assert agent_metrics(batch.trajectories)["agent/failures"] == 3
+    assert sum("boom-crash" in r.getMessage() for r in caplog.records) == 1  # the stderr tail, logged once
+    child = int((agent_log / "child.pid").read_text())
+    state = Path(f"/proc/{child}/status")
+    assert not state.exists() or "zombie" in state.read_text()  # the hung program's whole group was killed
+
+
+def test_a_run_whose_programs_all_fail_ends_naming_the_command_and_its_stderr(chatml_tokenizer, tmp_path):
+    command = _program(tmp_path, "import sys\nprint('no luck here', file=sys.stderr)\nsys.exit(2)\n", "broken.py")
+    with AgentCollector(CommandAgent(command), chatml_tokenizer, batch_size=2, group_size=2, seed=0,
+                        give_up_after_s=0.001) as collector:
+        with pytest.raises(CollectionError, match=r"(?s)broken\.py.*exit code 2.*no luck here"):
+            collector.collect(VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "hi")))
+
+
+def test_python_agents_sync_or_async_and_rubrics_for_those_that_report_no_reward(chatml_tokenizer):
+    import openai
+
+    def sync_agent(task, base_url, api_key):
+        reply = openai.OpenAI(base_url=base_url, api_key=api_key).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": str(task["seed"])}])
+        return {"reward": 2.0, "components": {"said": float(reply.choices[0].message.content == "hello")}}
+
+    async def async_agent(task, base_url, api_key):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key)
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}])
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "b"}])  # a new sample
+        return None  # the rubric scores the final conversation
+
+    policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "hello"), version=3)
+    with AgentCollector(FunctionAgent(sync_agent), chatml_tokenizer, batch_size=1, group_size=2, seed=0) as collector:
+        batch = collector.collect(policy)
+    assert [t.rewards for t in batch.trajectories] == [[2.0], [2.0]]
+    assert batch.trajectories[0].info["reward_components"] == {"said": 1.0}
+    rubric = Rubric.bind(lambda completion, info: float(len(info["messages"]) + (completion == "hello")))
+    with AgentCollector(FunctionAgent(async_agent, needs_reward=False), chatml_tokenizer, batch_size=1,
+                        group_size=2, seed=0, rubric=rubric) as collector:
+        batch = collector.collect(policy)
+    for episode in batch.trajectories:
+        assert episode.rewards == [0.0, 3.0] and len(episode.samples) == 2
+        for sample in episode.samples:  # async: every generated token carries its weights' version
+            assert sample.versions == [3 if m else -1 for m in sample.action_mask]
+
+
+AGENT_MANIFEST = """
+environment:
+  env_type: rollout
+  agent_command: [{python}, agent.py]
+  episode_timeout_s: 120
+model: {{name_or_path: tiny}}
+algorithm: {{name: grpo}}
+training: {{batch_size: 2, group_size: 2, max_steps: 2, max_new_tokens: 6, evaluation_interval: 0,
+           rollout_mode: {mode}, output_dir: {out}}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_manifest_trains_an_agent_program_and_logs_its_metrics(tmp_path, agent_log, mode):
+    from agilerl.assembly.from_manifest import train_from_manifest
+    from agilerl.manifest.spec import load_manifest
+
+    _program(tmp_path, COMPACTING_AGENT)
+    (tmp_path / "m.yaml").write_text(AGENT_MANIFEST.format(python=json.dumps(sys.executable), mode=mode, out=tmp_path / "run"))
+    result = train_from_manifest(load_manifest(tmp_path / "m.yaml"), show_progress=False)
+    assert result.step == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "agent/calls" in r]
+    assert len(steps) == 2 and all(r["agent/calls"] == 16 and r["agent/samples_per_episode"] == 2 for r in steps)
+
+
+def test_eval_plays_agent_programs_locally_and_against_a_given_url(tmp_path, chatml_tokenizer, capsys):
+    from agilerl.cli.main import main
+
+    _program(tmp_path, ROW_AGENT)
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps({"mode": "ok", "i": i}) + "\n" for i in range(10)))
+    (tmp_path / "m.yaml").write_text(
+        f"environment: {{env_type: rollout, agent_command: [{json.dumps(sys.executable)}, agent.py], dataset: tasks.jsonl,"
+        " train_test_split: 0.7}\nmodel: {name_or_path: tiny}\n"
+    )
+    out = tmp_path / "local.jsonl"
+    assert main(["eval", str(tmp_path / "m.yaml"), "--max-new-tokens", "2", "--no-progress", "-o", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"] == 3 and summary["reward_mean"] == 1.0  # the held-out rows
+    endpoint = AgentEndpoint(chatml_tokenizer)
+    try:  # any OpenAI-compatible server: here one of ours, with a key of its own
+        episode = endpoint.open_episode("outside", VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "hi")), SamplingParams())
+        out = tmp_path / "url.jsonl"
+        assert main(["eval", str(tmp_path / "m.yaml"), "--model", "m", "--base-url", endpoint.base_url,
+                     "--api-key", episode.key, "--no-progress", "-o", str(out), "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["episodes"] == 3 and summary["reward_mean"] == 1.0
+        assert episode.calls == 3  # the programs called that URL themselves
+    finally:
+        endpoint.close()
+    assert os.path.exists(out)
