@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from agilerl.chat import EpisodeChat
 from agilerl.cli.args import add_adapter_flags, json_object
+from agilerl.cli.json_output import print_json
 from agilerl.errors import InvalidArgument, exception_text
 from agilerl.images import observation_images
 
@@ -161,11 +162,9 @@ def _check(args: argparse.Namespace) -> int:
             finally:
                 player.close()
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
     else:
         _print_report(summary)
-    if hasattr(factory, "close"):  # a fleet: its replicas stop now (and at exit, however it ends)
-        factory.close()
     if hasattr(factory, "close"):  # a fleet: its replicas stop now (and at exit, however it ends)
         factory.close()
     return 0 if report.ok and not summary["errors"] else 1
@@ -351,8 +350,6 @@ def _play(player: Any, episode: int, args: argparse.Namespace, act: Any, summary
 def _print_report(summary: dict[str, Any]) -> None:
     status = "ok" if not summary["problems"] else "PROBLEMS"
     print(f"env {summary['env']}: {status}")
-    if summary.get("where"):
-        print(f"  runs: {summary['where']}")
     if summary.get("where"):
         print(f"  runs: {summary['where']}")
     for p in summary["problems"]:

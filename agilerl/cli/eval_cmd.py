@@ -4,7 +4,6 @@ with every episode's transcript in a JSONL file that ``--resume`` continues."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.cli.args import json_object, new_tokens, positive_float, positive_int
+from agilerl.cli.json_output import print_json
 from agilerl.errors import InvalidArgument
 
 __all__ = ["DEFAULT_MAX_NEW_TOKENS", "DEFAULT_BACKEND", "add_parser"]
@@ -115,7 +115,7 @@ def _eval(args: argparse.Namespace) -> int:
         if callable(close):
             close()
     if args.json:
-        print(json.dumps(summary.as_dict(), indent=2))
+        print_json(summary.as_dict())
         return 0
     _print_summary(summary)
     return 0

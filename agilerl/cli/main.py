@@ -10,9 +10,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 from importlib import import_module
 
 import agilerl
+from agilerl.cli.json_output import json_only_stdout
 from agilerl.errors import AgileRLError, MissingExtra, exception_text
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
@@ -24,6 +26,7 @@ COMMAND_MODULES = (
     "agilerl.cli.serve_cmd",
     "agilerl.cli.train_cmd",
     "agilerl.cli.eval_cmd",
+    "agilerl.cli.view_cmd",
 )
 
 
@@ -50,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         command = " ".join(v for k, v in vars(args).items() if k.endswith("command") and v)
-        with MissingExtra.translate(f"agilerl {command}"):
+        # --json: the JSON alone on stdout, whatever plugins and envs print meanwhile
+        with MissingExtra.translate(f"agilerl {command}"), json_only_stdout() if getattr(args, "json", False) else nullcontext():
             return int(handler(args) or 0)
     except AgileRLError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from typing import Any
+
+from agilerl.cli.json_output import print_json
 
 __all__ = ["add_parser"]
 
@@ -63,7 +64,7 @@ def _list_plugins(args: argparse.Namespace) -> int:
             }
             for p in plugins
         ]
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         return 0
     if not plugins:
         print("No plugins installed (`agilerl plugins list --all` shows the built-ins).")
@@ -105,7 +106,7 @@ def _list_entries(args: argparse.Namespace) -> int:
             }
             for e in entries
         ]
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         return 0
     if not entries:
         print(f"No {args.kind}s registered.")
