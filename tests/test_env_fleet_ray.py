@@ -125,14 +125,14 @@ def test_sessions_needed_counts_every_lane_and_the_evaluation():
 
 
 def test_auto_starts_with_the_replicas_the_sessions_fill():
-    scaler = Autoscaler.for_run(needed=10, per_replica=4)
-    assert scaler.floor(10) == 3 and scaler.maximum == 6
+    scaler = Autoscaler(4)
+    assert scaler.floor(10) == 3 and scaler.bound(10) == 6
     assert scaler.target(10, in_use=0, refused_recently=0, idle_since=[], now=0) == 3
-    assert Autoscaler.for_run(1, per_replica=64).floor(1) == 1
+    assert Autoscaler(64).floor(1) == 1 and Autoscaler(64).bound(1) == 2
 
 
 def test_auto_grows_when_sessions_are_refused_for_capacity_up_to_its_bound():
-    scaler = Autoscaler.for_run(needed=8, per_replica=4)  # 2 replicas, at most 4
+    scaler = Autoscaler(4)  # 2 replicas, at most 4
     busy = [None, None]
     assert scaler.target(8, in_use=8, refused_recently=1, idle_since=busy, now=0) == 3
     assert scaler.target(8, in_use=8, refused_recently=5, idle_since=busy, now=1) == 4  # 5 refused: 2 more
@@ -140,12 +140,12 @@ def test_auto_grows_when_sessions_are_refused_for_capacity_up_to_its_bound():
 
 
 def test_auto_shrinks_one_idle_replica_at_a_time_after_the_hysteresis_never_below_what_the_run_needs():
-    scaler = Autoscaler.for_run(needed=8, per_replica=4, shrink_after_s=60)
+    scaler = Autoscaler(4, shrink_after_s=60)
     assert scaler.target(8, in_use=8, refused_recently=2, idle_since=[None, None], now=0) == 3
     grown = [None, None, 10.0]  # the new one went idle at t=10
     assert scaler.target(8, in_use=8, refused_recently=0, idle_since=grown, now=50) == 3  # idle < 60 s
     assert scaler.target(8, in_use=8, refused_recently=0, idle_since=grown, now=75) == 2
-    scaler = Autoscaler.for_run(needed=8, per_replica=4, shrink_after_s=60)
+    scaler = Autoscaler(4, shrink_after_s=60)
     scaler.target(8, in_use=0, refused_recently=1, idle_since=[None, None], now=100)
     idle_long = [0.0, 0.0, 0.0]  # idle for ages, but the fleet grew 30 s ago: no flapping
     assert scaler.target(8, in_use=0, refused_recently=0, idle_since=idle_long, now=130) == 3
@@ -155,7 +155,7 @@ def test_auto_shrinks_one_idle_replica_at_a_time_after_the_hysteresis_never_belo
 
 
 def test_auto_does_not_shrink_while_the_sessions_open_would_not_fit():
-    scaler = Autoscaler.for_run(needed=4, per_replica=4, shrink_after_s=60)
+    scaler = Autoscaler(4, shrink_after_s=60)
     assert scaler.target(4, in_use=5, refused_recently=0, idle_since=[None, 0.0], now=500) == 2
 
 

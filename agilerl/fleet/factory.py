@@ -8,8 +8,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from agilerl.errors import InvalidArgument, MissingExtra
+from agilerl.errors import InvalidArgument
 from agilerl.fleet.fleet import Fleet, Scaler
+from agilerl.fleet.limits import StartLimiter
 from agilerl.fleet.provider import Provider, ReplicaSpec
 from agilerl.manifest.environment import EntrypointSpec
 from agilerl.remote.limits import DEFAULT_MAX_CONCURRENT_ENVS
@@ -33,12 +34,7 @@ def make_provider(name: str, spec: ReplicaSpec) -> Provider:
     if name not in PROVIDERS:
         raise InvalidArgument(f"environment.provider {name!r} is not one of: {', '.join(PROVIDERS)}")
     module, _, attr = PROVIDERS[name].partition(":")
-    try:
-        cls = getattr(import_module(module), attr)
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] == "ray":
-            raise MissingExtra("environment.provider 'ray' needs Ray: pip install 'agilerl-envlayer[ray]'") from None
-        raise
+    cls = getattr(import_module(module), attr)  # a provider imports its extra (Ray) when built: MissingExtra
     return cls(spec)
 
 
@@ -54,7 +50,9 @@ class FleetEnvFactory:
     def __call__(self) -> Any:
         from agilerl.remote.client import RemoteEnvClient
 
-        return RemoteEnvClient(self.fleet.urls, picker=self, **self._options)
+        client = RemoteEnvClient(self.fleet.urls, picker=self, **self._options)
+        self.fleet.client_made(client)
+        return client
 
     # the client's picker: the fleet's, through this object, so a client keeps the fleet alive
     def pick(self) -> str:
@@ -74,17 +72,19 @@ class FleetEnvFactory:
         return self.fleet.describe()
 
 
-def fleet_env_factory(spec: EntrypointSpec, *, base_dir: str | Path | None = None) -> FleetEnvFactory:
-    """Start ``spec``'s fleet (``spec.placement``: local or ray) and return its client factory."""
+def fleet_env_factory(
+    spec: EntrypointSpec, *, base_dir: str | Path | None = None, sessions: int | None = None
+) -> FleetEnvFactory:
+    """Start ``spec``'s fleet (``spec.placement``: local or ray) and return its client factory;
+    ``sessions``, the sessions the run holds at once when known, sizes ``replicas: auto``."""
     rspec = replica_spec(spec, base_dir)
     provider = make_provider(spec.placement, rspec)
     scaler: Scaler | None = None
     size = spec.replicas
     if size == "auto":
-        try:
-            from agilerl.fleet.autoscale import autoscaler  # type: ignore[import-not-found, unused-ignore]
-        except ImportError:
-            raise InvalidArgument("environment.replicas 'auto' is not available yet: give a number") from None
-        size, scaler = autoscaler(rspec)
-    fleet = Fleet(rspec, provider, size, scaler=scaler).start()  # closed again if it fails
+        from agilerl.fleet.autoscale import autoscaler
+
+        size, scaler = autoscaler(rspec, sessions)
+    limiter = StartLimiter(spec.max_starts_per_s)
+    fleet = Fleet(rspec, provider, size, scaler=scaler, limiter=limiter).start()  # closed again if it fails
     return FleetEnvFactory(fleet, {"request_timeout_s": spec.request_timeout_s})

@@ -16,10 +16,12 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agilerl.fleet.health import healthy, metadata_of
+from agilerl.fleet.limits import StartLimiter, start_with_retry
 from agilerl.fleet.provider import Provider, Replica, ReplicaSpec, ReplicaStartError
 from agilerl.remote.connection import ConnectionLost
 
@@ -62,6 +64,7 @@ class Fleet:
         health_timeout_s: float = 5.0,
         max_replacements: int | None = None,
         scaler: Scaler | None = None,
+        limiter: StartLimiter | None = None,
     ) -> None:
         self.spec = spec
         self.provider = provider
@@ -72,6 +75,10 @@ class Fleet:
         self.max_replacements = max_replacements if max_replacements is not None else 4 * replicas + 4
         """Replacement starts tried over the run; past it a dead replica stays down (bounded)."""
         self.scaler = scaler
+        self.limiter = limiter
+        """Every start passes it (``max_starts_per_s``): the first ones, replacements, growth, retries."""
+        self.clients = 0
+        """The clients alive that place sessions here: each may hold one at any moment (a scaler's demand)."""
         self.replaced = 0
         self.refused = 0
         self.start_s = 0.0
@@ -191,7 +198,26 @@ class Fleet:
                 slot.suspect = True
         self._wake.set()
 
+    def client_made(self, client: object) -> None:
+        """Count ``client`` among those that place sessions here until it is dropped; past the
+        fleet's capacity, the scaler is asked at once rather than at the next tick."""
+        with self._lock:
+            self.clients += 1
+            over = self.clients > sum(s.capacity for s in self._slots)
+        weakref.finalize(client, self._client_gone)
+        if over and self.scaler is not None:
+            self._wake.set()
+
+    def _client_gone(self) -> None:
+        with self._lock:
+            self.clients -= 1
+
     # -- what it is doing ----------------------------------------------------------------------
+
+    def load(self) -> list[tuple[str | None, int]]:
+        """``(url, open sessions)`` of every replica; url None while one is being replaced."""
+        with self._lock:
+            return [(s.replica.url if s.replica is not None else None, s.sessions) for s in self._slots]
 
     @property
     def urls(self) -> list[str]:
@@ -274,17 +300,15 @@ class Fleet:
     def _fill(self, slot: _Slot) -> None:
         """Start ``slot``'s replica (retrying a retryable failure) and read its capacity."""
         started = time.monotonic()
+
+        def start() -> Replica:
+            if self._closed:
+                raise ReplicaStartError("the fleet is closed: no replica starts", retryable=False)
+            return self.provider.start(self.spec, slot.index, self.start_timeout_s)
+
         try:
-            for attempt in range(START_ATTEMPTS):
-                if self._closed:
-                    raise ReplicaStartError("the fleet is closed: no replica starts", retryable=False)
-                try:
-                    replica = self.provider.start(self.spec, slot.index, self.start_timeout_s)
-                    break
-                except ReplicaStartError as exc:
-                    if not exc.retryable or attempt == START_ATTEMPTS - 1:
-                        raise
-                    time.sleep(min(5.0, 0.5 * 2**attempt))
+            replica = start_with_retry(start, self.limiter, what=f"env replica {slot.index}",
+                                       attempts=START_ATTEMPTS, max_delay_s=5.0)
         finally:
             self.start_s += time.monotonic() - started
         capacity = metadata_of(replica.url, self.health_timeout_s).get("max_concurrent_envs")

@@ -23,7 +23,8 @@ T = TypeVar("T")
 
 
 class StartLimiter:
-    """A token bucket: at most ``burst`` starts at once, then one every ``1 / rate_per_s`` seconds.
+    """A token bucket: at most ``burst`` starts at once (default: a second's worth, at least
+    one), then one every ``1 / rate_per_s`` seconds.
 
     Thread-safe; shared by every start of one fleet (the first ones, replacements, growth), so the
     rate bounds them all together. ``clock``/``sleep`` are injectable for tests."""
@@ -31,13 +32,14 @@ class StartLimiter:
     def __init__(
         self,
         rate_per_s: float,
-        burst: int = 1,
+        burst: int | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not (rate_per_s > 0 and math.isfinite(rate_per_s)):
             raise InvalidArgument(f"max_starts_per_s must be a positive number, not {rate_per_s!r}.")
+        burst = max(1, int(rate_per_s)) if burst is None else burst
         if burst < 1:
             raise InvalidArgument(f"a start limiter's burst must be at least 1, not {burst!r}.")
         self.rate_per_s = rate_per_s
