@@ -117,9 +117,9 @@ def test_an_openai_client_program_trains_on_exactly_its_completions_split_where_
     renderer = ChatRenderer(chatml_tokenizer)
     for episode in batch.trajectories:
         assert episode.error is None
-        log = json.loads((agent_log / f"{episode.info['episode']}.json").read_text())
+        log = json.loads((agent_log / f"{episode.episode}.json").read_text())  # AGILERL_EPISODE
         # one sample per history: the answer and its check, then the compacted conversation
-        assert len(episode.samples) == 2 and episode.prior_samples[0].info["episode"] == episode.info["episode"]
+        assert len(episode.samples) == 2 and episode.prior_samples[0].episode == episode.episode
         spans = [span for sample in episode.samples for span in _spans(sample)]
         assert [renderer.decode(span) for span in spans] == log["contents"]  # streamed one included
         # the very ids: the second call's tokens as its logprobs named them
@@ -342,6 +342,9 @@ def test_a_manifest_trains_an_agent_program_and_logs_its_metrics(tmp_path, agent
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "agent/calls" in r]
     assert len(steps) == 2 and all(r["agent/calls"] == 16 and r["agent/samples_per_episode"] == 2 for r in steps)
+    records = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    given = {path.stem for path in agent_log.glob("*.json")}  # the ids the programs were given
+    assert records and {r["episode"] for r in records} <= given
 
 
 def test_eval_plays_agent_programs_locally_and_against_a_given_url(tmp_path, chatml_tokenizer, capsys):

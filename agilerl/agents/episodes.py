@@ -218,11 +218,12 @@ class Episode:
         return len(self._samples)
 
     def trajectories(self) -> list[Trajectory]:
-        """The episode's samples, oldest first; each stamped with the episode id."""
+        """The episode's samples, oldest first; each carries the episode id the program was given
+        (``AGILERL_EPISODE``), which its rollout records show."""
         with self._lock:
             out = [s.trajectory for s in self._samples]
         for traj in out:
-            traj.info["episode"] = self.id
+            traj.episode = self.id
         return out
 
     @property

@@ -264,7 +264,7 @@ class AgentCollector:
         stats = {"calls": episode.calls, "samples": len(samples), "failed": int(failed), "call_s": episode.call_s}
         if reward is None or not samples:
             why = outcome.failure if failed else "the agent made no model call"
-            traj = Trajectory(seed=task.seed, row_index=task.row_index, info={"episode": episode.id, AGENT_STATS_KEY: stats})
+            traj = Trajectory(seed=task.seed, row_index=task.row_index, episode=episode.id, info={AGENT_STATS_KEY: stats})
             run.trajectories[slot] = traj
             run.fail(slot, "agent", _AgentFailed(why or "failed"), traj)
             return
