@@ -133,7 +133,7 @@ class Fleet:
             _LIVE.discard(self)
 
     def __enter__(self) -> Fleet:
-        return self.start()
+        return self if self._monitor is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -293,7 +293,9 @@ class Fleet:
         try:
             self._fill(slot)
         except ReplicaStartError as exc:
-            log.error("env replica %d could not be replaced (%s); trying again at the next health check", slot.index, exc)
+            if not self._closed:
+                log.error("env replica %d could not be replaced (%s); trying again at the next health check",
+                          slot.index, exc)
             return
         self.replaced += 1
 
