@@ -29,7 +29,7 @@ from agilerl.assembly.env_factory import first_then, make_env_factory
 from agilerl.assembly.from_spec import tool_kwargs
 from agilerl.manifest.environment import AgentSpec, EnvironmentSpec, RolloutSpec
 from agilerl.protocol import EnvInfo, StepResult
-from agilerl.rollout.assigner import Task
+from agilerl.rollout.assigner import Task, refuse_too_many_rows
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.generation.policy import Policy, SamplingParams
 from agilerl.rollout.trajectory import Trajectory
@@ -136,12 +136,18 @@ def evaluate_spec(
         if max_reward is None:
             max_reward = info.max_reward
         max_turns = info.turn_budget(spec.max_turns)  # fails here, before a results file is opened
+        num_tasks = plan.num_tasks or held_out or 8
+        if held_out is not None:
+            num_tasks = min(num_tasks, held_out)
+        # a server may claim any eval_dataset_size: training's bound on rows, before the episodes are listed
+        what = "num_tasks" if plan.num_tasks else "the env's eval_dataset_size"
+        refuse_too_many_rows(
+            what if plan.samples == 1 else f"{what} x samples", num_tasks * plan.samples,
+            "pass --num-tasks N (-n) to play the first N tasks",
+        )
     except BaseException:
         first.close()
         raise
-    num_tasks = plan.num_tasks or held_out or 8
-    if held_out is not None:
-        num_tasks = min(num_tasks, held_out)
     episodes = [(t, s) for t in range(num_tasks) for s in range(plan.samples)]
     results = ResultsFile(plan.output, plan.label, resume=plan.resume)
     todo = [e for e in episodes if e not in results.rows]

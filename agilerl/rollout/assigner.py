@@ -31,7 +31,7 @@ from agilerl.rollout.task_sampling import SEED_BUCKETS, AdaptiveSampler, restore
 if TYPE_CHECKING:
     from agilerl.rollout.trajectory import Trajectory
 
-__all__ = ["MAX_SHUFFLED_ROWS", "Task", "TaskAssigner", "TaskSampling"]
+__all__ = ["MAX_SHUFFLED_ROWS", "Task", "TaskAssigner", "TaskSampling", "refuse_too_many_rows"]
 
 TaskSampling = Literal["uniform", "adaptive"]
 
@@ -39,6 +39,17 @@ MAX_SHUFFLED_ROWS = 10_000_000
 """The most rows a ``TaskAssigner`` shuffles (about 400 MB for the epoch's order): a larger
 ``dataset_size`` (a server may publish any number) is refused with a clear error, never a
 ``MemoryError``."""
+
+
+def refuse_too_many_rows(what: str, rows: int | None, fix: str) -> None:
+    """The one bound on the rows a run deals out, training's tasks and eval's episodes alike: past
+    :data:`MAX_SHUFFLED_ROWS` an error naming ``what`` and the way out (``fix``), before any memory
+    is spent on them."""
+    if rows is not None and rows > MAX_SHUFFLED_ROWS:
+        raise InvalidArgument(
+            f"{what} {rows} is more rows than a run deals out (at most {MAX_SHUFFLED_ROWS:,}: the "
+            f"order they are dealt in is held in memory); {fix}"
+        )
 
 
 class Task(NamedTuple):
@@ -72,13 +83,11 @@ class TaskAssigner:
             raise InvalidArgument(f"task sampling must be 'uniform' or 'adaptive', got {sampling!r}")
         if world_size < 1 or not 0 <= rank < world_size:
             raise InvalidArgument(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
-        if dataset_size is not None and dataset_size > MAX_SHUFFLED_ROWS:
-            raise InvalidArgument(
-                f"dataset_size {dataset_size} is more rows than a run deals out "
-                f"(at most {MAX_SHUFFLED_ROWS:,}: every epoch's shuffled order is held in memory); an "
-                "env with that many tasks (generated ones) should declare no dataset_size and pick "
-                "its task from reset's seed, or declare the rows it really has"
-            )
+        refuse_too_many_rows(
+            "dataset_size", dataset_size,
+            "an env with that many tasks (generated ones) should declare no dataset_size and pick its "
+            "task from reset's seed, or declare the rows it really has",
+        )
         if dataset_size is not None and dataset_size < world_size:
             raise InvalidArgument(
                 f"dataset_size {dataset_size} is smaller than world_size {world_size}: some ranks "
