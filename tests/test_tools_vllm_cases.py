@@ -38,6 +38,7 @@ ACCEPTED = [
     ("deepseek", f'{_DS[0]}function{_DS[1]}add\n```json\n{{"a": 1, "b": 2}}\n```\nthat is all{_DS[2]}', TOOLS,
      [("add", {"a": 1, "b": 2})]),
     ("deepseek", f'{_DS[0]}add{_DS[1]}{{"a": 1, "b": 2}} then done{_DS[2]}', TOOLS, [("add", {"a": 1, "b": 2})]),
+    ("deepseek", f'Adding.{_DS[0]}add{_DS[1]}{{"a": 1, "b": 2}}{_DS[2]} Then I submit.', TOOLS, [("add", {"a": 1, "b": 2})]),
 ]
 
 REFUSED = [
