@@ -52,6 +52,7 @@ __all__ = [
     "exception_text",
     "error_line",
     "ManifestError",
+    "ReplyTooLarge",
     "PluginError",
     "RegistrationError",
     "ScaffoldError",
@@ -229,6 +230,10 @@ class ManifestError(AgileRLError, ValueError):
         self.source = source
         head = f"invalid manifest {source}" if source else "invalid manifest"
         super().__init__(head + ":\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+class ReplyTooLarge(AgileRLError):
+    """A peer (judge, generation endpoint, env server) answered with more bytes than its cap."""
 
 
 class PluginError(AgileRLError):

@@ -8,8 +8,12 @@ flight, a timeout per call, retries with backoff, a cache, counters and a bounde
   written in a manifest, and never in a message, log, metric or transcript: every error text
   this module builds, and every reply it returns, passes through ``_scrub`` (the test sends a
   sentinel key and greps for it).
-- **Cache:** keyed by the model and the rendered prompt; identical requests in flight share one
-  call. A judge at temperature 0 answers a repeated prompt the same way, so a hit is exact.
+  The URL is printed without its userinfo (``user:password@``): ``agilerl.peers.redact``.
+- **Reply:** read up to ``max_reply_bytes`` (its ``Content-Length``, else its chunks): a judge
+  answering 200 MB costs at most that, and fails the judgement naming the URL and the setting.
+- **Cache:** keyed by the model and the rendered prompt, bounded by entries (``cache_size``) and
+  by bytes (``cache_bytes``); identical requests in flight share one call. A judge at
+  temperature 0 answers a repeated prompt the same way, so a hit is exact.
 - **Failures:** a call that still fails after its retries raises ``JudgeFailed`` (the rubric
   scores that sample by its failure policy and counts it); when every call has failed for
   ``give_up_after_s``, the next failure raises ``JudgeUnavailable`` naming the URL: the run stops
@@ -23,19 +27,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
+import math
 import threading
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from agilerl.concurrency import shared_loop
-from agilerl.errors import JudgeFailed, JudgeUnavailable, RubricError
+from agilerl.errors import InvalidArgument, JudgeFailed, JudgeUnavailable, ReplyTooLarge, RubricError
+from agilerl.peers import read_capped_text, redact, secret_from_env
 
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["JudgeEndpoint", "JudgeStats", "JUDGE_STATS", "take_judge_metrics"]
+__all__ = ["DEFAULT_MAX_REPLY_BYTES", "JudgeEndpoint", "JudgeStats", "JUDGE_STATS", "take_judge_metrics"]
+
+DEFAULT_MAX_REPLY_BYTES = 4 * 1024 * 1024
+"""A judgement is a few hundred tokens; a reasoning judge's long one still fits many times over."""
 
 _RETRIED_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -102,25 +110,38 @@ class JudgeEndpoint:
         system_prompt: str | None = None,
         extra_body: dict[str, Any] | None = None,
         cache_size: int = 65536,
+        cache_bytes: int = 64 * 1024 * 1024,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise RubricError(f"judge base_url must start with http:// or https://, got {base_url!r}.")
+            raise RubricError(f"judge base_url must start with http:// or https://, got {redact(base_url)!r}.")
+        numbers = {"timeout_s": timeout_s, "backoff_s": backoff_s, "give_up_after_s": give_up_after_s, "temperature": temperature}
+        for name, value in numbers.items():  # NaN passes every comparison below
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise RubricError(f"judge {name} must be a finite number, got {value!r}.")
         if max_concurrency < 1 or retries < 0 or timeout_s <= 0 or backoff_s < 0 or give_up_after_s <= 0:
             raise RubricError(
                 "judge limits: max_concurrency >= 1, retries >= 0, timeout_s > 0, backoff_s >= 0 and "
                 f"give_up_after_s > 0 are needed, got {max_concurrency}, {retries}, {timeout_s}, "
                 f"{backoff_s} and {give_up_after_s}."
             )
+        for name, value in (("cache_size", cache_size), ("cache_bytes", cache_bytes), ("max_reply_bytes", max_reply_bytes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name.startswith("cache") else 1):
+                raise RubricError(f"judge {name} must be a whole number of at least {0 if name.startswith('cache') else 1}, got {value!r}.")
         key = None
         if api_key_env is not None:
-            key = os.environ.get(api_key_env)
+            try:
+                key = secret_from_env(api_key_env, "the judge's API key")
+            except InvalidArgument as exc:
+                raise RubricError(f"judge api_key_env: {exc}") from None
             if not key:
                 raise RubricError(
                     f"judge api_key_env {api_key_env!r}: that environment variable is not set; "
                     f"export {api_key_env}=... before the run (the manifest names the variable, never the key)."
                 )
         JUDGE_STATS.active = True
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.url = base_url.rstrip("/") + "/chat/completions"  # userinfo kept: aiohttp sends it as basic auth
+        self.shown_url = redact(self.url)
         self.model = model
         self.max_concurrency = max_concurrency
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
@@ -130,7 +151,8 @@ class JudgeEndpoint:
         self._body = {"model": model, "temperature": temperature, "max_tokens": max_tokens, **(extra_body or {})}
         self._system = system_prompt
         self._cache: OrderedDict[str, str] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache_size, self._cache_bytes, self._cached_bytes = cache_size, cache_bytes, 0
+        self.max_reply_bytes = max_reply_bytes
         self._in_flight: dict[str, asyncio.Future[str]] = {}
         self._failing_since: float | None = None
         self._loop = shared_loop()
@@ -138,7 +160,7 @@ class JudgeEndpoint:
         self._limit: asyncio.Semaphore | None = None
 
     def __repr__(self) -> str:  # never the headers
-        return f"JudgeEndpoint({self.url!r}, model={self.model!r})"
+        return f"JudgeEndpoint({self.shown_url!r}, model={self.model!r})"
 
     async def complete(self, prompt: str) -> str:
         """The judge's reply to ``prompt`` (cached); ``JudgeFailed`` or ``JudgeUnavailable`` else."""
@@ -163,10 +185,19 @@ class JudgeEndpoint:
         finally:
             del self._in_flight[key]
         future.set_result(reply)
-        self._cache[key] = reply
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self._remember(key, reply)
         return reply
+
+    def _remember(self, key: str, reply: str) -> None:
+        """Cache ``reply``, dropping the oldest until both bounds hold (one too big is not kept)."""
+        size = len(key) + len(reply.encode())
+        if size > self._cache_bytes or self._cache_size < 1:
+            return
+        self._cache[key] = reply
+        self._cached_bytes += size
+        while len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes:
+            old_key, old = self._cache.popitem(last=False)
+            self._cached_bytes -= len(old_key) + len(old.encode())
 
     async def _call(self, prompt: str) -> str:
         """One judgement with retries; tracks how long every call has been failing."""
@@ -178,7 +209,7 @@ class JudgeEndpoint:
             self._failing_since = self._failing_since if self._failing_since is not None else now
             if now - self._failing_since >= self.give_up_after_s:
                 raise JudgeUnavailable(
-                    f"the judge at {self.url} failed every call for {now - self._failing_since:.0f} s "
+                    f"the judge at {self.shown_url} failed every call for {now - self._failing_since:.0f} s "
                     f"(give_up_after_s {self.give_up_after_s:g}); the last: {exc}. Check that it is "
                     "running and reachable, or raise give_up_after_s."
                 ) from None
@@ -203,8 +234,14 @@ class JudgeEndpoint:
                 async with limit:  # the wait for a slot is not the call's: the timeout starts inside
                     t0 = time.perf_counter()
                     async with session.post(self.url, json=body, timeout=timeout) as response:
-                        text = await response.text()
                         status = response.status
+                        text = await read_capped_text(
+                            response, self.max_reply_bytes, url=self.url, setting="the judge's max_reply_bytes"
+                        )
+            except ReplyTooLarge as exc:  # the same prompt gets the same answer: no retry
+                JUDGE_STATS.add(calls=1, latency_s=time.perf_counter() - t0)
+                why = str(exc)
+                break
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 JUDGE_STATS.add(calls=1, latency_s=time.perf_counter() - t0)
                 timed_out = isinstance(exc, asyncio.TimeoutError)
@@ -216,14 +253,14 @@ class JudgeEndpoint:
             why = f"HTTP {status}: {text.strip()[:200]}"
             if status not in _RETRIED_STATUSES:
                 break
-        raise JudgeFailed(self._scrub(f"the judge at {self.url} ({self.model}) failed after {attempt + 1} attempt(s): {why}"))
+        raise JudgeFailed(self._scrub(f"the judge at {self.shown_url} ({self.model}) failed after {attempt + 1} attempt(s): {why}"))
 
     def _reply(self, text: str) -> str:
         try:
             reply = json.loads(text)
             content = reply["choices"][0]["message"]["content"] or ""
         except (ValueError, KeyError, IndexError, TypeError):
-            raise JudgeFailed(self._scrub(f"the judge at {self.url} answered without choices[0].message.content: {text[:200]!r}")) from None
+            raise JudgeFailed(self._scrub(f"the judge at {self.shown_url} answered without choices[0].message.content: {text[:200]!r}")) from None
         usage = reply.get("usage") or {}
         tokens = usage.get("total_tokens") if isinstance(usage, dict) else None
         JUDGE_STATS.add(tokens=int(tokens) if isinstance(tokens, int) else 0)
@@ -240,8 +277,8 @@ class JudgeEndpoint:
         return self._session, self._limit
 
     def _scrub(self, text: str) -> str:
-        """``text`` with the key (should an endpoint echo it) replaced."""
-        return text.replace(self._secret, "***") if self._secret else text
+        """``text`` with the key (should an endpoint echo it) and any URL's userinfo replaced."""
+        return redact(text.replace(self._secret, "***") if self._secret else text)
 
     def close(self) -> None:
         """Close the HTTP session (also done when the process exits)."""

@@ -4,7 +4,8 @@ GRPO group ranked in one call, RULER-style (``GroupJudge``).
 The prompt is a template with ``{question}``, ``{answer}`` and ``{completion}`` (the group
 judge: ``{completions}``, the numbered list). The score is read from the reply: with ``labels``
 (``{"correct": 1, "wrong": 0}``) the last label the reply names, else its last number, mapped
-from ``score_range`` onto [0, 1] and clamped.
+from ``score_range`` onto [0, 1] and clamped. A number that is not finite (a reply of a
+million digits reads as inf) is no score: the judgement fails, it never scores 1.
 
 **Failure policy.** A judgement that cannot be had (the endpoint failed after its retries, or
 its reply holds no score) scores ``failure_score`` (0.0 by default) and is counted in
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import string
 from collections.abc import Mapping, Sequence
@@ -81,12 +83,20 @@ def parse_scores(reply: str, count: int, score_range: Sequence[float]) -> list[f
         values = [float(n) for n in _NUMBER.findall(match.group(0) if match else reply)]
     if len(values) != count:
         return None
-    return [_scaled(float(v), score_range) for v in values]
+    scores = [_scaled(float(v), score_range) for v in values]
+    return None if None in scores else scores  # type: ignore[return-value]
 
 
-def _scaled(value: float, score_range: Sequence[float]) -> float:
+def _scaled(value: float, score_range: Sequence[float]) -> float | None:
+    """``value`` mapped from ``score_range`` onto [0, 1] and clamped; None when it is not finite."""
+    if not math.isfinite(value):
+        return None
     low, high = score_range
     return min(1.0, max(0.0, (value - low) / (high - low)))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class _JudgeRubric:
@@ -109,10 +119,15 @@ class _JudgeRubric:
                 "variable instead: api_key_env: JUDGE_API_KEY."
             )
         self.used = _check_template(prompt, self.allowed)
-        if len(score_range) != 2 or score_range[1] <= score_range[0]:
-            raise RubricError(f"judge score_range must be [low, high] with low < high, got {list(score_range)}.")
+        if len(score_range) != 2 or not all(map(_finite, score_range)) or score_range[1] <= score_range[0]:
+            raise RubricError(f"judge score_range must be [low, high], finite numbers with low < high, got {list(score_range)}.")
         if labels is not None and not labels:
             raise RubricError("judge labels: give at least one {label: score}, or leave labels out to read a number.")
+        for label, value in (labels or {}).items():
+            if not _finite(value):
+                raise RubricError(f"judge labels[{label!r}] must be a finite number, got {value!r}.")
+        if failure_score is not None and not _finite(failure_score):
+            raise RubricError(f"judge failure_score must be a finite number or null, got {failure_score!r}.")
         self.prompt = prompt
         self.labels = dict(labels) if labels else None
         self.score_range = tuple(score_range)

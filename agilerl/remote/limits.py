@@ -2,6 +2,7 @@
 so ``agilerl serve --help`` can show them without importing the server (and aiohttp)."""
 
 from agilerl.errors import InvalidArgument
+from agilerl.peers import clean_secret
 
 __all__ = [
     "TOKEN_ENV_VAR",
@@ -33,17 +34,8 @@ def clean_token(token: str | None, source: str) -> str | None:
     trailing newline) stripped, so a client and ``agilerl serve`` given the same file agree;
     None when unset. ``InvalidArgument`` naming ``source`` (``--token``, ``$AGILERL_ENV_TOKEN``)
     when it is blank or holds what an HTTP header cannot carry."""
-    if token is None:
-        return None
-    cleaned = token.strip()
-    if not cleaned:
+    if token is not None and not token.strip():
         raise InvalidArgument(
             f"{source} is blank, which would turn authentication off; give the real token or unset it."
         )
-    bad = next((c for c in cleaned if not "!" <= c <= "~"), None)
-    if bad is not None:
-        raise InvalidArgument(
-            f"{source} holds {bad!r} at position {cleaned.index(bad)}: a bearer token is printable "
-            "ASCII without spaces or control characters (RFC 6750); give the token alone."
-        )
-    return cleaned
+    return clean_secret(token, source, "a bearer token (RFC 6750)")
