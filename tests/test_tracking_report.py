@@ -3,6 +3,8 @@ progress bar's labelled times, and ``--no-progress``'s plain lines, never silent
 
 from __future__ import annotations
 
+import re
+
 from agilerl.train.metrics import ProgressBar, draw_curves
 
 
@@ -19,12 +21,13 @@ def test_the_curve_has_labelled_axes_and_eval_points_that_stand_out():
     assert evals.get_color() != train.get_color() and evals.get_zorder() > train.get_zorder()
 
 
-def test_the_bar_labels_its_times(capsys):
+def test_the_bar_labels_its_times(capsys, monkeypatch):
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # a terminal, as rich tells one (elsewhere: plain lines)
     bar = ProgressBar(4, 0)
     with bar.running():
         for step in range(1, 5):
             bar.update(step, {"train/reward": 0.5, "train/loss": 0.25})
-    err = capsys.readouterr().err
+    err = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", capsys.readouterr().err)  # the terminal's colour codes
     assert "4/4 elapsed 0:00:0" in err and " left 0:00:00 " in err and "reward 0.500" in err
 
 
@@ -46,6 +49,17 @@ def test_without_the_bar_a_line_every_tenth_of_the_run_or_every_few_seconds(caps
     quiet = ProgressBar(20, 0, show=False)  # another rank, or the bar off without lines: silent
     quiet.update(20, {"train/reward": 1.0})
     assert capsys.readouterr().err == ""
+
+
+def test_the_bar_asked_for_without_a_terminal_is_plain_lines(capsys, monkeypatch):
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    bar = ProgressBar(2, 0)  # the bar is asked for; stderr is pytest's capture, no terminal
+    with bar.running():
+        for step in (1, 2):
+            bar.update(step, {"train/reward": 0.5})
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split()[:2] for line in lines] == [["step", "1/2"], ["step", "2/2"]]
 
 
 def test_a_steps_batches_make_one_row_counts_summed_maxima_largest_the_rest_averaged():

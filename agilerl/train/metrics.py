@@ -241,7 +241,8 @@ class ProgressBar:
     """Where the run is: a rich bar (elapsed and time left labelled, latest reward and loss) or,
     with ``show=False`` and ``lines=True`` (``--no-progress`` on rank 0), one plain line every
     tenth of the run or every ``LINE_EVERY_S`` seconds, whichever comes first, so a log file is
-    never silent for minutes."""
+    never silent for minutes. Where stderr is no terminal (a log file, a pipe) the bar is those
+    lines too: rich would squeeze it to one cut line there. ``TTY_COMPATIBLE=1`` forces the bar."""
 
     LINE_EVERY_S = 30.0
     _SHOWN = (("reward", "train/reward"), ("loss", "train/loss"), ("eval reward", "eval/reward"), ("eval loss", "eval/loss"),
@@ -262,6 +263,12 @@ class ProgressBar:
             yield self
             return
         from rich.console import Console
+
+        console = Console(stderr=True)
+        if not console.is_terminal:  # rich's test: TTY_COMPATIBLE and FORCE_COLOR, else isatty
+            self.show, self.lines = False, True
+            yield self
+            return
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -280,7 +287,7 @@ class ProgressBar:
             TextColumn("left"),
             TimeRemainingColumn(),
             TextColumn("{task.description}"),
-            console=Console(stderr=True),
+            console=console,
         )
         with self._progress:
             self._task = self._progress.add_task("", total=self.total, completed=self.start)
