@@ -18,7 +18,7 @@ RUN_LOCK = ".agilerl-lock"
 KNOWN_RUN_ENTRIES = frozenset(
     {RUN_MARKER, RUN_LOCK, "metrics.jsonl", "metrics.jsonl.tmp", "reward_curve.png", "loss_curve.png",
      "checkpoints", "tracker_run.json", "tensorboard", "wandb", "rollouts.jsonl", "rollouts.jsonl.tmp",
-     "rollout_images"}
+     "rollout_images", "view.html"}
 )
 """What a run writes at its top level, for runs from before the marker (and before a save)."""
 
