@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left
 from typing import Any, ClassVar
 
 from agilerl.tools.calls import ParsedCompletion, ToolCall
@@ -122,7 +123,7 @@ def _functions(body: str) -> list[tuple[str, str, bool]]:
             found.append((body[at + len(_FUNCTION_OPEN) :].strip(), "", False))
             break
         name = body[at + len(_FUNCTION_OPEN) : head].strip()
-        end = _closing(body, _FUNCTION_CLOSE, head + 1, (_FUNCTION_OPEN,))
+        end = _closing(body, _FUNCTION_CLOSE, head + 1, _FUNCTION_FOLLOWS)
         if end < 0:
             found.append((name, body[head + 1 :], False))
             break
@@ -135,14 +136,16 @@ def _parameters(inner: str) -> list[tuple[str, str]]:
     """Each ``<parameter=NAME>value</parameter>`` of one function; a value's newline margins are
     the template's, not the value's."""
     found = []
+    closes = [m.start() for m in re.finditer(re.escape(_PARAMETER_CLOSE), inner)]
+    opens = [m.start() + 1 for m in re.finditer(re.escape(_LINE_PARAMETER), inner)]
     at = inner.find(_PARAMETER_OPEN)
     while at >= 0:
         head = inner.find(">", at)
         if head < 0:
             break
-        end = _value_end(inner, head + 1)
+        end = _value_end(inner, head + 1, closes, opens)
         if end < 0:  # no close: the value runs to the next parameter on a line of its own
-            nxt = inner.find("\n" + _PARAMETER_OPEN, head + 1)
+            nxt = inner.find(_LINE_PARAMETER, head + 1)
             end = nxt + 1 if nxt >= 0 else len(inner)
             after = end
         else:
@@ -154,38 +157,45 @@ def _parameters(inner: str) -> list[tuple[str, str]]:
     return found
 
 
-def _value_end(inner: str, start: int) -> int:
+def _value_end(inner: str, start: int, closes: list[int], opens: list[int]) -> int:
     """Where a parameter's value ends: the first ``</parameter>`` followed by the next parameter
     or the end, past the pairs a value holds (a ``<parameter=`` on a line of its own and its
-    close); -1 when its close is missing."""
+    close, nested at most ``_MAX_NESTED`` deep); -1 when its close is missing. ``closes`` and
+    ``opens`` are where every close and line-opening parameter are (found once per function)."""
     depth, at = 0, start
-    while True:
-        close = inner.find(_PARAMETER_CLOSE, at)
-        if close < 0:
-            return -1
-        opened = inner.find("\n" + _PARAMETER_OPEN, at)
-        if 0 <= opened < close:
-            depth, at = depth + 1, opened + 1 + len(_PARAMETER_OPEN)
+    c, o = bisect_left(closes, at), bisect_left(opens, at)
+    while c < len(closes):
+        if o < len(opens) and opens[o] < closes[c]:
+            depth += 1
+            if depth > _MAX_NESTED:
+                return -1
+            o += 1
             continue
-        at = close + len(_PARAMETER_CLOSE)
+        close = closes[c]
+        c += 1
+        o = bisect_left(opens, close, o)
         if depth:
             depth -= 1
-            continue
-        rest = inner[at:].lstrip()
-        if not rest or rest.startswith(_PARAMETER_OPEN):
+        elif _PARAMETER_FOLLOWS.match(inner, close + len(_PARAMETER_CLOSE)):
             return close
+    return -1
 
 
-def _closing(text: str, close: str, start: int, next_opens: tuple[str, ...]) -> int:
-    """Where ``close`` closes what opened before ``start``: the first one followed only by
-    whitespace and then the end of ``text`` or one of ``next_opens``; -1 when none is."""
+def _closing(text: str, close: str, start: int, follows: re.Pattern[str]) -> int:
+    """Where ``close`` closes what opened before ``start``: the first one that ``follows``
+    matches after (whitespace, then the end or the next opening); -1 when none is."""
     at = text.find(close, start)
     while at >= 0:
-        rest = text[at + len(close) :].lstrip()
-        if not rest or rest.startswith(next_opens):
+        if follows.match(text, at + len(close)):
             return at
         at = text.find(close, at + len(close))
     return -1
+
+
+_MAX_NESTED = 8
+_LINE_PARAMETER = "\n" + _PARAMETER_OPEN
+_PARAMETER_FOLLOWS = re.compile(r"\s*(?:<parameter=|\Z)")
+_FUNCTION_FOLLOWS = re.compile(r"\s*(?:<function=|\Z)")
 
 
 class Llama3JsonParser(ToolParser):
