@@ -68,6 +68,12 @@ def test_dataset_env_reports_memory_and_speed_against_raw_rows() -> None:
     assert_lines(out, r"^memory, RSS: .* -> \d+\.\d+x$", r"^each extra env: ", r"^reset \+ step .*baseline\)$")
 
 
+def test_agent_calls_reports_the_endpoint_overhead_against_direct_calls() -> None:
+    out = run_bench("agent_calls.py", "--calls", "2", "--repeats", "1", "--programs", "1", "2", "--max-new-tokens", "2")
+    for programs in (1, 2):
+        assert_lines(out, rf"^programs +{programs}: per call .* direct \d+\.\d ms, through the endpoint \d+\.\d ms: overhead .*%")
+
+
 def test_plugin_discovery_reports_cold_starts_against_python_and_pluggy() -> None:
     out = run_bench("plugin_discovery.py", "--plugins", "3", "--repeats", "1")
     assert_lines(out, rf"^agilerl --help .* {RATIO} +{RATIO}$", r"^plugins list with 3 plugins: \d+\.\d+ s")

@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -71,13 +72,17 @@ def reward_of(value: Any, where: str) -> tuple[float, dict[str, float]] | None:
 
 
 class CommandAgent(AgentRunner):
-    """``argv`` run once per episode (see the module doc); ``cwd`` is the manifest's folder."""
+    """``argv`` run once per episode (see the module doc); ``cwd`` is the manifest's folder. A
+    leading ``python`` (or ``python3``) is the trainer's own interpreter, so the program sees the
+    packages the run was started with, whatever ``PATH`` says."""
 
     def __init__(self, argv: Sequence[str], *, cwd: str | Path | None = None, needs_reward: bool = True) -> None:
-        self.argv = list(argv)
+        if not argv:
+            raise ValueError("agent_command needs a program: [program, args...]")
+        self.argv = [sys.executable if argv[0] in ("python", "python3") else argv[0], *argv[1:]]
         self.cwd = cwd
         self.needs_reward = needs_reward
-        self.what = " ".join(self.argv)
+        self.what = " ".join(argv)
 
     def run(self, task: Any, base_url: str, api_key: str, episode_id: str, timeout_s: float,
             cancel: threading.Event) -> AgentOutcome:
