@@ -382,3 +382,36 @@ def test_the_example_agent_trains_on_the_tiny_model(tmp_path):
     assert main(["train", str(example), "--max-steps", "1", "--output-dir", str(tmp_path), "--no-progress"]) == 0
     (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "agent/calls" in line]
     assert row["agent/failures"] == 0 and row["agent/calls"] == 16 * 3
+
+
+def test_closing_the_collector_ends_a_running_program_with_its_group(chatml_tokenizer, tmp_path, agent_log):
+    agent = CommandAgent(_program(tmp_path, ROW_AGENT))
+    collector = AgentCollector(agent, chatml_tokenizer, batch_size=1, group_size=1, seed=0,
+                               train_rows=[{"mode": "hang"}], episode_timeout_s=600)
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(batch=collector.collect(VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "hi")))))
+    thread.start()
+    pid_file = agent_log / "child.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    collector.close()
+    thread.join(60)
+    assert not thread.is_alive() and "stopped" in box["batch"].trajectories[0].info["agent_failure"]
+    state = Path(f"/proc/{child}/status")
+    assert not state.exists() or "zombie" in state.read_text()
+
+
+def test_a_call_that_finishes_after_its_episode_ended_is_not_trained_on(chatml_tokenizer):
+    from agilerl.agents.episodes import Episode
+
+    episode = Episode("e1", "key", ChatRenderer(chatml_tokenizer))
+    messages = [{"role": "user", "content": "hi"}]
+    plan = episode.plan_chat(messages, None, None)
+    episode.record(plan, Generation([5, 6]), {"role": "assistant", "content": "x"}, 0.1)
+    late = episode.plan_chat([*messages, {"role": "assistant", "content": "x"}, {"role": "user", "content": "more"}], None, None)
+    (sample,) = episode.trajectories()
+    before = list(sample.token_ids)
+    episode.record(late, Generation([7]), {"role": "assistant", "content": "y"}, 0.1)
+    assert sample.token_ids == before and episode.calls == 1

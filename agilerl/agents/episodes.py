@@ -142,6 +142,7 @@ class Episode:
         """The latest chat call's messages plus its reply: the final conversation, for rubrics."""
         self._samples: list[_Sample] = []
         self._turn = 0
+        self._closed = False
         self._lock = threading.Lock()
 
     # -- planning a call ----------------------------------------------------------------------
@@ -189,6 +190,8 @@ class Episode:
         the completion's text, that the program was given)."""
         ids = list(generation.token_ids)
         with self._lock:
+            if self._closed:  # a call still generating when its episode ended: not trained on
+                return
             turn = self._turn
             self._turn += 1
             self.calls += 1
@@ -219,8 +222,10 @@ class Episode:
 
     def trajectories(self) -> list[Trajectory]:
         """The episode's samples, oldest first; each carries the episode id the program was given
-        (``AGILERL_EPISODE``), which its rollout records show."""
+        (``AGILERL_EPISODE``), which its rollout records show. The episode is closed: a call that
+        finishes later changes nothing."""
         with self._lock:
+            self._closed = True
             out = [s.trajectory for s in self._samples]
         for traj in out:
             traj.episode = self.id

@@ -119,6 +119,7 @@ class AgentCollector:
         self._run_id = uuid.uuid4().hex[:8]
         self._failing_since: float | None = None
         self._logged: set[tuple[str, str]] = set()
+        self._live: set[threading.Event] = set()  # the cancel events of plays under way
         self._closed = False
 
     # -- the collector's interface ----------------------------------------------------------------
@@ -175,9 +176,11 @@ class AgentCollector:
         return EvalResult(mean, mean / self.max_reward if self.max_reward else None, len(rewards), failures)
 
     def close(self) -> None:
-        """Stop the endpoint (idempotent)."""
+        """End any agent still running (its process group killed) and stop the endpoint (idempotent)."""
         if not self._closed:
             self._closed = True
+            for cancel in tuple(self._live):
+                cancel.set()
             self.endpoint.close()
             self._threads.shutdown()
 
@@ -231,13 +234,22 @@ class AgentCollector:
                 done.notify_all()
 
         t0, started = time.perf_counter(), time.monotonic()
-        for slot in tasks:
-            self._threads.submit(lambda slot=slot: play(slot))
-        with done:
-            while len(results) < len(tasks):
-                done.wait(0.1)
-                if stop is not None and not cancel.is_set() and stop(run):
-                    cancel.set()  # the agents end now; the run is discarded by the caller
+        self._live.add(cancel)
+        try:
+            for slot in tasks:
+                self._threads.submit(lambda slot=slot: play(slot))
+            with done:
+                while len(results) < len(tasks):
+                    done.wait(0.1)
+                    if stop is not None and not cancel.is_set() and stop(run):
+                        cancel.set()  # the agents end now; the run is discarded by the caller
+        except BaseException:  # Ctrl-C: no program outlives the play
+            cancel.set()
+            with done:
+                done.wait_for(lambda: len(results) == len(tasks), timeout=10)
+            raise
+        finally:
+            self._live.discard(cancel)
         run.env_time_s = time.perf_counter() - t0
         for slot in sorted(results):
             episode, outcome = results[slot]
