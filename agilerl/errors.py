@@ -11,6 +11,7 @@ that catches the built-in kinds keeps working.
     │   └── TrajectoryShapeError                  a trajectory's per-token lists disagree
     ├── MissingExtra (ImportError)              an optional dependency is not installed
     ├── ManifestError (ValueError)              a manifest file is invalid (manifests only)
+    ├── ReplyTooLarge                           a peer's reply is past its byte cap
     ├── PluginError                             finding, naming, loading or installing plugins
     │   ├── RegistrationError, ScaffoldError, EnvPackagesError, StrictPluginsError
     │   └── LoadError → ModuleNotImportable, NameNotRegistered, NameConflict, OpenEnvPackageError
@@ -31,10 +32,14 @@ that catches the built-in kinds keeps working.
         CollectionError → EndpointError            a model endpoint refused or failed
 
 Warnings are warnings, never errors: ``AgileRLWarning`` (UserWarning) → ManifestWarning, PlotUnavailable.
+
+Every error and warning of the tree prints its message with the userinfo of any URL in it
+replaced (``http://***@host``, ``redact``): a password in a ``base_url`` is never shown.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -53,6 +58,7 @@ __all__ = [
     "error_line",
     "ManifestError",
     "ReplyTooLarge",
+    "redact",
     "PluginError",
     "RegistrationError",
     "ScaffoldError",
@@ -94,8 +100,19 @@ __all__ = [
 ]
 
 
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s@]+@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the userinfo of every URL in it replaced: ``http://***@host/...``."""
+    return _USERINFO.sub(r"\1***@", text) if "@" in text else text
+
+
 class AgileRLError(Exception):
-    """An error whose message names what went wrong and how to fix it."""
+    """An error whose message names what went wrong and how to fix it (URLs' userinfo redacted)."""
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
 
 
 class InvalidArgument(AgileRLError, ValueError):
@@ -207,7 +224,7 @@ def exception_text(exc: BaseException) -> str:
     ``ValidationError`` as its problems (``field: message (got value)``, joined by ``; ``)."""
     if _is_validation_error(exc):
         return f"{type(exc).__name__}: {'; '.join(validation_problems(exc))}"
-    text = str(exc)
+    text = redact(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -396,6 +413,9 @@ class RankFailed(TrainingError):
 
 class AgileRLWarning(UserWarning):
     """Something the user should know about; the run goes on (``-W error::...`` makes it stop)."""
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
 
 
 class ManifestWarning(AgileRLWarning):

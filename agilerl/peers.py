@@ -3,8 +3,9 @@ servers) and what it says about them: one rule each, used by every caller.
 
 - ``read_capped``: a reply's body read under a byte cap, refused from its ``Content-Length`` or
   as soon as the chunks pass the cap, so a peer answering 200 MB costs at most the cap.
-- ``redact``: a URL (or any message holding URLs) without its userinfo (``user:password@``),
-  for every URL that goes into an error, a log or a printed line.
+- ``redact`` (from ``agilerl.errors``, whose errors and warnings all print through it): a URL,
+  or any message holding URLs, without its userinfo (``user:password@``), for every URL that
+  goes into a message, a log or a printed line.
 - ``secret_from_env``: an API key read from an environment variable, checked: surrounding
   whitespace (the trailing newline of ``$(cat keyfile)`` or a mounted secret) is stripped with a
   warning, as ``agilerl serve`` strips its token, because a key never holds any; anything else
@@ -14,24 +15,15 @@ servers) and what it says about them: one rule each, used by every caller.
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from typing import Any
 
-from agilerl.errors import AgileRLWarning, InvalidArgument, ReplyTooLarge
+from agilerl.errors import AgileRLWarning, InvalidArgument, ReplyTooLarge, redact
 
 __all__ = ["DEFAULT_MAX_REPLY_BYTES", "read_capped", "read_capped_text", "redact", "clean_secret", "secret_from_env"]
 
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 """A generation endpoint's reply (a completion's ids and log-probs) is kilobytes to a few MB."""
-
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s@]+@")
-
-
-def redact(text: str) -> str:
-    """``text`` with the userinfo of every URL in it replaced: ``http://***@host/...``."""
-    return _USERINFO.sub(r"\1***@", text) if "@" in text else text
-
 
 async def read_capped(response: Any, cap: int, *, url: str, setting: str) -> bytes:
     """An aiohttp response's body, at most ``cap`` bytes; ``ReplyTooLarge`` naming the URL (its

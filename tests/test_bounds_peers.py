@@ -172,3 +172,54 @@ def test_the_stream_cap_ends_the_read_early() -> None:
     assert len(read) == 1_000_000
     with pytest.raises(ReplyTooLarge, match=r"http://\*\*\*@h/x answered with a body past that, over the 999,999 bytes.*raise s"):
         asyncio.run(read_capped(Response(), 999_999, url="http://u:p@h/x", setting="s"))
+
+
+@pytest.fixture
+def flood() -> Iterator[LoopbackServer]:
+    """A generation endpoint gone wrong: every POST answers 200 with an endless body."""
+    from aiohttp import web
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(200):
+            await response.write(b"7" * (1 << 20))
+        return response
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", endless)
+    server = LoopbackServer(app, "flood")
+    yield server
+    server.stop()
+
+
+def test_generation_endpoints_read_replies_under_their_cap_and_print_no_password(
+    flood: LoopbackServer, chatml_tokenizer: object, tmp_path: object
+) -> None:
+    from agilerl.errors import EndpointError
+    from agilerl.generation.openai_policy import OpenAIChatPolicy
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.vllm.server import VLLMServerPolicy
+
+    secret_url = flood.url.replace("http://", "http://user:PASS-1234@")
+    params = SamplingParams(max_new_tokens=4)
+    replica = VLLMServerPolicy([secret_url], chatml_tokenizer, weights_dir=tmp_path, max_model_len=64, max_reply_bytes=1_000_000)
+    with pytest.raises(EndpointError) as caught:
+        replica.generate([[1, 2, 3]], params)
+    message = str(caught.value)
+    assert "over the 1,000,000 bytes" in message and "generation.max_reply_bytes" in message
+    assert "PASS-1234" not in message and "http://***@127.0.0.1" in message
+    endpoint = OpenAIChatPolicy(secret_url + "/v1", "m", retries=0, max_reply_bytes=1_000_000)
+    with pytest.raises(EndpointError) as caught:
+        prompt = endpoint.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True, add_generation_prompt=True)
+        endpoint.generate([prompt], params)
+    assert "over the 1,000,000 bytes" in str(caught.value) and "PASS-1234" not in str(caught.value)
+    with pytest.raises(Exception, match=r"holds '\\n' at position 2"):
+        OpenAIChatPolicy(flood.url + "/v1", "m", api_key="sk\nx")
+
+
+def test_every_error_of_the_tree_prints_urls_without_their_userinfo() -> None:
+    from agilerl.errors import RemoteEnvError, exception_text
+
+    assert str(RemoteEnvError("ws://me:pw@host:1/ws failed")) == "ws://***@host:1/ws failed"
+    assert exception_text(ValueError("bad http://me:pw@h")) == "ValueError: bad http://***@h"

@@ -4,7 +4,6 @@ bounds."""
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 from agilerl.agents.programs import AgentRunner, CommandAgent, FunctionAgent
 from agilerl.agents.source import AgentCollector
 from agilerl.manifest.environment import AgentSpec
+from agilerl.peers import secret_from_env
 
 __all__ = ["agent_runner", "agent_collector_from_spec", "evaluate_agents"]
 
@@ -144,7 +144,7 @@ def _play_direct(
     def play(i: int) -> None:
         task = tasks[i]
         given = dict(rows[task.row_index]) if rows is not None and task.row_index is not None else {"seed": task.seed}
-        key = api_key or os.environ.get("OPENAI_API_KEY", "")
+        key = api_key or secret_from_env("OPENAI_API_KEY") or ""
         outcomes[i] = runner.run(given, base_url, key, f"eval-{uuid.uuid4().hex[:8]}", spec.episode_timeout_s, cancel)
 
     threads = [threading.Thread(target=play, args=(i,), daemon=True) for i in range(len(tasks))]

@@ -4,7 +4,6 @@ with every episode's transcript in a JSONL file that ``--resume`` continues."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
@@ -160,10 +159,12 @@ def _policy(args: argparse.Namespace, manifest: Any, model_name: str, backend: s
     """The policy and the tokenizer the harness renders with."""
     if args.base_url:
         from agilerl.generation.openai_policy import OpenAIChatPolicy
+        from agilerl.peers import clean_secret, secret_from_env
 
         extra = {"chat_template_kwargs": spec.chat_template_kwargs} if spec.chat_template_kwargs else None
+        key = clean_secret(args.api_key, "--api-key") if args.api_key else secret_from_env("OPENAI_API_KEY")
         policy = OpenAIChatPolicy(
-            args.base_url, model_name, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+            args.base_url, model_name, api_key=key,
             max_concurrency=args.concurrency, extra_body=extra,
         )
         return policy, policy.tokenizer

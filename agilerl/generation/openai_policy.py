@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agilerl.concurrency import shared_loop
-from agilerl.errors import ChatTemplateError, EndpointError, InvalidArgument
+from agilerl.errors import ChatTemplateError, EndpointError, InvalidArgument, ReplyTooLarge
 from agilerl.generation.policy import FinishReason, Generation, SamplingParams
+from agilerl.peers import DEFAULT_MAX_REPLY_BYTES, clean_secret, read_capped_text, redact
 from agilerl.tools import ParsedCompletion, ToolCall, ToolParser, ToolSet
 
 if TYPE_CHECKING:
@@ -156,9 +157,10 @@ class OpenAIChatPolicy:
         timeout_s: float = 600.0,
         retries: int = 3,
         extra_body: dict[str, Any] | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise InvalidArgument(f"base_url must start with http:// or https://, got {base_url!r}")
+            raise InvalidArgument(f"base_url must start with http:// or https://, got {redact(base_url)!r}")
         if max_concurrency < 1 or retries < 0 or timeout_s <= 0:
             raise InvalidArgument(
                 f"max_concurrency >= 1, retries >= 0 and timeout_s > 0 are needed, got "
@@ -168,7 +170,9 @@ class OpenAIChatPolicy:
         self.model = model
         self.tokenizer = MessageTokenizer()
         self.retries = retries
+        api_key = clean_secret(api_key, "the API key (--api-key, $OPENAI_API_KEY)")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.max_reply_bytes = max_reply_bytes
         self._timeout_s = timeout_s
         self._extra_body = dict(extra_body or {})
         self._max_concurrency = max_concurrency
@@ -219,23 +223,26 @@ class OpenAIChatPolicy:
 
         assert self._session is not None and self._limit is not None
         url = f"{self.base_url}/chat/completions"
+        shown = redact(url)
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
                 async with self._limit, self._session.post(url, json=body) as response:
-                    text = await response.text()
+                    text = await read_capped_text(response, self.max_reply_bytes, url=url, setting="max_reply_bytes")
                     if response.status == 200:
-                        return self._generation(_decode_json(text, url))
+                        return self._generation(_decode_json(text, shown))
                     if _context_is_full(response.status, text):
                         return Generation([], None, "context")
                     if response.status not in _RETRIED_STATUSES or last:
-                        raise EndpointError(_status_message(response.status, url, text, self.model))
+                        raise EndpointError(_status_message(response.status, shown, text, self.model))
+            except ReplyTooLarge as exc:  # the same request gets the same answer: no retry
+                raise EndpointError(str(exc)) from None
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 if last:
-                    raise EndpointError(
+                    raise EndpointError(redact(
                         f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}): check that "
                         "the server is running and that --base-url is its API root (ending in /v1)"
-                    ) from None
+                    )) from None
             await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -245,7 +252,7 @@ class OpenAIChatPolicy:
             message = choice["message"]
         except (KeyError, IndexError, TypeError):
             raise EndpointError(
-                f"{self.base_url}/chat/completions answered without choices[0].message: "
+                f"{redact(self.base_url)}/chat/completions answered without choices[0].message: "
                 f"{str(reply)[:200]}; is it an OpenAI-compatible chat endpoint?"
             ) from None
         text = "".join(c for c in message.get("content") or "" if c not in _MARKERS)

@@ -23,7 +23,16 @@ from typing import Any, Protocol, TypeVar
 
 from agilerl.concurrency import shared_loop
 from agilerl.envs.client import EnvClient
-from agilerl.errors import EnvProtocolError, EnvUnavailable, InvalidArgument, RemoteEnvError, RemoteEnvTimeout
+from agilerl.errors import (
+    EnvProtocolError,
+    EnvUnavailable,
+    InvalidArgument,
+    RemoteEnvError,
+    RemoteEnvTimeout,
+    ReplyTooLarge,
+    redact,
+)
+from agilerl.peers import read_capped
 from agilerl.protocol import EnvInfo, StepResult, valid_text
 from agilerl.remote.action_schema import ActionFields
 from agilerl.remote.frames import (
@@ -437,7 +446,7 @@ class RemoteEnvClient(EnvClient):
                     return None
                 schemas = decode_peer(await _read_at_most(resp, MAX_METADATA_BYTES, f"{self.url}/schema"))
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, RemoteEnvError, ValueError) as exc:
-            log.debug("no Action schema from %s/schema (%s): the text goes as it is", self.url, exc)
+            log.debug("no Action schema from %s/schema (%s): the text goes as it is", redact(self.url), exc)
             return None
         action = schemas.get("action") if isinstance(schemas, dict) else None
         return ActionFields(action, self.action_field) if isinstance(action, dict) else None
@@ -471,14 +480,10 @@ class _Backoff:
 
 async def _read_at_most(resp: Any, limit: int, what: str) -> bytes:
     """A response body, refused (``RemoteEnvError``) past ``limit`` bytes without reading the rest."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise RemoteEnvError(f"{what} is {resp.content_length} bytes, over the {limit}-byte bound: not read")
-    body = bytearray()
-    async for chunk in resp.content.iter_chunked(64 * 1024):
-        body += chunk
-        if len(body) > limit:
-            raise RemoteEnvError(f"{what} is over the {limit}-byte bound: not read")
-    return bytes(body)
+    try:
+        return await read_capped(resp, limit, url=what, setting="MAX_METADATA_BYTES")
+    except ReplyTooLarge as exc:
+        raise RemoteEnvError(f"{what} is over the {limit}-byte bound: not read ({exc})") from None
 
 
 def _http_base(url: str) -> str:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agilerl.errors import AgileRLWarning, InvalidArgument
+from agilerl.peers import DEFAULT_MAX_REPLY_BYTES
 from agilerl.generation.policy import FinishReason, Generation, SamplingParams
 from agilerl.generation.media import processor_of
 from agilerl.images import DEFAULT_MAX_IMAGES
@@ -76,6 +77,9 @@ class VLLMOptions(BaseModel):
         None, description="Server, 'nccl'/'gloo': the trainer's address the replicas reach (default: found by route)."
     )
     request_timeout_s: float = Field(600, gt=0, description="Server: one completion request's limit.")
+    max_reply_bytes: int = Field(
+        DEFAULT_MAX_REPLY_BYTES, ge=1, description="Server: the most bytes of a replica's reply read (then refused)."
+    )
 
 
 def build_vllm_policy(
@@ -100,7 +104,7 @@ def build_vllm_policy(
         return VLLMServerPolicy(
             opts.base_urls, tokenizer, weights_dir=opts.weights_dir, weight_transfer=opts.weight_transfer,
             transfer_address=opts.transfer_address, max_model_len=max_model_len,
-            request_timeout_s=opts.request_timeout_s, initial_weights=model,
+            request_timeout_s=opts.request_timeout_s, initial_weights=model, max_reply_bytes=opts.max_reply_bytes,
         )
     return VLLMPolicy(
         model, tokenizer, max_model_len=max_model_len, seed=seed, dtype=opts.dtype,

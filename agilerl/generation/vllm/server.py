@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from agilerl.concurrency import shared_loop
-from agilerl.errors import AgileRLWarning, EndpointError, InvalidArgument
+from agilerl.errors import AgileRLWarning, EndpointError, InvalidArgument, ReplyTooLarge
 from agilerl.generation.policy import Generation, SamplingParams
 from agilerl.generation.vllm.policy import WeightTransferKind, _stop_ids, check_expansion, engine_requests, to_generation
 from agilerl.generation.weights import hf_weights
+from agilerl.peers import DEFAULT_MAX_REPLY_BYTES, read_capped_text, redact
 
 if TYPE_CHECKING:
     import aiohttp
@@ -72,6 +73,7 @@ class VLLMServerPolicy:
         max_model_len: int | None = None,
         request_timeout_s: float = 600,
         initial_weights: Any = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         if not base_urls:
             raise InvalidArgument("VLLMServerPolicy needs at least one base URL (http://host:port of vllm serve)")
@@ -90,6 +92,7 @@ class VLLMServerPolicy:
         config = getattr(initial_weights, "config", None)
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", None)
         self._timeout_s = request_timeout_s
+        self.max_reply_bytes = max_reply_bytes
         self._loop = shared_loop()
         self._session: aiohttp.ClientSession | None = None
         if initial_weights is not None:  # the replicas start from the trainer's weights
@@ -138,21 +141,21 @@ class VLLMServerPolicy:
             return self.base_urls
         if self.weight_transfer == "disk":
             warnings.warn(
-                f"the weights on {', '.join(stale)} are not the last pushed (a restart?): reloading them from "
-                f"{self.weights_dir}", AgileRLWarning, 3,
+                f"the weights on {', '.join(map(redact, stale))} are not the last pushed (a restart?): reloading "
+                f"them from {self.weights_dir}", AgileRLWarning, 3,
             )
             self._reload(stale, str(self._version))
             return self.base_urls
         fresh = [url for url in self.base_urls if url not in stale]
         if not fresh:
             raise EndpointError(
-                f"no replica holds the last pushed weights ({', '.join(stale)} restarted?); they get them again at "
+                f"no replica holds the last pushed weights ({', '.join(map(redact, stale))} restarted?); they get them again at "
                 "the next push, so resume from the last checkpoint, or use weight_transfer 'disk', which reloads a "
                 "restarted replica from weights_dir"
             )
         warnings.warn(
-            f"the weights on {', '.join(stale)} are not the last pushed (a restart?): generating on "
-            f"{', '.join(fresh)} until the next push", AgileRLWarning, 3,
+            f"the weights on {', '.join(map(redact, stale))} are not the last pushed (a restart?): generating on "
+            f"{', '.join(map(redact, fresh))} until the next push", AgileRLWarning, 3,
         )
         return fresh
 
@@ -251,7 +254,7 @@ class VLLMServerPolicy:
             return list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"]), choice["finish_reason"]
         except (KeyError, IndexError, TypeError):
             raise EndpointError(
-                f"{url}/v1/completions answered without choices[0].token_ids and logprobs: {str(reply)[:200]}; "
+                f"{redact(url)}/v1/completions answered without choices[0].token_ids and logprobs: {str(reply)[:200]}; "
                 "is it vllm serve (>= 0.11, which returns token ids)?"
             ) from None
 
@@ -278,10 +281,10 @@ class VLLMServerPolicy:
             ids, logprobs = list(choice["token_ids"]), [step["logprob"] for step in choice["logprobs"]["content"]]
             expanded = reply["prompt_token_ids"]
         except (KeyError, IndexError, TypeError):
-            raise EndpointError(
+            raise EndpointError(redact(
                 f"{route} answered without choices[0].token_ids, logprobs and prompt_token_ids: {str(reply)[:200]}"
-            ) from None
-        check_expansion(prompt, expanded, f"vllm serve at {url}")
+            )) from None
+        check_expansion(prompt, expanded, f"vllm serve at {redact(url)}")
         return ids, logprobs, choice["finish_reason"]
 
     def _each(
@@ -308,25 +311,31 @@ class VLLMServerPolicy:
         for attempt in (0, 1):
             try:
                 async with self._session.request(method, url, json=body) as response:
-                    text = await response.text()
+                    text = await read_capped_text(
+                        response, self.max_reply_bytes, url=url, setting="generation.max_reply_bytes"
+                    )
                 break
+            except ReplyTooLarge as exc:
+                raise EndpointError(str(exc)) from None
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 reset = isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) and not isinstance(
                     exc, aiohttp.ClientConnectorError  # refused: the replica is down, not a closed connection
                 )
                 if not (again_on_reset and reset and attempt == 0):
-                    raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}); is vllm serve running?") from None
+                    raise EndpointError(redact(
+                        f"cannot reach {url} ({type(exc).__name__}: {exc or 'timed out'}); is vllm serve running?"
+                    )) from None
         if response.status == 404 and missing_ok:
             return None
         if response.status == 404 and not url.endswith(("/completions", "/generate")):
-            raise EndpointError(f"{url}: 404; start the server with VLLM_SERVER_DEV_MODE=1 to push weights")
+            raise EndpointError(f"{redact(url)}: 404; start the server with VLLM_SERVER_DEV_MODE=1 to push weights")
         if response.status != 200:
             hint = refused if response.status in (403, 404) else ""
-            raise EndpointError(f"{url} answered {response.status}: {text[:300]}{hint}")
+            raise EndpointError(redact(f"{url} answered {response.status}: {text[:300]}{hint}"))
         try:
             return json.loads(text) if text else None
         except json.JSONDecodeError:
-            raise EndpointError(f"{url} answered 200 with a body that is not JSON: {text[:200]!r}") from None
+            raise EndpointError(f"{redact(url)} answered 200 with a body that is not JSON: {text[:200]!r}") from None
 
 
 def _trainer_rank() -> tuple[int, int]:
