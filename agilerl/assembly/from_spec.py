@@ -51,6 +51,7 @@ def harness_from_spec(
     rollout = rollout_spec(spec)
     factory = make_env_factory(rollout, base_dir=base_dir)
     kwargs.setdefault("chat_template_kwargs", rollout.chat_template_kwargs)
+    kwargs.setdefault("context_policy", rollout.context_policy)
     kwargs.update(tool_kwargs(rollout, base_dir))
     env = factory()
     try:
@@ -81,5 +82,6 @@ def collector_from_spec(
     kwargs.setdefault("chat_template_kwargs", rollout.chat_template_kwargs)
     kwargs.setdefault("max_reward", rollout.max_reward)
     kwargs.setdefault("env_timeout_s", rollout.request_timeout_s or None)
+    kwargs.setdefault("context_policy", rollout.context_policy)
     kwargs.update(tool_kwargs(rollout, base_dir))
     return collector(factory, tokenizer, batch_size=batch_size, group_size=group_size, **kwargs)

@@ -142,6 +142,13 @@ class RolloutSpec(EnvironmentSpec):
     request_timeout_s: float = Field(
         300, ge=0, description="Bound on each env call (each remote message), seconds (0 disables)."
     )
+    context_policy: Literal["error", "truncate", "restart"] = Field(
+        "error",
+        description="When the conversation outgrows model.max_model_len: 'error' ends the episode there; "
+        "'truncate' drops the oldest whole turns (keeps the system and first prompt); 'restart' opens a "
+        "fresh context (the env's restart_prompt(history), else the first prompt and the newest turns). "
+        "Both start a new training sample (docs/training.md).",
+    )
 
 
 class _TableFields(BaseModel):
@@ -460,8 +467,9 @@ class AgentSpec(EnvironmentSpec):
     agent_command: list[Annotated[str, Field(min_length=1)]] | None = Field(
         None,
         min_length=1,
-        description="The program run once per episode, as argv (in the manifest's folder); it gets "
-        "OPENAI_BASE_URL, OPENAI_API_KEY, AGILERL_TASK and AGILERL_EPISODE, and prints {\"reward\": r} last.",
+        description="The program run once per episode, as argv, in the manifest's folder (a leading python "
+        "is the trainer's interpreter); it gets OPENAI_BASE_URL, OPENAI_API_KEY, AGILERL_TASK and "
+        "AGILERL_EPISODE, and prints {\"reward\": r} last.",
     )
     agent: str | None = Field(
         None,

@@ -45,6 +45,7 @@ from agilerl.protocol import EnvInfo
 from agilerl.tools import resolve_tool_parser
 from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.rollout.context import ContextBudget, answer_chars
+from agilerl.rollout.context_policy import ContextPolicy, room_for, target_for
 from agilerl.rollout.harness import RolloutHarness
 from agilerl.rollout.tool_routing import late_call
 from agilerl.generation.policy import Generation, Policy, SamplingParams
@@ -91,6 +92,7 @@ class RolloutCollector:
         max_model_len: int | None = None,
         tool_parser: Any = None,
         send_reasoning: bool = False,
+        context_policy: ContextPolicy = "error",
     ) -> None:
         if batch_size < 1 or group_size < 1:
             raise InvalidArgument(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
@@ -105,6 +107,8 @@ class RolloutCollector:
         self._env_factory = env_factory
         self._system_prompt = system_prompt
         self._chat_template_kwargs = chat_template_kwargs
+        self.context_policy = context_policy
+        """What an episode does when its conversation outgrows the context (``agilerl.rollout.context_policy``)."""
         # one parser for every slot (``tool_parser``: see RolloutHarness); None: text steps
         self._tools = {} if tool_parser is None else {
             "tool_parser": resolve_tool_parser(tool_parser, tokenizer), "send_reasoning": send_reasoning
@@ -231,6 +235,8 @@ class RolloutCollector:
             if stop is not None and stop(run):
                 return run
             prompts.update(self._start(run, starting, evaluation, budget))
+            if self.context_policy != "error":  # a conversation outgrowing the context is rewritten
+                prompts = {s: self._make_room(run, s, p, budget, params) for s, p in prompts.items()}
             for s in [s for s in prompts if budget.full(len(prompts[s]))]:  # no room: no model work
                 self._end_at_context(run, s, budget)
                 del prompts[s]
@@ -282,11 +288,29 @@ class RolloutCollector:
         started = self._run_envs(run, "reset", requests, dict.fromkeys(ready, 0), budget)
         return {s: result[0] for s, result in started.items()}
 
+    def _make_room(
+        self, run: Run, slot: int, prompt: Sequence[int], budget: ContextBudget, params: SamplingParams
+    ) -> Sequence[int]:
+        """The slot's next prompt: rewritten by the context policy (a new sample, counted) when
+        ``prompt`` leaves too little room for the next completion, else ``prompt`` itself."""
+        limit = budget.max_model_len
+        if limit is None:
+            return prompt
+        room = room_for(limit, params.max_new_tokens)
+        if len(prompt) + room <= limit:
+            return prompt
+        with self._apply_lock:  # lanes share the renderer and tokenizer
+            rewritten = self._harness_of(slot).make_room(limit - room, target_for(limit))
+        if rewritten is None:  # nothing to drop, or no rewrite fits: it goes on as under error
+            return prompt
+        run.rewrote_context(self.context_policy)
+        return rewritten
+
     def _end_at_context(self, run: Run, slot: int, budget: ContextBudget) -> None:
         """End an episode the context cannot hold: cut after its last generated token, or, when
         the opening prompt alone fills the context, lose it (it has nothing to learn from)."""
         traj = self._harness_of(slot).trajectory
-        if any(traj.action_mask):
+        if any(any(sample.action_mask) for sample in traj.samples):
             run.finish(slot, traj, cut_at=end_of_last_action(traj))
         else:
             run.overflow(slot, budget.no_room(len(traj.token_ids)))
@@ -426,6 +450,7 @@ class RolloutCollector:
             system_prompt=self._system_prompt,
             chat_template_kwargs=self._chat_template_kwargs,
             renderer=self._renderer,
+            context_policy=self.context_policy,
             **self._tools,
         )
         self._renderer = harness.renderer  # every slot runs the same kind of env: one renderer

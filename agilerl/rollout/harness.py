@@ -17,6 +17,7 @@ from agilerl.chat import ChatRenderer, EpisodeChat
 from agilerl.envs.client import InProcessEnvClient, as_client
 from agilerl.errors import AgileRLWarning, EpisodeError, InvalidArgument
 from agilerl.protocol import EnvInfo, StepResult
+from agilerl.rollout.context_policy import CONTEXT_POLICIES, ContextPolicy, Conversation, rewrite
 from agilerl.rollout.tool_routing import TOOL_CALLS_INFO, TURN_TOOL_CALLS, ToolCallingClient, ToolRouting
 from agilerl.tools.metrics import count_calls
 from agilerl.rollout.trajectory import Trajectory
@@ -85,6 +86,7 @@ class RolloutHarness:
         renderer: ChatRenderer | None = None,
         tool_parser: Any = None,
         send_reasoning: bool = False,
+        context_policy: ContextPolicy = "error",
         **client_options: Any,
     ) -> None:
         """``env`` is a client (``InProcessEnvClient``/``RemoteEnvClient``), a text env, or a URL.
@@ -98,6 +100,8 @@ class RolloutHarness:
         ``tool_parser`` (a registered name such as ``hermes``, or ``auto``) parses each completion's
         tool calls and runs them as the env's ``call_tool``; reasoning then reaches the env only
         with ``send_reasoning`` (``agilerl.rollout.tool_routing``, docs/tools.md).
+        ``context_policy`` (``error``, ``truncate``, ``restart``) is what ``make_room`` does when
+        the conversation outgrows the context (``agilerl.rollout.context_policy``).
         """
         if client_options and not isinstance(env, str):
             named = ", ".join(f"{k}={v!r}" for k, v in client_options.items())
@@ -120,11 +124,21 @@ class RolloutHarness:
         if self.tool_routing is not None and self.info.send_reasoning:
             self.tool_routing.send_reasoning = True  # the env opted in to the model's reasoning
         self.max_turns = self.info.turn_budget(max_turns)
+        if context_policy not in CONTEXT_POLICIES:
+            raise InvalidArgument(f"context_policy must be one of {', '.join(CONTEXT_POLICIES)}, got {context_policy!r}")
+        self.context_policy = context_policy
+        self._conversation: Conversation | None = None
+        """The episode as text messages, kept for a context rewrite (None under ``error``)."""
         self.vision = VisionTurns.of(tokenizer)
         """Renders image observations with the model's processor (a processor given as
         ``tokenizer``, or carried by it); None: the model reads text only, unless the tokenizer
         frames messages for a chat endpoint that reads images itself (``takes_image_parts``)."""
         self._image_parts = self.vision is None and bool(getattr(tokenizer, "takes_image_parts", False))
+        if self.vision is not None and context_policy != "error":
+            raise InvalidArgument(
+                f"context_policy {context_policy!r} rewrites a conversation from its text, and a vision "
+                "model's holds images: use context_policy 'error' with a vision model"
+            )
         tokenizer = tokenizer if self.vision is None else self.vision.tokenizer
         self.tokenizer = tokenizer
         self.defaults = EpisodeChat(
@@ -201,8 +215,12 @@ class RolloutHarness:
         self.chat = self.defaults.for_episode(info, self.info.name)
         self.renderer = self._renderers.with_tools(self.chat.tools)
         media = None if self.vision is None else VisionMedia()
+        self._conversation = None
         if media is None:
-            ids = self.renderer.prompt_ids(self.chat.opening(self._content(prompt), info))
+            opening = self.chat.opening(self._content(prompt), info)
+            ids = self.renderer.prompt_ids(opening)
+            if self.context_policy != "error":
+                self._conversation = Conversation(list(opening))
         else:
             ids = self.vision.opening(self.renderer, self.chat, prompt, info, media, f"{self.info.name}.reset()")
         self._trajectory = Trajectory(
@@ -268,11 +286,49 @@ class RolloutHarness:
             tail = self.tool_routing.tail_ids(self.renderer, info, final=self._done, action_ids=action_ids)
             count_calls(traj.info, info.get(TOOL_CALLS_INFO))
             traj.info.setdefault(TURN_TOOL_CALLS, []).append(list(info.get(TOOL_CALLS_INFO) or []))
-        self._append_turn(action_ids, logprobs, version, self.observation_role_for(info), observation, tail)
+        role = self.observation_role_for(info)
+        self._append_turn(action_ids, logprobs, version, role, observation, tail)
+        if self._conversation is not None:
+            body = action_ids[:-1] if action_ids and action_ids[-1] == self.renderer.end_of_turn_id else action_ids
+            self._conversation.add_turn(self.renderer.decode(body), role, str(observation))
         traj.rewards.append(reward)
         _add_components(traj.info, info)
         traj.terminated, traj.truncated = terminated, truncated
         return TokenView(traj.token_ids, len(traj.token_ids), traj.media), reward, terminated, truncated, info
+
+    def make_room(self, limit: int, target: int | None = None) -> TokenView | None:
+        """Rewrite the conversation by ``context_policy`` into a prompt of at most ``limit``
+        tokens (``target`` when it can), opening a new training sample (``Trajectory.split``, the
+        closed one cut after its last generated token); the new prompt, or None when the policy
+        is ``error`` or cannot fit one (the episode then goes on as it is)."""
+        if self._conversation is None or self._done:
+            return None
+        hook = getattr(getattr(self.client, "env", None), "restart_prompt", None)  # in-process envs
+        ids = rewrite(
+            self.context_policy,
+            self._conversation,
+            lambda messages: self.renderer.encode(self.renderer.render_text(messages, add_generation_prompt=True)),
+            limit,
+            target=target,
+            restart_prompt=hook if callable(hook) else None,
+            env_name=self.info.name,
+        )
+        if ids is None:
+            return None
+        traj = self.trajectory
+        end = next((i + 1 for i in range(len(traj.action_mask) - 1, -1, -1) if traj.action_mask[i]), 0)
+        traj.token_ids, traj.action_mask, traj.turn_ids = traj.token_ids[:end], traj.action_mask[:end], traj.turn_ids[:end]
+        if traj.logprobs is not None:
+            traj.logprobs = traj.logprobs[:end]
+        if traj.versions is not None:
+            traj.versions = traj.versions[:end]
+        traj.split()
+        traj.token_ids, traj.action_mask, traj.turn_ids = ids, [False] * len(ids), [-1] * len(ids)
+        if traj.logprobs is not None:
+            traj.logprobs = [0.0] * len(ids)
+        if traj.versions is not None:
+            traj.versions = [-1] * len(ids)
+        return TokenView(ids, len(ids))
 
     def close(self) -> None:
         """Close the env, exactly once."""

@@ -57,6 +57,8 @@ class CollectStats:
     lost: int = 0
     groups_dropped: int = 0
     context_truncated: int = 0
+    context_restarts: int = 0
+    context_truncations: int = 0
     informative_groups: int = 0
     failures: list[SlotFailure] = field(default_factory=list)
 
@@ -124,6 +126,7 @@ class Run:
         self.generation_calls = 0
         self.generated_tokens = 0
         self.context_truncated = 0
+        self.context_rewrites = {"restart": 0, "truncate": 0}  # context_policy's rewrites, by kind
         self.oldest_version: int | None = None  # the policy version of the first generation (async)
         self._attempts: dict[int, int] = {}
         self._replays: list[int] = []
@@ -158,6 +161,10 @@ class Run:
         self.context_truncated += 1
         self.failures.append(SlotFailure(slot, slot // self.group_size, "context", why))
         self._lose(slot, None, f"context: {why}")
+
+    def rewrote_context(self, policy: str) -> None:
+        """Count one rewrite of an episode's context (``context_policy``: restart or truncate)."""
+        self.context_rewrites[policy] += 1
 
     def take_replays(self) -> list[int]:
         """The slots to start again from ``reset``, in order (each once)."""
@@ -205,6 +212,8 @@ class Run:
             lost=lost,
             groups_dropped=dropped,
             context_truncated=self.context_truncated,
+            context_restarts=self.context_rewrites["restart"],
+            context_truncations=self.context_rewrites["truncate"],
             informative_groups=sum(len(g) > 1 and max(g) > min(g) for g in groups.values()),
             failures=self.failures,
         )
@@ -258,6 +267,8 @@ def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
         lost=sum(s.lost for s in stats),
         groups_dropped=sum(s.groups_dropped for s in stats),
         context_truncated=sum(s.context_truncated for s in stats),
+        context_restarts=sum(s.context_restarts for s in stats),
+        context_truncations=sum(s.context_truncations for s in stats),
         informative_groups=sum(s.informative_groups for s in stats),
         failures=[f for s in stats for f in s.failures],
     )
@@ -298,8 +309,17 @@ def end_of_last_action(traj: Trajectory) -> int:
 
 
 def _cut(traj: Trajectory, num_tokens: int) -> Trajectory:
-    """A copy of ``traj`` cut to its first ``num_tokens`` tokens and the turns they hold."""
-    turns = max(traj.turn_ids[:num_tokens], default=-1) + 1
+    """A copy of ``traj`` cut to its first ``num_tokens`` tokens and the turns they hold (its
+    earlier samples' turns included); a last sample left without a generated token is dropped."""
+    if traj.prior_samples and not any(traj.action_mask[:num_tokens]):  # a fresh context never answered
+        last = traj.prior_samples[-1]
+        traj = replace(
+            traj, prior_samples=traj.prior_samples[:-1], token_ids=last.token_ids, action_mask=last.action_mask,
+            turn_ids=last.turn_ids, logprobs=last.logprobs, versions=last.versions, media=last.media,
+        )
+        num_tokens = len(traj.token_ids)
+    earlier = (t for sample in traj.prior_samples for t in sample.turn_ids)
+    turns = max((*traj.turn_ids[:num_tokens], *earlier), default=-1) + 1
     return replace(
         traj,
         token_ids=traj.token_ids[:num_tokens],
