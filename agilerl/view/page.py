@@ -17,7 +17,7 @@ from typing import Any
 
 from agilerl.view.sources import Entry, Source
 
-__all__ = ["PAGE_BUDGET", "IMAGE_BUDGET", "SERVED_STEP_LIMIT", "choose", "step_summary", "page_data", "render_page", "step_data", "page_title", "write_page"]
+__all__ = ["PAGE_BUDGET", "IMAGE_BUDGET", "SERVED_STEP_LIMIT", "choose", "step_summary", "run_data", "page_data", "render_page", "step_data", "page_title", "write_page"]
 
 PAGE_BUDGET = 24 * 2**20
 """Bytes of records a page embeds at most (the JSON lines' size; a page of 100k records weighs
