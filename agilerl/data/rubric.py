@@ -112,7 +112,7 @@ class Rubric:
 
 
 def _as_reward(result: Any, name: str, where: str) -> tuple[float, dict[str, float]]:
-    if type(result) is float and result == result:  # a plain score: no other check applies
+    if type(result) is float and -math.inf < result < math.inf:  # a plain finite score: nothing else to check
         return result, {}
     if isinstance(result, Reward):
         total = _as_number(result.total, name, where, "total")
@@ -133,16 +133,23 @@ def _as_reward(result: Any, name: str, where: str) -> tuple[float, dict[str, flo
 
 
 def _as_number(value: Any, name: str, where: str, what: str) -> float:
-    if type(value) is float and value == value:  # the common case, without the Real ABC's check
+    """``value`` as a finite float; ``RubricError`` naming the rubric (a composite's entry) and
+    ``what`` otherwise: one inf would make the reward inf, and inf beside -inf makes it NaN."""
+    if type(value) is float and -math.inf < value < math.inf:  # the common case, without the Real ABC's check
         return value
     if not isinstance(value, Real):
         raise RubricError(
             f"rubric {name!r} returned {what} {value!r} ({type(value).__name__}) on {where}; "
             "return a float, a dict of floats or a Reward."
         )
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past the largest float
+        number = math.inf if value > 0 else -math.inf
     if math.isnan(number):
         raise RubricError(f"rubric {name!r} returned NaN as {what} on {where}.")
+    if math.isinf(number):
+        raise RubricError(f"rubric {name!r} returned {number} as {what} on {where}; a score is a finite number.")
     return number
 
 

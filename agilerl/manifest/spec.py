@@ -6,6 +6,7 @@ and ``training:`` are read by the training loops. Errors name the field path, th
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,6 +25,7 @@ __all__ = [
     "Manifest",
     "format_validation_error",
     "load_manifest",
+    "non_finite_problems",
     "parse_env_spec",
     "parse_manifest",
 ]
@@ -98,10 +100,13 @@ def parse_manifest(data: Any, *, base_dir: str | Path | None = None, source: str
     """Validate an already-loaded manifest mapping."""
     if not isinstance(data, dict):
         raise ManifestError([f"(top level): expected a mapping, got {type(data).__name__}"], source)
+    problems = non_finite_problems(data)
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as exc:
-        raise ManifestError(format_validation_error(exc), source) from None
+        raise ManifestError(_merged(problems, format_validation_error(exc)), source) from None
+    if problems:
+        raise ManifestError(problems, source)
     manifest._base_dir = Path(base_dir).resolve() if base_dir else Path.cwd()
     return manifest
 
@@ -126,6 +131,33 @@ def load_manifest(path: str | Path) -> Manifest:
     if problem:
         raise ManifestError([problem], str(path))
     return parse_manifest(data, base_dir=path.parent, source=str(path))
+
+
+def non_finite_problems(data: Any, prefix: str = "") -> list[str]:
+    """One ``path: ...`` line per NaN or infinity anywhere in a manifest's values, typed or not
+    (a judge's ``config``, ``env_config``, the algorithm's options): no value a run reads may be
+    one (``score_range: [0, .nan]`` would score every judgement 0)."""
+    problems: list[str] = []
+    seen: set[int] = set()
+    pending: list[tuple[str, Any]] = [(prefix, data)]
+    while pending and len(problems) < 20:
+        path, node = pending.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            shown = "nan" if node != node else ("inf" if node > 0 else "-inf")
+            problems.append(f"{path or '(top level)'}: {shown} is not a finite number; give a number (YAML .nan/.inf are refused)")
+        elif isinstance(node, (dict, list)) and id(node) not in seen:
+            seen.add(id(node))  # an alias is checked once
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, value in reversed(list(items)):
+                child = f"{path}[{key}]" if isinstance(node, list) else f"{path}.{key}" if path else str(key)
+                pending.append((child, value))
+    return problems
+
+
+def _merged(first: list[str], then: list[str]) -> list[str]:
+    """``first``, then the lines of ``then`` about other paths (one line per path)."""
+    paths = {line.split(": ", 1)[0] for line in first}
+    return first + [line for line in then if line.split(": ", 1)[0] not in paths]
 
 
 def _expansion_problem(data: Any) -> str | None:
@@ -166,7 +198,11 @@ _ENVIRONMENT_SECTION: TypeAdapter[EnvironmentSpec] = TypeAdapter(EnvironmentSect
 
 def parse_env_spec(data: dict[str, Any]) -> EnvironmentSpec:
     """Validate an ``environment:`` mapping on its own, as the variant its source picks."""
+    problems = non_finite_problems(data, "environment")
     try:
-        return _ENVIRONMENT_SECTION.validate_python(data)
+        spec = _ENVIRONMENT_SECTION.validate_python(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, "environment"), "environment settings") from None
+        raise ConfigError(_merged(problems, format_validation_error(exc, "environment")), "environment settings") from None
+    if problems:
+        raise ConfigError(problems, "environment settings")
+    return spec
