@@ -214,3 +214,21 @@ def test_train_with_a_context_policy_on_the_tiny_model(tmp_path, policy_name):
     episode = [r for r in records if r["episode"] == split[0]["episode"]]
     assert [r["sample"] for r in episode] == list(range(split[0]["samples"]))
     assert len(episode[0]["rewards"]) == 20
+
+
+def test_an_episode_ended_at_the_context_keeps_its_samples_and_turns():
+    """Cut at the context right after a rewrite (a fresh prompt never answered): that empty
+    sample is dropped, the earlier ones and every turn's reward are kept."""
+    from agilerl.rollout.assigner import Task
+    from agilerl.rollout.results import Run, end_of_last_action
+    from agilerl.rollout.trajectory import Trajectory
+
+    traj = Trajectory(token_ids=[1, 2, 3, 4], action_mask=[False, True, False, True], turn_ids=[-1, 0, 0, 1],
+                      rewards=[0.5, 1.0])
+    traj.split()
+    traj.token_ids, traj.action_mask, traj.turn_ids = [7, 8], [False, False], [-1, -1]
+    run = Run({0: Task(0, None)}, group_size=1)
+    run.finish(0, traj, cut_at=end_of_last_action(traj))
+    kept = run.trajectories[0]
+    assert kept.prior_samples == [] and kept.token_ids == [1, 2, 3, 4]
+    assert kept.rewards == [0.5, 1.0] and kept.info["truncated_by"] == "max_model_len"
