@@ -223,3 +223,13 @@ def test_every_error_of_the_tree_prints_urls_without_their_userinfo() -> None:
 
     assert str(RemoteEnvError("ws://me:pw@host:1/ws failed")) == "ws://***@host:1/ws failed"
     assert exception_text(ValueError("bad http://me:pw@h")) == "ValueError: bad http://***@h"
+
+
+def test_an_env_urls_password_is_not_in_evals_label_or_file_name() -> None:
+    import argparse
+
+    from agilerl.cli.eval_cmd import _env_spec
+
+    args = argparse.Namespace(env_url=["http://me:PASS-1234@127.0.0.1:9"], source=None, env_config=None, max_turns=None, tool_parser=None)
+    spec, _, label = _env_spec(args)
+    assert label == "http://***@127.0.0.1:9" and spec.env_urls == ["http://me:PASS-1234@127.0.0.1:9"]

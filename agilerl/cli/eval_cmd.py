@@ -11,7 +11,7 @@ from typing import Any
 
 from agilerl.cli.args import json_object, new_tokens, positive_float, positive_int
 from agilerl.cli.json_output import print_json
-from agilerl.errors import InvalidArgument
+from agilerl.errors import InvalidArgument, redact
 
 __all__ = ["DEFAULT_MAX_NEW_TOKENS", "DEFAULT_BACKEND", "add_parser"]
 
@@ -152,7 +152,7 @@ def _env_spec(args: argparse.Namespace) -> tuple[Any, Any, str]:
         fields["max_turns"] = args.max_turns
     if args.tool_parser is not None:
         fields["tool_parser"] = args.tool_parser
-    return parse_env_spec(fields), None, ",".join(args.env_url or [args.source])
+    return parse_env_spec(fields), None, redact(",".join(args.env_url or [args.source]))
 
 
 def _policy(args: argparse.Namespace, manifest: Any, model_name: str, backend: str, spec: Any) -> tuple[Any, Any]:
