@@ -3,17 +3,24 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from agilerl.cli.main import main
 from agilerl.errors import InvalidArgument, ManifestError, MissingExtra, ReplicaStartError
 from agilerl.fleet.autoscale import Autoscaler, sessions_needed
 from agilerl.fleet.limits import StartLimiter, start_with_retry
@@ -22,6 +29,8 @@ from agilerl.fleet.ray_provider import NAMESPACE, RayProvider
 from agilerl.manifest.settings import TrainingSettings
 from agilerl.manifest.spec import parse_manifest
 from agilerl.remote.client import RemoteEnvClient
+from agilerl.train.metrics import read_metrics
+from tests.signals import as_from_a_terminal
 
 
 class FakeClock:
@@ -285,3 +294,146 @@ def test_a_replica_whose_env_cannot_be_built_is_not_retried_and_leaves_nothing(r
     finally:
         provider.close()
     assert replica_servers() == [] and replica_actors(ray_cluster) == []
+
+
+# -- Ray fleets in a run ----------------------------------------------------------------------------
+
+STALLING_ENV = """
+import os, time
+
+class StallingEnv:
+    '''The first step played anywhere writes its server's pid to the marker and stalls (to be killed).'''
+
+    max_turns = 2
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def reset(self, seed=None):
+        self.turn = 0
+        return "Say a number.", {}
+
+    def step(self, action):
+        self.turn += 1
+        try:
+            with open(self.marker, "x") as f:
+                f.write(str(os.getpid()))
+        except FileExistsError:
+            pass
+        else:
+            time.sleep(60)
+        return "ok", 0.5, self.turn >= 2, False, {}
+"""
+
+
+def _fleet_manifest(tmp_path: Path, environment: dict[str, Any], **training: Any) -> Path:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "environment": {"env_type": "rollout", "provider": "ray", "replicas": 2, "max_concurrent_envs": 4,
+                        **environment},
+        "model": {"name_or_path": "tiny"},
+        "algorithm": {"name": "grpo"},
+        "training": {"batch_size": 2, "group_size": 2, "max_steps": 2, "max_new_tokens": 2,
+                     "evaluation_interval": 0, "checkpoint_minutes": None, "output_dir": str(tmp_path / "run"),
+                     "record_rollouts": "all", **training},
+    }))
+    return manifest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_ray_replica_killed_mid_run_is_replaced_and_no_task_is_lost_or_trained_twice(ray_cluster, tmp_path, capsys):
+    (tmp_path / "stalling.py").write_text(STALLING_ENV)
+    marker = tmp_path / "killed-here"
+    # 3 sessions a replica: the 4 slots (and 1 for evaluation) fit 2 replicas, not 1; each slot keeps
+    # its session, so the run cannot finish on the replica left: it needs the replacement
+    manifest = _fleet_manifest(
+        tmp_path, {"entrypoint": "stalling.py:StallingEnv", "env_config": {"marker": str(marker)}, "max_turns": 2,
+                   "max_concurrent_envs": 3}
+    )
+
+    def kill_mid_step() -> None:  # the stalled server, SIGKILLed: its actor lives on, its sessions are cut
+        wait_until(lambda: marker.is_file() and marker.read_text(), "a step in flight", timeout_s=240)
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_mid_step, daemon=True)
+    killer.start()
+    code = main(["train", str(manifest), "--no-progress"])
+    killer.join(10)
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert "2 ray replicas" in err and "exited; replacing it" in err
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sum(r["rollout/retries"] for r in rows) >= 1 and all(r["rollout/lost"] == 0 for r in rows)
+    assert rows[-1]["envs/replaced"] >= 1 and rows[-1]["envs/replicas"] == 2
+    records = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    for step in (1, 2):  # every task of the step trained once: a whole group each, no slot twice
+        mine = [r for r in records if r["step"] == step]
+        assert sorted(r["index"] for r in mine) == [0, 1, 2, 3] and sorted(r["group"] for r in mine) == [0, 0, 1, 1]
+        assert all(r["error"] is None for r in mine)
+        assert all(len({r["seed"] for r in mine if r["group"] == g}) == 1 for g in (0, 1))
+    assert len({r["episode"] for r in records}) == len(records) == 8
+    assert replica_actors(ray_cluster) == [] and replica_servers() == []  # the run succeeded: nothing left
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_ray_run_that_raises_leaves_no_actor_or_process(ray_cluster, tmp_path, capsys):
+    (tmp_path / "four.py").write_text(
+        "class FourValueStep:\n    max_turns = 2\n\n    def reset(self, seed=None):\n"
+        "        return 'go', {}\n\n    def step(self, action):\n        return 'obs', 1.0, True, {}\n"
+    )
+    manifest = _fleet_manifest(tmp_path, {"entrypoint": "four.py:FourValueStep"})
+    assert main(["train", str(manifest), "--no-progress"]) == 2
+    assert "EnvProtocolError" in capsys.readouterr().err
+    assert replica_actors(ray_cluster) == [] and replica_servers() == []
+
+
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if text.encode() in cmdline:
+                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:200])
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_ray_run_stopped_by_a_signal_leaves_no_actor_or_process(ray_cluster, tmp_path, signum):
+    """Ctrl-C joins the module's cluster (``address``): its actors go, the cluster stays. SIGTERM
+    starts a local cluster of its own: that goes too (every process under its temp folder)."""
+    own = Path(tempfile.mkdtemp(prefix="agr", dir="/tmp"))  # short: Ray's socket paths must fit
+    environment: dict[str, Any] = {"entrypoint": "guess", "max_turns": 2}
+    if signum == signal.SIGINT:
+        environment["address"] = ray_cluster.get_runtime_context().gcs_address
+    manifest = _fleet_manifest(tmp_path, environment, max_steps=10_000)
+    out = tmp_path / "run"
+    env = {**os.environ, "TMPDIR": str(own), "RAY_TMPDIR": str(own), "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agilerl", "train", str(manifest), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=as_from_a_terminal,
+    )
+    try:
+        wait_until(lambda: (out / "metrics.jsonl").is_file() or process.poll() is not None, "a step", timeout_s=400)
+        assert process.poll() is None, process.stdout.read()[-3000:]
+        assert len(replica_servers()) == 2
+        process.send_signal(signum)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert process.returncode == 130, output[-3000:]
+    assert "stopped at step" in output
+    wait_until(lambda: replica_servers() == [], "every replica's server gone", timeout_s=30)
+    assert replica_actors(ray_cluster) == []
+    if signum == signal.SIGTERM:  # its own cluster: shut down
+        wait_until(lambda: _processes_naming(str(own)) == [], "the run's own Ray cluster gone", timeout_s=30)
+    shutil.rmtree(own, ignore_errors=True)

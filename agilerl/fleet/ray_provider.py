@@ -22,13 +22,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
 from agilerl.errors import MissingExtra, ReplicaStartError
+from agilerl.fleet.health import wait_healthy
 from agilerl.fleet.provider import Replica, ReplicaSpec
 
 __all__ = ["RayProvider"]
@@ -99,7 +98,9 @@ class RayProvider:
             raise ReplicaStartError(f"replica {index} on ray node {reply['node']}: {reply['error']}",
                                     retryable=reply["retryable"])
         url = reply["url"]
-        if not _health(url, max(1.0, deadline - time.monotonic())):
+        try:
+            wait_healthy(url, max(1.0, deadline - time.monotonic()))
+        except TimeoutError:
             self._kill(name)
             raise ReplicaStartError(
                 f"replica {index} serves at {url} on ray node {reply['node']}, but its /health does not "
@@ -186,21 +187,6 @@ def _keep_signal_handlers() -> Any:
         signal.signal(signal.SIGTERM, before)
 
 
-def _health(url: str, timeout_s: float) -> bool:
-    """Whether ``GET url/health`` answers 200 within ``timeout_s`` (polled)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=min(5.0, timeout_s)) as resp:
-                if resp.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-
-
 # -- on the node (inside the actor) -------------------------------------------------------------
 
 
@@ -230,7 +216,7 @@ class ReplicaServer:
         import ray
 
         from agilerl.errors import AgileRLError
-        from agilerl.fleet.isolation import prepare_env, serve_argv
+        from agilerl.fleet.isolation import prepare_env, serve_argv, serve_environ
 
         node = ray.util.get_node_ip_address()
         host = "127.0.0.1" if node == self.trainer_node else node  # the trainer's own node: loopback only
@@ -244,12 +230,13 @@ class ReplicaServer:
         port_file = self.folder / "url"
         argv = [*serve_argv(self.spec, runtime, port=0, port_file=str(port_file), parent_pid=os.getpid()),
                 "--host", host]  # the last --host wins: the node's address, where the trainer reaches it
-        env = dict(os.environ)
+        env = serve_environ(runtime)
         if self.token:
             env["AGILERL_ENV_TOKEN"] = self.token
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                cwd=self.spec.base_dir if Path(self.spec.base_dir).is_dir() else None,
                 start_new_session=True, preexec_fn=_die_with_parent,
             )
         while time.monotonic() < deadline:
