@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import yaml
 
 from agilerl.cli.main import main
 from agilerl.errors import InvalidArgument, ManifestError, MissingExtra, ReplicaStartError
-from agilerl.fleet.autoscale import Autoscaler, sessions_needed
+from agilerl.fleet.autoscale import Autoscaler, autoscaler, sessions_needed
 from agilerl.fleet.limits import StartLimiter, start_with_retry
 from agilerl.fleet.provider import ReplicaSpec
 from agilerl.fleet.ray_provider import NAMESPACE, RayProvider
@@ -437,3 +438,30 @@ def test_a_ray_run_stopped_by_a_signal_leaves_no_actor_or_process(ray_cluster, t
     if signum == signal.SIGTERM:  # its own cluster: shut down
         wait_until(lambda: _processes_naming(str(own)) == [], "the run's own Ray cluster gone", timeout_s=30)
     shutil.rmtree(own, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_auto_grows_a_live_fleet_when_its_clients_outnumber_its_sessions_and_shrinks_it_when_they_go(tmp_path):
+    from agilerl.fleet.autoscale import AutoScaler
+    from agilerl.fleet.factory import FleetEnvFactory
+    from agilerl.fleet.fleet import Fleet
+    from agilerl.fleet.local import LocalProvider
+
+    spec = ReplicaSpec({"env_type": "rollout", "entrypoint": "guess", "provider": "local"}, str(tmp_path), 2)
+    size, scaler = autoscaler(spec)
+    assert size == 1  # nothing known yet: one replica, grown as the run's clients appear
+    scaler.sizing.shrink_after_s = 1.0
+    fleet = Fleet(spec, LocalProvider(spec), size, scaler=scaler, limiter=StartLimiter(10), health_interval_s=0.2)
+    with fleet:
+        factory = FleetEnvFactory(fleet, {"retry_budget_s": 60})
+        clients = [factory() for _ in range(3)]  # 3 sessions, 2 a replica
+        for client in clients:
+            client.reset(seed=0)
+        assert len(fleet.urls) == 2 and len({c.url for c in clients}) == 2
+        for client in clients:
+            client.close()
+        del client, clients
+        gc.collect()
+        wait_until(lambda: len(fleet.urls) == 1, "the idle replica stopped", timeout_s=60)
+        assert fleet.metrics()["envs/replicas"] == 1
