@@ -152,3 +152,15 @@ def test_a_served_image_within_a_raised_bound_still_crosses() -> None:
     url, server = resolve_env(WideEnv, max_image_pixels=4_000)
     with server, RemoteEnvClient(url, retry_budget_s=0.5) as client, pytest.raises(Exception, match="max_image_pixels=4,000"):
         client.reset(seed=0)
+
+
+def test_images_for_a_chat_endpoint_are_checked_before_they_are_encoded() -> None:
+    from agilerl.errors import EnvProtocolError
+    from agilerl.images import ImageObservation
+    from agilerl.rollout.vision import image_parts
+
+    huge = ImageObservation("t", (EnvImage.from_array(np.broadcast_to(np.uint8(7), (BIG, BIG, 3))),))
+    with pytest.raises(EnvProtocolError, match=r"an observation for the chat endpoint: an image of 10000x10000"):
+        image_parts(huge)
+    small = ImageObservation("t", (EnvImage.from_array(np.zeros((4, 6, 3), dtype=np.uint8)),))
+    assert image_parts(small)[0]["image_url"]["url"].startswith("data:image/png;base64,")
