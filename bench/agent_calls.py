@@ -1,12 +1,16 @@
 """The agent endpoint's overhead per call, against calling the policy directly.
 
-1 and 16 programs (threads here, each with its own keep-alive HTTP connection) each hold a
+1 and 16 programs (processes, each with its own keep-alive HTTP connection) each hold a
 conversation of ``--calls`` chat calls, every call extending the last (its reply and a new user
 message). The baseline, in the same run, makes the very same generate calls straight on the
 policy (the same prompt ids, from the same number of threads, through the same batching
 ``VersionedPolicy``): greedy, so both generate the same tokens. The difference per call is what
 the endpoint costs: HTTP, JSON, the request model, matching the conversation, rendering the new
-messages, parsing, recording. Goal: <= 5% of a call at the tiny model's generation time.
+messages, parsing, recording. The two runs alternate (which goes first, too), and the medians
+are compared. A second measure, from the endpoint run alone: each call's latency as its program
+saw it, less the time the call spent in ``generate`` (batch waits included). And a floor: one
+program's calls against a scripted policy (no model), the endpoint's own work per call, median and
+best. Goal: <= 5% of a call at the tiny model's generation time.
 
     python bench/agent_calls.py [--calls 8] [--repeats 3] [--max-new-tokens 8] [--programs 1 16]
 """
@@ -14,13 +18,14 @@ messages, parsing, recording. Goal: <= 5% of a call at the tiny model's generati
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
+import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
-from urllib.parse import urlparse
 
 from agilerl.agents.endpoint import AgentEndpoint
 from agilerl.generation.policy import SamplingParams, TransformersPolicy
@@ -39,33 +44,101 @@ def _threads(count: int, work: Any) -> float:
     return time.perf_counter() - start
 
 
-def through_endpoint(policy: VersionedPolicy, tokenizer: Any, params: SamplingParams, programs: int, calls: int) -> tuple[float, list[list[list[int]]]]:
-    """Wall time of the programs' conversations, and each call's prompt ids (for the baseline)."""
+class _Timed:
+    """The policy, timing each call made of it (from the caller's thread: batch waits included)."""
+
+    def __init__(self, policy: VersionedPolicy) -> None:
+        self.policy = policy
+        self.seconds: list[float] = []
+
+    def generate(self, prompts: Any, params: SamplingParams) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.policy.generate(prompts, params)
+        finally:
+            self.seconds.append(time.perf_counter() - start)
+
+
+_PROGRAM = r"""
+import http.client, json, os, sys, time
+from urllib.parse import urlparse
+
+url = urlparse(os.environ["OPENAI_BASE_URL"])
+connection = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
+messages = [{"role": "user", "content": "Count with me from " + os.environ["AGILERL_EPISODE"] + "."}]
+sys.stdin.readline()  # every program starts at once
+latencies = []
+for _ in range(int(sys.argv[1])):
+    start = time.perf_counter()
+    connection.request("POST", url.path + "/chat/completions", json.dumps({"model": "m", "messages": messages}), headers)
+    reply = json.loads(connection.getresponse().read())
+    latencies.append(time.perf_counter() - start)
+    messages += [reply["choices"][0]["message"], {"role": "user", "content": "And then?"}]
+print(json.dumps(latencies))
+"""
+
+
+def through_endpoint(
+    policy: VersionedPolicy, tokenizer: Any, params: SamplingParams, programs: int, calls: int
+) -> tuple[float, float, list[list[list[int]]]]:
+    """Wall time of the programs' conversations (each a process of its own), the mean latency a
+    call's program saw less its time in generate, and each call's prompt ids (for the baseline)."""
     endpoint = AgentEndpoint(tokenizer)
-    episodes = [endpoint.open_episode(f"e{i}", policy, params) for i in range(programs)]
-    url = urlparse(endpoint.base_url)
-
-    def program(i: int) -> None:
-        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
-        headers = {"Authorization": f"Bearer {episodes[i].key}", "Content-Type": "application/json"}
-        messages: list[dict[str, Any]] = [{"role": "user", "content": f"Count with me from {i}."}]
-        for _ in range(calls):
-            connection.request("POST", "/v1/chat/completions", json.dumps({"model": "m", "messages": messages}), headers)
-            reply = json.loads(connection.getresponse().read())
-            messages += [reply["choices"][0]["message"], {"role": "user", "content": "And then?"}]
-        connection.close()
-
+    timed = _Timed(policy)
+    episodes = [endpoint.open_episode(f"e{i}", timed, params) for i in range(programs)]  # type: ignore[arg-type]
     try:
-        wall = _threads(programs, program)
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _PROGRAM, str(calls)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                env={**os.environ, "OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_KEY": e.key, "AGILERL_EPISODE": e.id},
+            )
+            for e in episodes
+        ]
+        time.sleep(1.0)  # let the interpreters start before the clock does
+        start = time.perf_counter()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        latencies = [x for proc in procs for x in json.loads(proc.communicate(timeout=600)[0])]
+        wall = time.perf_counter() - start
     finally:
         endpoint.close()
+    extra = (sum(latencies) - sum(timed.seconds)) / len(latencies)
     prompts = []
     for episode in episodes:
         (sample,) = episode.trajectories()  # every call extended the last: one sample
         mask = sample.action_mask
         starts = [k for k in range(len(mask)) if mask[k] and (k == 0 or not mask[k - 1])]
         prompts.append([sample.token_ids[:k] for k in starts])
-    return wall, prompts
+    return wall, extra, prompts
+
+
+def floor(tokenizer: Any, calls: int) -> list[float]:
+    """One program's call latencies against a scripted policy (no model): the endpoint alone."""
+    import http.client
+    from urllib.parse import urlparse
+
+    from agilerl.generation.policy import ScriptedPolicy
+
+    endpoint = AgentEndpoint(tokenizer)
+    try:
+        episode = endpoint.open_episode("floor", VersionedPolicy(ScriptedPolicy(tokenizer, "one two three")), SamplingParams())
+        url = urlparse(endpoint.base_url)
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        headers = {"Authorization": f"Bearer {episode.key}", "Content-Type": "application/json"}
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Count with me."}]
+        latencies = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            connection.request("POST", "/v1/chat/completions", json.dumps({"model": "m", "messages": messages}), headers)
+            reply = json.loads(connection.getresponse().read())
+            latencies.append(time.perf_counter() - start)
+            messages += [reply["choices"][0]["message"], {"role": "user", "content": "And then?"}]
+        return latencies
+    finally:
+        endpoint.close()
 
 
 def direct(policy: VersionedPolicy, params: SamplingParams, prompts: list[list[list[int]]]) -> float:
@@ -93,18 +166,27 @@ def main() -> None:
     policy = VersionedPolicy(TransformersPolicy(model, tokenizer))
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens,
                             stop_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
-    through_endpoint(policy, tokenizer, params, 2, 2)  # warm up: the model, the template, the loop
+    _, _, prompts = through_endpoint(policy, tokenizer, params, 2, 2)  # warm up: model, template, loop
+    direct(policy, params, prompts)
+    alone = floor(tokenizer, 20 * args.calls)
+    print(f"floor: the endpoint alone (a scripted policy), per call: median {statistics.median(alone) * 1000:.2f} ms, "
+          f"best {min(alone) * 1000:.2f} ms")
     for programs in args.programs:
-        endpoint_s, direct_s = [], []
-        for _ in range(args.repeats):
-            wall, prompts = through_endpoint(policy, tokenizer, params, programs, args.calls)
+        endpoint_s, direct_s, extra_s = [], [], []
+        for repeat in range(args.repeats):
+            if repeat % 2:  # the baseline first every other time (its prompts from the last run)
+                direct_s.append(direct(policy, params, prompts) / args.calls)
+            wall, extra, prompts = through_endpoint(policy, tokenizer, params, programs, args.calls)
             endpoint_s.append(wall / args.calls)
-            direct_s.append(direct(policy, params, prompts) / args.calls)
-        e, d = statistics.median(endpoint_s), statistics.median(direct_s)
+            extra_s.append(extra)
+            if not repeat % 2:
+                direct_s.append(direct(policy, params, prompts) / args.calls)
+        e, d, x = statistics.median(endpoint_s), statistics.median(direct_s), statistics.median(extra_s)
         print(
             f"programs {programs:>2}: per call (each program's calls in turn) direct {d * 1000:.1f} ms, "
             f"through the endpoint {e * 1000:.1f} ms: overhead {(e - d) * 1000:+.2f} ms = {(e - d) / d:+.1%} "
-            f"of a call (goal <= 5%; medians of {args.repeats})"
+            f"of a call; a call's latency less its time in generate {x * 1000:.2f} ms = {x / d:.1%} "
+            f"(goal <= 5%; medians of {args.repeats})"
         )
 
 

@@ -415,3 +415,19 @@ def test_a_call_that_finishes_after_its_episode_ended_is_not_trained_on(chatml_t
     before = list(sample.token_ids)
     episode.record(late, Generation([7]), {"role": "assistant", "content": "y"}, 0.1)
     assert sample.token_ids == before and episode.calls == 1
+
+
+@pytest.mark.parametrize("family", ["chatml_tokenizer", "llama3_tokenizer"])
+def test_the_next_turn_is_what_the_template_renders_after_the_reply(family, request):
+    from agilerl.agents.episodes import continuation_ids
+
+    tokenizer = request.getfixturevalue(family)
+    renderer = ChatRenderer(tokenizer)
+    opening = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2+2?"}]
+    reply = {"role": "assistant", "content": "4"}
+    for new in ([{"role": "user", "content": "Sure?"}],  # the memoised turn tail
+                [{"role": "user", "content": "Sure?"}, {"role": "user", "content": "Really?"}]):  # rendered
+        full = tokenizer.apply_chat_template([*opening, reply, *new], tokenize=False, add_generation_prompt=True)
+        head = tokenizer.apply_chat_template([*opening, reply], tokenize=False)
+        tail = continuation_ids(renderer, reply, new, renderer.encode("4"))  # a reply cut before its close
+        assert tokenizer.decode(tail) == full[len(head) - len(renderer.assistant_close):]

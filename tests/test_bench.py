@@ -70,6 +70,7 @@ def test_dataset_env_reports_memory_and_speed_against_raw_rows() -> None:
 
 def test_agent_calls_reports_the_endpoint_overhead_against_direct_calls() -> None:
     out = run_bench("agent_calls.py", "--calls", "2", "--repeats", "1", "--programs", "1", "2", "--max-new-tokens", "2")
+    assert_lines(out, r"^floor: the endpoint alone .* median \d+\.\d+ ms, best \d+\.\d+ ms$")
     for programs in (1, 2):
         assert_lines(out, rf"^programs +{programs}: per call .* direct \d+\.\d ms, through the endpoint \d+\.\d ms: overhead .*%")
 
@@ -112,4 +113,16 @@ def test_judge_reports_the_capped_throughput_against_sequential_calls_and_the_ru
         rf"^capped vs sequential: {RATIO} the throughput$",
         rf"^rule rubric: .* a sample \({RATIO}\)$",
         rf"^composite of 3 with a gate: .* a sample \({RATIO}\)$",
+    )
+
+
+@pytest.mark.slow  # builds a venv
+def test_env_fleet_reports_isolated_starts_the_step_against_in_process_and_two_replicas_against_one() -> None:
+    out = run_bench("env_fleet.py", "--steps", "1", "--batch-size", "2", "--group-size", "1", "--seconds", "0.5",
+                    "--sessions", "2")
+    assert_lines(
+        out,
+        rf"^start of an isolated env: cold \d+\.\d+ s, warm \d+\.\d+ s: warm is {RATIO} faster$",
+        rf"^training step, guess env: in process \d+\.\d+ s, isolation venv \d+\.\d+ s: {RATIO} \(goal <= 1\.15x\)$",
+        rf"^env steps/s, 5 ms of CPU a step, 2 sessions: 1 replica \d+, 2 replicas \d+: {RATIO}$",
     )

@@ -267,7 +267,11 @@ def continuation_ids(
 ) -> list[int]:
     """The ids the template puts after ``reply`` (the assistant message a call was given) for the
     ``new`` messages, then the generation prompt; without what the completion already wrote (its
-    stop token)."""
+    stop token). One plain message after a plain reply (a chat loop's next turn) is the harness's
+    memoised turn tail; anything else is rendered."""
+    if not reply.get("tool_calls") and len(new) == 1 and new[0].keys() == {"role", "content"}:
+        tail = list(renderer.turn_tail_ids(new[0]["role"], new[0]["content"], final=False))
+        return _without_overlap(renderer, completion_ids, tail)
     refusals: list[Exception] = []
     for base in _BASES:
         try:
@@ -289,8 +293,12 @@ def continuation_ids(
                 f"the chat template's render of an answer holds no {renderer.assistant_close!r}: where "
                 "the answer ends, and the new messages start, cannot be found"
             )
-        tail = renderer.encode(after[end:])
-        if completion_ids and tail and tail[0] == completion_ids[-1] and completion_ids[-1] == renderer.end_of_turn_id:
-            tail = tail[1:]  # the model already closed its turn
-        return tail
+        return _without_overlap(renderer, completion_ids, renderer.encode(after[end:]))
     raise ChatTemplateError(f"the chat template cannot render these messages after an answer: {refusals[0]}")
+
+
+def _without_overlap(renderer: ChatRenderer, completion_ids: Sequence[int], tail: list[int]) -> list[int]:
+    """``tail`` less the turn close the model already wrote as its stop token."""
+    if completion_ids and tail and tail[0] == completion_ids[-1] == renderer.end_of_turn_id:
+        return tail[1:]
+    return tail
