@@ -178,6 +178,8 @@ class Fleet:
             slot = best[next(self._turn) % len(best)]
             if most <= 0:
                 self.refused += 1
+                if self.scaler is not None:
+                    self._wake.set()  # the scaler grows the fleet now, not at the next tick
             slot.sessions += 1
             assert slot.replica is not None
             return slot.replica.url
