@@ -272,6 +272,11 @@ def test_a_ray_replica_serves_dies_with_its_actor_and_close_leaves_nothing(ray_c
             client.reset(seed=0)
             assert client.step("5")[0] in ("Too low!", "Too high!", "Correct!")
         assert len(replica_servers()) == 2 and len(replica_actors(ray_cluster)) == 2
+        provider._owns_cluster = True  # as if it had started this cluster: its 2 CPUs are held, none comes
+        with pytest.raises(ReplicaStartError, match="has 2 CPUs, all held by replicas") as exc:
+            provider.start(spec, 2, 120)  # at once, not after the start timeout
+        assert exc.value.retryable and len(replica_actors(ray_cluster)) == 2
+        provider._owns_cluster = False
         ray_cluster.kill(first.handle[1])  # the actor dies: its server goes with it
         wait_until(lambda: not provider.alive(first), "the killed replica reads as dead")
         wait_until(lambda: len(replica_servers()) == 1, "the dead actor's server exits")

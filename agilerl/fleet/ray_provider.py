@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 import os
 import shutil
@@ -56,12 +57,17 @@ class RayProvider:
     def __init__(self, spec: ReplicaSpec) -> None:
         self._ray = _ray()  # a missing extra fails when the fleet is made, before anything starts
         self.address: str | None = spec.environment.get("address") or os.environ.get("RAY_ADDRESS") or None
+        replicas = spec.environment.get("replicas")
+        self._local_cpus = max(os.cpu_count() or 1, replicas if isinstance(replicas, int) else 1)
+        """A local cluster's CPUs: one per replica asked for, at least one per core."""
         self._run = uuid.uuid4().hex[:8]
+        self._made = itertools.count()  # actor names are never reused, even while a killed one lingers
         self._lock = threading.Lock()
         self._actors: dict[str, Any] = {}  # name -> handle: everything made, alive or not
         self._placed: set[str] = set()  # the actors that answered (a pending one cannot take a stop call)
         self._connected = False
         self._owns_connection = False  # ray.init was ours (ray.shutdown is too)
+        self._owns_cluster = False  # and it started the cluster: nothing else adds nodes to it
         self._closed = False
 
     # -- the Provider protocol ------------------------------------------------------------------
@@ -72,10 +78,18 @@ class RayProvider:
         ray = self._ray
         self._connect()
         deadline = time.monotonic() + timeout_s
+        if self._owns_cluster and ray.available_resources().get("CPU", 0) < 1:  # would wait for good
+            raise ReplicaStartError(
+                f"replica {index}: the local Ray cluster started for this run has "
+                f"{ray.cluster_resources().get('CPU', 0):g} CPUs, all "
+                "held by replicas (each takes one); run fewer replicas, or give environment.address of a "
+                "larger cluster",
+                retryable=True,  # a replica being replaced frees its CPU a moment later
+            )
         with self._lock:
             if self._closed:
                 raise ReplicaStartError("the Ray provider is closed; no replica starts after the run ends")
-            name = f"agilerl-env-{self._run}-{index}-{len(self._actors)}"
+            name = f"agilerl-env-{self._run}-{index}-{next(self._made)}"
             actor = _actor_class(ray).options(
                 name=name, namespace=NAMESPACE, num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0
             ).remote(dataclasses.asdict(spec), index, ray.util.get_node_ip_address(), os.environ.get("AGILERL_ENV_TOKEN"))
@@ -135,7 +149,7 @@ class RayProvider:
             self._kill(name)
         if self._owns_connection:
             self._ray.shutdown()
-            self._connected = self._owns_connection = False
+            self._connected = self._owns_connection = self._owns_cluster = False
 
     # -- here ------------------------------------------------------------------------------------
 
@@ -151,10 +165,11 @@ class RayProvider:
                 return
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
             if self.address is None:
-                kwargs["num_cpus"] = os.cpu_count() or 1
+                kwargs["num_cpus"] = self._local_cpus
             with _keep_signal_handlers():
                 ray.init(address=self.address, **kwargs)
             self._connected = self._owns_connection = True
+            self._owns_cluster = self.address is None
 
     def _kill(self, name: str) -> None:
         """Stop one actor's server and the actor (idempotent: a dead one is left as it is)."""
