@@ -107,3 +107,14 @@ def test_a_rubric_entry_that_is_not_finite_is_refused_naming_the_entry(folder, r
     env.reset(row_index=0)
     with pytest.raises(RubricError, match=named + r".*a score is a finite number"):
         env.step("2")
+
+
+def test_a_composite_built_in_python_refuses_a_weight_or_threshold_that_is_not_finite() -> None:
+    from agilerl.data.composite import CompositeRubric, RubricEntry, RubricGate
+    from agilerl.data.rubric import Rubric
+
+    entry = RubricEntry("one", Rubric.bind(lambda completion: 1.0), 1.0)
+    with pytest.raises(RubricError, match=r"entry 'two' has weight inf"):
+        CompositeRubric([entry, RubricEntry("two", entry.rubric, float("inf"))])
+    with pytest.raises(RubricError, match=r"gate on 'one': min is nan"):
+        CompositeRubric([entry], [RubricGate("one", float("nan"))])

@@ -58,6 +58,9 @@ class CompositeRubric:
         for name in names:
             if names.count(name) > 1:
                 raise RubricError(f"rubrics: the name {name!r} is used twice; give each entry its own name.")
+        for entry in entries:
+            if not math.isfinite(entry.weight):
+                raise RubricError(f"rubrics: entry {entry.name!r} has weight {entry.weight}; a weight is a finite number.")
         for gate in gates:
             check_gate(gate, names)
         self.entries = tuple(entries)
@@ -111,6 +114,8 @@ class CompositeRubric:
 
 def check_gate(gate: RubricGate, entry_names: Sequence[str]) -> None:
     """A gate names an entry (or an entry's part, ``entry.part``) and zeroes known entries."""
+    if not math.isfinite(gate.min):
+        raise RubricError(f"rubric gate on {gate.component!r}: min is {gate.min}; a threshold is a finite number.")
     head = gate.component.split(".", 1)[0]
     if gate.component not in entry_names and head not in entry_names:
         raise RubricError(
