@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from agilerl.envs.entrypoints import EnvFactory, entrypoint_factory
-from agilerl.errors import InvalidArgument
+from agilerl.errors import InvalidArgument, redact
 from agilerl.manifest.environment import (
     AgentSpec, EntrypointSpec, EnvironmentSpec, EnvUrlSpec, RolloutSource, ScoredDatasetSpec,
 )
@@ -65,7 +65,7 @@ def placement(spec: EnvironmentSpec) -> str | None:
     if isinstance(spec, EntrypointSpec):
         return f"{spec.entrypoint} in process (the trainer's interpreter)" if spec.placement == "in_process" else None
     if isinstance(spec, EnvUrlSpec):
-        return f"remote at {', '.join(spec.env_urls)}"
+        return f"remote at {', '.join(map(redact, spec.env_urls))}"
     if isinstance(spec, ScoredDatasetSpec):
         return f"dataset {spec.dataset} in process"
     return None
@@ -77,7 +77,7 @@ def placement(spec: EnvironmentSpec) -> str | None:
     if isinstance(spec, EntrypointSpec):
         return f"{spec.entrypoint} in process (the trainer's interpreter)" if spec.placement == "in_process" else None
     if isinstance(spec, EnvUrlSpec):
-        return f"remote at {', '.join(spec.env_urls)}"
+        return f"remote at {', '.join(map(redact, spec.env_urls))}"
     if isinstance(spec, ScoredDatasetSpec):
         return f"dataset {spec.dataset} in process"
     return None
