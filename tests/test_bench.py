@@ -128,13 +128,12 @@ def test_env_fleet_reports_isolated_starts_the_step_against_in_process_and_two_r
     )
 
 
-@pytest.mark.slow  # builds a venv
-def test_env_fleet_reports_isolated_starts_the_step_against_in_process_and_two_replicas_against_one() -> None:
-    out = run_bench("env_fleet.py", "--steps", "1", "--batch-size", "2", "--group-size", "1", "--seconds", "0.5",
-                    "--sessions", "2")
+def test_viewer_reports_the_index_against_a_full_parse_and_the_page_size() -> None:
+    out = run_bench("viewer.py", "--records", "400", "--per-step", "20")
     assert_lines(
         out,
-        rf"^start of an isolated env: cold \d+\.\d+ s, warm \d+\.\d+ s: warm is {RATIO} faster$",
-        rf"^training step, guess env: in process \d+\.\d+ s, isolation venv \d+\.\d+ s: {RATIO} \(goal <= 1\.15x\)$",
-        rf"^env steps/s, 5 ms of CPU a step, 2 sessions: 1 replica \d+, 2 replicas \d+: {RATIO}$",
+        r"^baseline: json\.loads of every line \(400\) \d+\.\d+ s$",
+        rf"^index \(open_source\): \d+\.\d+ s, {RATIO} the full parse$",
+        r"^page: \d+\.\d MB, 400 of 400 records embedded, built in \d+\.\d+ s$",
+        r"^browser: (the page rendered in .*: \d+\.\d+x|no Chromium on PATH, not measured)$",
     )

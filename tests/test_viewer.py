@@ -19,7 +19,7 @@ from agilerl.cli.main import main
 from agilerl.view.page import choose, page_data
 from agilerl.view.serve import ViewServer
 from agilerl.view.sources import open_source
-from tests.viewer_runs import copy_run, eval_file, tool_run, train_run
+from tests.viewer_runs import copy_run, eval_file, synthetic_run, tool_run, train_run
 
 
 @pytest.fixture(scope="module")
@@ -116,28 +116,9 @@ def test_the_viewer_needs_no_training_stack(runs, tmp_path):
     assert done.returncode == 0, done.stderr
 
 
-def _synthetic(folder: Path, steps: int, per_step: int) -> Path:
-    """A run's files of ``steps x per_step`` records shaped as the trainer writes them."""
-    folder.mkdir()
-    with (folder / "metrics.jsonl").open("w") as metrics, (folder / "rollouts.jsonl").open("w") as records:
-        for step in range(1, steps + 1):
-            metrics.write(json.dumps({"step": step, "train/reward": step / steps, "reward/correct": 0.5}) + "\n")
-            for i in range(per_step):
-                ids = list(range(i, 100 + i))
-                records.write(json.dumps({
-                    "step": step, "episode": f"{step}-{i}", "sample": 0, "samples": 1, "group": i // 8, "index": i,
-                    "reward": (i * 7919 % 100) / 100, "rewards": [0.0, 1.0], "reward_components": {"correct": 1.0},
-                    "truncated": i % 50 == 0, "error": None,
-                    "turns": [{"role": "prompt", "turn": -1, "start": 0, "end": 60, "text": "a question " * 10},
-                              {"role": "model", "turn": 0, "start": 60, "end": 100, "text": "an answer " * 6}],
-                    "token_ids": ids, "mask": [0] * 60 + [1] * 40,
-                }) + "\n")
-    return folder
-
-
 @pytest.mark.slow
 def test_a_run_of_100k_records_makes_a_page_of_bounded_size(tmp_path):
-    run = _synthetic(tmp_path / "big", steps=1000, per_step=100)
+    run = synthetic_run(tmp_path / "big", steps=1000, per_step=100)
     source = open_source(run)
     assert len(source.entries) == 100_000 and (run / "rollouts.jsonl").stat().st_size > 60 * 2**20
     out = tmp_path / "page.html"
@@ -154,7 +135,7 @@ def test_a_run_of_100k_records_makes_a_page_of_bounded_size(tmp_path):
 
 
 def test_choose_samples_steps_when_even_one_record_each_does_not_fit(tmp_path):
-    source = open_source(_synthetic(tmp_path / "run", steps=50, per_step=4))
+    source = open_source(synthetic_run(tmp_path / "run", steps=50, per_step=4))
     mean = sum(e.length for e in source.entries) / len(source.entries)
     chosen = choose(source.entries, budget=int(mean * 10) + 1)
     assert len(chosen) == 10 and chosen[-1].step == 50 and chosen[0].step == 1  # spread, the last kept

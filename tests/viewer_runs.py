@@ -1,9 +1,10 @@
 """Small real runs the records and viewer tests share: a GRPO run of examples/guess, a vision
 run's records (the tiny VLM on the colours env), a tool run's records (the hermes parser on a
-calculator env) and an eval results file."""
+calculator env), an eval results file, and a synthetic run of any size."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import yaml
 
 from agilerl.cli.main import main
 
-GUESS = Path(__file__).resolve().parents[1] / "examples" / "guess"
+ROOT = Path(__file__).resolve().parents[1]
+GUESS = ROOT / "examples" / "guess"
 
 
 def guess_manifest(folder: Path, **training: object) -> Path:
@@ -88,6 +90,15 @@ def eval_file(folder: Path) -> Path:
             "--max-new-tokens", "3", "--output", str(out), "--no-progress", "--json"]
     assert main(args) == 0
     return out
+
+
+def synthetic_run(folder: Path, steps: int, per_step: int) -> Path:
+    """A run's files of ``steps x per_step`` records as the trainer writes them: bench/viewer.py's,
+    which times what the tests bound."""
+    spec = importlib.util.spec_from_file_location("bench_viewer", ROOT / "bench" / "viewer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_run(folder, steps, per_step)
 
 
 def copy_run(run: Path, to: Path) -> Path:
