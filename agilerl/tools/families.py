@@ -136,14 +136,22 @@ def _parameters(inner: str) -> list[tuple[str, str]]:
     """Each ``<parameter=NAME>value</parameter>`` of one function; a value's newline margins are
     the template's, not the value's."""
     found = []
-    closes = [m.start() for m in re.finditer(re.escape(_PARAMETER_CLOSE), inner)]
-    opens = [m.start() + 1 for m in re.finditer(re.escape(_LINE_PARAMETER), inner)]
+    marks: tuple[list[int], list[int]] | None = None
+    close = inner.find(_PARAMETER_CLOSE)  # the next close, found once as the walk passes it
     at = inner.find(_PARAMETER_OPEN)
     while at >= 0:
         head = inner.find(">", at)
         if head < 0:
             break
-        end = _value_end(inner, head + 1, closes, opens)
+        if 0 <= close <= head:
+            close = inner.find(_PARAMETER_CLOSE, head + 1)
+        end = close
+        if end < 0 or inner.find(_LINE_PARAMETER, head + 1, end) >= 0 or not _PARAMETER_FOLLOWS.match(
+            inner, end + len(_PARAMETER_CLOSE)
+        ):  # not the plain case (its first close ends it): find every mark once, walk them
+            if marks is None:
+                marks = [m.start() for m in _CLOSES.finditer(inner)], [m.start() + 1 for m in _LINE_OPENS.finditer(inner)]
+            end = _value_end(inner, head + 1, *marks)
         if end < 0:  # no close: the value runs to the next parameter on a line of its own
             nxt = inner.find(_LINE_PARAMETER, head + 1)
             end = nxt + 1 if nxt >= 0 else len(inner)
@@ -195,6 +203,7 @@ def _closing(text: str, close: str, start: int, follows: re.Pattern[str]) -> int
 _MAX_NESTED = 8
 _LINE_PARAMETER = "\n" + _PARAMETER_OPEN
 _PARAMETER_FOLLOWS = re.compile(r"\s*(?:<parameter=|\Z)")
+_CLOSES, _LINE_OPENS = re.compile(re.escape(_PARAMETER_CLOSE)), re.compile(re.escape(_LINE_PARAMETER))
 _FUNCTION_FOLLOWS = re.compile(r"\s*(?:<function=|\Z)")
 
 

@@ -23,6 +23,12 @@ _DECODER = json.JSONDecoder()
 def depth_problem(value: Any, limit: int = MAX_DEPTH) -> str | None:
     """What is wrong when ``value`` nests deeper than ``limit``; None when it does not. Iterative,
     so any depth is measured without recursion."""
+    if type(value) is dict:  # the common case: flat arguments, one look at each value
+        for item in value.values():
+            if isinstance(item, (dict, list, tuple)):
+                break
+        else:
+            return None
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -48,7 +54,7 @@ def first_value(text: str, *, whole: bool = False) -> tuple[Any, int, str | None
     """The first JSON value of ``text`` (leading whitespace skipped) and where it ends, as vLLM's
     parsers read a model's JSON (what follows is not theirs to refuse); ``whole``: nothing but
     whitespace may follow."""
-    start = len(text) - len(text.lstrip())
+    start = 0 if whole else len(text) - len(text.lstrip())
     try:
         if whole:
             value, end = json.loads(text), len(text)
@@ -58,5 +64,7 @@ def first_value(text: str, *, whole: bool = False) -> tuple[Any, int, str | None
         return None, 0, f"invalid JSON: it nests deeper than {MAX_DEPTH} levels"
     except ValueError as exc:
         return None, 0, f"invalid JSON: {exc}"
+    if text.count("[", start, end) + text.count("{", start, end) <= MAX_DEPTH:
+        return value, end, None  # too few brackets to nest that deep
     problem = depth_problem(value)
     return (None, 0, f"invalid JSON: {problem}") if problem else (value, end, None)

@@ -224,7 +224,8 @@ def _typed(types: list[Any], value: Any, where: str) -> Any:
         kind = types[0]
         if kind == "integer" and type(value) is int or kind == "string" and type(value) is str:
             return value
-    types = [_kind(kind) for kind in types]
+    if any(type(kind) is not str or kind not in _JSON_TYPES for kind in types):
+        types = [_kind(kind) for kind in types]
     for kind in types:
         if _is(kind, value):
             return float(value) if kind == "number" and isinstance(value, int) else value
