@@ -443,3 +443,22 @@ def test_the_next_turn_is_what_the_template_renders_after_the_reply(family, requ
         head = tokenizer.apply_chat_template([*opening, reply], tokenize=False)
         tail = continuation_ids(renderer, reply, new, renderer.encode("4"))  # a reply cut before its close
         assert tokenizer.decode(tail) == full[len(head) - len(renderer.assistant_close):]
+
+
+def test_validate_names_a_missing_program_script_function_and_task_file(tmp_path):
+    from agilerl.assembly.checks import manifest_problems
+    from agilerl.manifest.spec import parse_manifest
+
+    def problems(environment: dict) -> list[str]:
+        return manifest_problems(parse_manifest({"environment": {"env_type": "rollout", **environment}}, base_dir=tmp_path))
+
+    (tmp_path / "agent.py").write_text("def play(task, base_url, api_key):\n    return 1.0\n")
+    assert problems({"agent_command": ["python", "agent.py"]}) == []
+    assert problems({"agent": "agent.py:play"}) == []
+    assert problems({"agent_command": ["no-such-program-here", "x"]}) == [
+        f"environment.agent_command: 'no-such-program-here' is neither on PATH nor a file in {tmp_path}"
+    ]
+    assert problems({"agent_command": ["python", "missing.py"]}) == [f"environment.agent_command: file not found: {tmp_path / 'missing.py'}"]
+    assert problems({"agent": "play"}) == ["environment.agent: 'play' names no function: write 'path/to/file.py:fn' or 'module:fn'"]
+    assert "environment.agent:" in problems({"agent": "agent.py:nothing"})[0]
+    assert problems({"agent": "agent.py:play", "dataset": "tasks.jsonl"}) == [f"environment.dataset: file not found: {tmp_path / 'tasks.jsonl'}"]

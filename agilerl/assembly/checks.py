@@ -4,12 +4,15 @@ do not exist, references that do not import, algorithm options the algorithm doe
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.errors import AgileRLError, ConfigError, LoadError, MissingExtra
-from agilerl.manifest.environment import DatasetSpec, EntrypointSpec, EnvironmentSpec, EnvUrlSpec, ScoredDatasetSpec
+from agilerl.manifest.environment import (
+    AgentSpec, DatasetSpec, EntrypointSpec, EnvironmentSpec, EnvUrlSpec, ScoredDatasetSpec,
+)
 from agilerl.manifest.spec import Manifest
 from agilerl.registry import Kind, get_registry, is_reference, load_object
 from agilerl.registry.loading import split_reference
@@ -44,11 +47,35 @@ def manifest_problems(manifest: Manifest, *, offline: bool = False) -> list[str]
             problems += _reference("rubric", "environment.rubric_name", env.rubric_name or "", base, offline)
     if isinstance(env, (ScoredDatasetSpec, DatasetSpec)) and env.dataset.endswith(_DATA_SUFFIXES) and not (base / env.dataset).exists():
         problems.append(f"environment.dataset: file not found: {base / env.dataset}")
+    if isinstance(env, AgentSpec):
+        problems += _agent_problems(env, base, offline)
     problems += _reference("algorithm", "algorithm.name", manifest.algorithm.name, base, offline=True)
     for tracker in manifest.training.report_to:
         problems += _reference("tracker", "training.report_to", tracker, base, offline=True)
     if not problems and not offline and importlib.util.find_spec("torch") is not None:
         problems += _algorithm_options(manifest)
+    return problems
+
+
+def _agent_problems(env: AgentSpec, base: Path, offline: bool) -> list[str]:
+    """An agent's program (found on PATH or in the manifest's folder, its script there too), its
+    function, rubrics and task file."""
+    problems: list[str] = []
+    if env.agent_command is not None:
+        program, *args = env.agent_command
+        if program not in ("python", "python3") and shutil.which(program) is None and not (base / program).is_file():
+            problems.append(f"environment.agent_command: {program!r} is neither on PATH nor a file in {base}")
+        for arg in args[:1]:  # the script a program runs (python agent.py) is in the manifest's folder
+            if arg.endswith(".py") and not (base / arg).is_file():
+                problems.append(f"environment.agent_command: file not found: {base / arg}")
+    elif env.agent is not None and not is_reference(env.agent):
+        problems.append(f"environment.agent: {env.agent!r} names no function: write 'path/to/file.py:fn' or 'module:fn'")
+    elif env.agent is not None:
+        problems += _reference("env", "environment.agent", env.agent, base, offline)
+    for i, entry in enumerate(env.rubrics or []):
+        problems += _reference("rubric", f"environment.rubrics.{i}.rubric", entry.rubric, base, offline)
+    if env.dataset is not None and env.dataset.endswith(_DATA_SUFFIXES) and not (base / env.dataset).exists():
+        problems.append(f"environment.dataset: file not found: {base / env.dataset}")
     return problems
 
 
