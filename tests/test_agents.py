@@ -462,3 +462,47 @@ def test_validate_names_a_missing_program_script_function_and_task_file(tmp_path
     assert problems({"agent": "play"}) == ["environment.agent: 'play' names no function: write 'path/to/file.py:fn' or 'module:fn'"]
     assert "environment.agent:" in problems({"agent": "agent.py:nothing"})[0]
     assert problems({"agent": "agent.py:play", "dataset": "tasks.jsonl"}) == [f"environment.dataset: file not found: {tmp_path / 'tasks.jsonl'}"]
+
+
+URLLIB_AGENT = """
+import json, os, urllib.request
+
+def call(messages):
+    body = json.dumps({"model": "m", "messages": messages, "max_tokens": 3}).encode()
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body, headers={
+        "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=120).read())["choices"][0]["message"]
+
+seed = json.loads(os.environ["AGILERL_TASK"])["seed"]
+first = call([{"role": "user", "content": f"Pick a number near {seed % 10}."}])
+second = call([{"role": "user", "content": "Start over: pick a number."}])  # a rewritten history
+print(json.dumps({"reward": float(any(c.isdigit() for c in first["content"] + second["content"]))}))
+"""
+
+
+@pytest.mark.slow
+def test_agent_programs_train_under_ddp_on_two_ranks(tmp_path):
+    import socket
+    import subprocess
+
+    _program(tmp_path, URLLIB_AGENT)
+    (tmp_path / "m.yaml").write_text(
+        f"environment: {{env_type: rollout, agent_command: [python, agent.py]}}\nmodel: {{name_or_path: tiny}}\n"
+        "algorithm: {name: grpo}\ntraining: {batch_size: 2, group_size: 2, max_steps: 2, max_new_tokens: 3, "
+        "evaluation_interval: 0, seed: 0}\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+         "-m", "agilerl", "train", str(tmp_path / "m.yaml"), "--output-dir", str(out), "--no-progress"],
+        check=False, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "agent/calls" in r]
+    # each rank plays 2 x 2 episodes of 2 calls a step, each episode 2 samples; counts summed over ranks
+    assert len(steps) == 2 and all(r["agent/calls"] == 16 and r["agent/samples_per_episode"] == 2 for r in steps)
