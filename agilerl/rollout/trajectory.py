@@ -30,8 +30,10 @@ class Trajectory:
     own ``token_ids``, ``action_mask``, ``turn_ids`` (the episode's turn indices), ``logprobs``,
     ``versions`` and ``media``; this object is the last sample and carries what belongs to the
     whole episode (``rewards`` per episode turn, ``terminated``/``truncated``/``error``/``info``,
-    ``group``, ``seed``). Training computes one advantage per episode and weighs each of its
-    samples by ``1 / len(samples)`` (docs/training.md), so splitting never adds weight.
+    ``group``, ``seed``). Training computes one advantage per episode and gives it to every
+    sample; splitting never adds weight: a token-mean loss counts each generated token once
+    wherever it sits, and a per-sample mean weighs a sample ``1 / len(samples)``
+    (docs/training.md, "Split episodes").
     """
 
     token_ids: list[int] = field(default_factory=list)
