@@ -71,24 +71,13 @@ def placement(spec: EnvironmentSpec) -> str | None:
     return None
 
 
-def placement(spec: EnvironmentSpec) -> str | None:
-    """Where a rollout's env runs, for a header (``env: ...``); None for a fleet, which says
-    where each of its replicas runs as it starts, and for what is no env."""
-    if isinstance(spec, EntrypointSpec):
-        return f"{spec.entrypoint} in process (the trainer's interpreter)" if spec.placement == "in_process" else None
-    if isinstance(spec, EnvUrlSpec):
-        return f"remote at {', '.join(map(redact, spec.env_urls))}"
-    if isinstance(spec, ScoredDatasetSpec):
-        return f"dataset {spec.dataset} in process"
-    return None
-
-
 def rollout_spec(spec: EnvironmentSpec) -> RolloutSource:
     """``spec``, refused when it is SFT/preference data rather than an env to roll out."""
     if isinstance(spec, AgentSpec):
         raise InvalidArgument(
-            "an agent program ('agent_command' or 'agent') has no env factory: its episodes are "
-            "played by agilerl.agents.AgentCollector (agilerl.assembly.agents.agent_collector_from_spec)"
+            "an agent program ('agent_command' or 'agent') is no reset/step env: it plays whole "
+            "episodes against the served policy (agilerl.agents.AgentCollector); try it with "
+            "`agilerl eval MANIFEST -n 1`, train it with `agilerl train MANIFEST`"
         )
     if not isinstance(spec, (EntrypointSpec, EnvUrlSpec, ScoredDatasetSpec)):
         raise InvalidArgument(
