@@ -7,6 +7,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata
+import signal
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -159,6 +163,41 @@ def test_env_prepare_lists_and_removes_prepared_envs(env_index, cache, tmp_path,
     assert "no prepared env '0000'" in capsys.readouterr().err
     assert main(["env", "prepared", "--remove", prepared.hash]) == 0
     assert not prepared.path.exists() and prepared.hash not in {e.hash for e in prepared_envs()}
+
+
+@pytest.mark.slow
+def test_resolve_env_and_agilerl_serve_serve_from_the_venv(env_index, tmp_path):
+    from agilerl.llm_envs import RemoteEnvClient
+    from agilerl.llm_envs.openenv_server import resolve_env
+
+    url, server = resolve_env("agilerl_env_pina:PinEnv", isolation="venv", env_packages=["agilerl-env-pina"])
+    with server:
+        client = RemoteEnvClient(url)
+        assert client.reset(seed=0)[0] == "fsspec 2026.6.0"
+        client.close()
+        process = server.replica.handle
+    assert process.poll() is not None  # stopped with the server
+
+    port_file = tmp_path / "url"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "agilerl", "serve", "agilerl_env_pinb:PinEnv", "--isolation", "venv",
+         "--env-package", "agilerl-env-pinb", "--port", "0", "--port-file", str(port_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not port_file.exists() and serve.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert port_file.exists(), serve.stdout.read() if serve.poll() is not None else "no URL in time"
+        client = RemoteEnvClient(port_file.read_text())
+        assert client.reset(seed=0)[0] == "fsspec 2026.7.0"  # the serve process became the venv's
+        client.close()
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
 
 
 def test_without_isolation_a_conflict_names_isolation_venv_as_the_fix():
