@@ -256,10 +256,13 @@ def _spec(tmp_path: Path, **environment: Any) -> ReplicaSpec:
     return ReplicaSpec({"env_type": "rollout", "entrypoint": "guess", "provider": "ray", **environment}, str(tmp_path), 4)
 
 
-def test_without_the_ray_extra_the_error_names_it(monkeypatch, tmp_path):
+def test_without_the_ray_extra_the_error_names_it(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(MissingExtra, match=r"provider: ray needs the 'ray' extra .*pip install 'agilerl-envlayer\[ray\]'"):
         RayProvider(_spec(tmp_path))
+    manifest = _fleet_manifest(tmp_path, {"entrypoint": "guess"})
+    assert main(["env", "check", str(manifest)]) == 2  # the command: one line, exit 2
+    assert "pip install 'agilerl-envlayer[ray]'" in capsys.readouterr().err
 
 
 def test_a_ray_replica_serves_dies_with_its_actor_and_close_leaves_nothing(ray_cluster, tmp_path):
