@@ -55,13 +55,14 @@ def test_all_records_every_sample_of_every_step_with_its_tokens_and_turns(all_ru
     assert [row["step"] for row in rows] == [1, 2]
 
 
-def test_n_per_step_keeps_whole_groups_first_and_0_writes_nothing(tmp_path):
+def test_n_per_step_keeps_whole_groups_first_and_0_writes_nothing(tmp_path, capsys):
     run = train_run(tmp_path / "three", steps=2, record_rollouts=3)
     records = _records(run)
     assert Counter(r["step"] for r in records) == {1: 3, 2: 3}
     assert [r["group"] for r in records if r["step"] == 1] == [0, 0, 1]  # in slot order: group 0 whole
+    assert f"samples:    {run / ROLLOUTS_FILE} (see them: agilerl view {run})" in capsys.readouterr().out
     none = train_run(tmp_path / "none", steps=1, record_rollouts=0)
-    assert not (none / ROLLOUTS_FILE).exists()
+    assert not (none / ROLLOUTS_FILE).exists() and "samples:" not in capsys.readouterr().out
 
 
 def test_the_default_is_a_few_samples_and_a_bad_value_names_the_field():

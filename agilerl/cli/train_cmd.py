@@ -80,6 +80,8 @@ def _train_holding(args: argparse.Namespace, manifest: Any, output_dir: Path) ->
     shown = {k: round(v, 4) for k, v in result.metrics.items() if k.split("/")[0] in ("train", "eval")}
     print(f"{'stopped' if result.interrupted else 'finished'} at step {result.step}: {shown}")
     print(f"metrics:    {result.output_dir / 'metrics.jsonl'}")
+    if (result.output_dir / "rollouts.jsonl").is_file():
+        print(f"samples:    {result.output_dir / 'rollouts.jsonl'} (see them: agilerl view {result.output_dir})")
     if result.plot is not None:
         print(f"plot:       {result.plot}")
     if result.checkpoint is not None:
