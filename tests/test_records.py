@@ -141,3 +141,33 @@ def test_a_killed_run_resumes_with_no_torn_line_and_no_step_twice(tmp_path):
     assert [r["step"] for r in records] == sorted(r["step"] for r in records)
     assert [row["step"] for row in read_metrics(out / "metrics.jsonl")] == list(range(1, max_steps + 1))
     assert "torn" not in (out / ROLLOUTS_FILE).read_text()
+
+
+def test_async_records_carry_each_tokens_version_and_the_staleness_the_bound_allows(tmp_path):
+    run = train_run(tmp_path, steps=4, record_rollouts="all", rollout_mode="async", max_staleness=1)
+    records = _records(run)
+    assert Counter(r["step"] for r in records) == {1: 4, 2: 4, 3: 4, 4: 4}
+    for r in records:
+        made = [v for v, m in zip(r["versions"], r["mask"]) if m]
+        assert made and all(r["step"] - 2 <= v <= r["step"] - 1 for v in made)  # within max_staleness 1
+        lags = [r["step"] - 1 - v for v in made]
+        assert r["staleness"] == {"mean": pytest.approx(sum(lags) / len(lags)), "max": float(max(lags))}
+        assert [v for v, m in zip(r["versions"], r["mask"]) if not m] == [-1] * (len(r["mask"]) - len(made))
+
+
+def test_an_episode_split_into_samples_gives_a_record_each_sharing_its_episode(tmp_path):
+    from agilerl.train.records import RolloutRecorder
+    from agilerl.train.tiny_model import build_tiny_tokenizer
+    from tests.test_split_samples import TURNS_A, episode
+
+    traj = episode(TURNS_A, (0.0, 0.0, 1.0), split=True, group=1)
+    recorder = RolloutRecorder(tmp_path, build_tiny_tokenizer(), 2)  # two of its three samples
+    recorder.add([traj], version=0)
+    recorder.write(1)
+    records = _records(tmp_path)
+    assert [(r["episode"], r["sample"], r["samples"], r["group"]) for r in records] == [
+        (traj.episode, 0, 3, 1), (traj.episode, 1, 3, 1)
+    ]
+    assert [r["token_ids"] for r in records] == [s.token_ids for s in traj.samples[:2]]
+    assert [t["turn"] for t in records[1]["turns"] if t["role"] == "model"] == [1]  # the episode's turn index
+    assert records[0]["reward"] == records[1]["reward"] == 1.0  # the episode's, on each of its samples
