@@ -23,11 +23,10 @@ import yaml
 
 from agilerl.cli.main import main
 from agilerl.errors import InvalidArgument, ManifestError, MissingExtra, ReplicaStartError
-from agilerl.fleet.autoscale import Autoscaler, autoscaler, sessions_needed
+from agilerl.fleet.autoscale import AutoSizing, autoscaler
 from agilerl.fleet.limits import StartLimiter, start_with_retry
 from agilerl.fleet.provider import ReplicaSpec
 from agilerl.fleet.ray_provider import NAMESPACE, RayProvider
-from agilerl.manifest.settings import TrainingSettings
 from agilerl.manifest.spec import parse_manifest
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.train.metrics import read_metrics
@@ -125,24 +124,15 @@ def test_retries_are_bounded_and_the_error_says_how_many_tries_were_made():
 # -- replicas: auto -----------------------------------------------------------------------------
 
 
-def test_sessions_needed_counts_every_lane_and_the_evaluation():
-    sync = TrainingSettings(batch_size=4, group_size=2, evaluation_interval=0)
-    assert sessions_needed(sync) == 8
-    evaluated = TrainingSettings(batch_size=4, group_size=2, evaluation_interval=5, eval_episodes=3)
-    assert sessions_needed(evaluated) == 11
-    lanes = TrainingSettings(batch_size=4, group_size=2, evaluation_interval=0, rollout_mode="async", max_staleness=2)
-    assert sessions_needed(lanes) == 24
-
-
 def test_auto_starts_with_the_replicas_the_sessions_fill():
-    scaler = Autoscaler(4)
+    scaler = AutoSizing(4)
     assert scaler.floor(10) == 3 and scaler.bound(10) == 6
     assert scaler.target(10, in_use=0, refused_recently=0, idle_since=[], now=0) == 3
-    assert Autoscaler(64).floor(1) == 1 and Autoscaler(64).bound(1) == 2
+    assert AutoSizing(64).floor(1) == 1 and AutoSizing(64).bound(1) == 2
 
 
 def test_auto_grows_when_sessions_are_refused_for_capacity_up_to_its_bound():
-    scaler = Autoscaler(4)  # 2 replicas, at most 4
+    scaler = AutoSizing(4)  # 2 replicas, at most 4
     busy = [None, None]
     assert scaler.target(8, in_use=8, refused_recently=1, idle_since=busy, now=0) == 3
     assert scaler.target(8, in_use=8, refused_recently=5, idle_since=busy, now=1) == 4  # 5 refused: 2 more
@@ -150,12 +140,12 @@ def test_auto_grows_when_sessions_are_refused_for_capacity_up_to_its_bound():
 
 
 def test_auto_shrinks_one_idle_replica_at_a_time_after_the_hysteresis_never_below_what_the_run_needs():
-    scaler = Autoscaler(4, shrink_after_s=60)
+    scaler = AutoSizing(4, shrink_after_s=60)
     assert scaler.target(8, in_use=8, refused_recently=2, idle_since=[None, None], now=0) == 3
     grown = [None, None, 10.0]  # the new one went idle at t=10
     assert scaler.target(8, in_use=8, refused_recently=0, idle_since=grown, now=50) == 3  # idle < 60 s
     assert scaler.target(8, in_use=8, refused_recently=0, idle_since=grown, now=75) == 2
-    scaler = Autoscaler(4, shrink_after_s=60)
+    scaler = AutoSizing(4, shrink_after_s=60)
     scaler.target(8, in_use=0, refused_recently=1, idle_since=[None, None], now=100)
     idle_long = [0.0, 0.0, 0.0]  # idle for ages, but the fleet grew 30 s ago: no flapping
     assert scaler.target(8, in_use=0, refused_recently=0, idle_since=idle_long, now=130) == 3
@@ -165,15 +155,15 @@ def test_auto_shrinks_one_idle_replica_at_a_time_after_the_hysteresis_never_belo
 
 
 def test_auto_does_not_shrink_while_the_sessions_open_would_not_fit():
-    scaler = Autoscaler(4, shrink_after_s=60)
+    scaler = AutoSizing(4, shrink_after_s=60)
     assert scaler.target(4, in_use=5, refused_recently=0, idle_since=[None, 0.0], now=500) == 2
 
 
 def test_auto_bounds_are_checked():
     with pytest.raises(InvalidArgument, match="max_concurrent_envs"):
-        Autoscaler(0, maximum=2)
+        AutoSizing(0, maximum=2)
     with pytest.raises(InvalidArgument, match="minimum <= maximum"):
-        Autoscaler(4, minimum=3, maximum=2)
+        AutoSizing(4, minimum=3, maximum=2)
 
 
 # -- the manifest -------------------------------------------------------------------------------
@@ -451,7 +441,6 @@ def test_a_ray_run_stopped_by_a_signal_leaves_no_actor_or_process(ray_cluster, t
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_auto_grows_a_live_fleet_when_its_clients_outnumber_its_sessions_and_shrinks_it_when_they_go(tmp_path):
-    from agilerl.fleet.autoscale import AutoScaler
     from agilerl.fleet.factory import FleetEnvFactory
     from agilerl.fleet.fleet import Fleet
     from agilerl.fleet.local import LocalProvider
@@ -473,3 +462,18 @@ def test_auto_grows_a_live_fleet_when_its_clients_outnumber_its_sessions_and_shr
         gc.collect()
         wait_until(lambda: len(fleet.urls) == 1, "the idle replica stopped", timeout_s=60)
         assert fleet.metrics()["envs/replicas"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_run_with_replicas_auto_starts_the_replicas_its_slots_fill(tmp_path, capsys):
+    """2 x 2 slots and the evaluation's: 5 sessions over 2 a replica start 3 replicas, so the
+    collector's capacity check passes (one replica would admit 2)."""
+    manifest = _fleet_manifest(
+        tmp_path, {"entrypoint": "guess", "provider": "local", "replicas": "auto", "max_concurrent_envs": 2,
+                   "max_turns": 2}, max_steps=1,
+    )
+    assert main(["train", str(manifest), "--no-progress"]) == 0, capsys.readouterr().err[-3000:]
+    assert "env: 3 local replicas" in capsys.readouterr().err
+    (row,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert row["envs/replicas"] == 3 and row["rollout/lost"] == 0

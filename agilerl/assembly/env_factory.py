@@ -14,8 +14,11 @@ from agilerl.manifest.environment import (
 __all__ = ["first_then", "make_env_factory", "placement", "rollout_spec"]
 
 
-def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = None) -> EnvFactory:
-    """Resolve the spec's source once; each call of the result builds one fresh env (or client)."""
+def make_env_factory(
+    spec: EnvironmentSpec, *, base_dir: str | Path | None = None, sessions: int | None = None
+) -> EnvFactory:
+    """Resolve the spec's source once; each call of the result builds one fresh env (or client).
+    ``sessions``, the envs the caller holds at once when known, sizes a ``replicas: auto`` fleet."""
     spec = rollout_spec(spec)
     if isinstance(spec, EnvUrlSpec):
         from agilerl.remote.client import RemoteEnvClient
@@ -44,7 +47,7 @@ def make_env_factory(spec: EnvironmentSpec, *, base_dir: str | Path | None = Non
     if spec.placement != "in_process":  # served by replicas (a venv of its own, Ray): a fleet
         from agilerl.fleet.factory import fleet_env_factory
 
-        return fleet_env_factory(spec, base_dir=base_dir)
+        return fleet_env_factory(spec, base_dir=base_dir, sessions=sessions)
     return entrypoint_factory(
         spec.entrypoint,
         spec.env_config,

@@ -75,7 +75,7 @@ def collector_from_spec(
     """A ``collector`` over envs of the spec's source, with its turn budget (else the env's own),
     reward scale and timeout; ``first_env``, one of the spec's envs already built, is its first."""
     rollout = rollout_spec(spec)
-    factory = make_env_factory(rollout, base_dir=base_dir)
+    factory = make_env_factory(rollout, base_dir=base_dir, sessions=batch_size * group_size + 1)  # + evaluation's
     if first_env is not None:
         factory = first_then(first_env, factory)
     kwargs.setdefault("max_turns", rollout.max_turns)

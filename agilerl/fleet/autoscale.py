@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agilerl.errors import InvalidArgument, ReplicaStartError
 from agilerl.fleet.provider import ReplicaSpec
@@ -22,7 +22,7 @@ from agilerl.fleet.provider import ReplicaSpec
 if TYPE_CHECKING:
     from agilerl.fleet.fleet import Fleet
 
-__all__ = ["AutoScaler", "Autoscaler", "autoscaler", "sessions_needed"]
+__all__ = ["AutoScaler", "AutoSizing", "autoscaler"]
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +32,7 @@ MAX_REPLICAS = 1024
 """The most replicas ``auto`` runs, whatever the sessions (the bound a manifest's ``replicas`` has)."""
 
 
-def sessions_needed(training: Any) -> int:
-    """The sessions a run holds at once (``training:`` settings): ``batch_size x group_size``
-    rollouts per lane (async: ``max_staleness + 1`` lanes), plus the evaluation's episodes when it
-    evaluates."""
-    lanes = training.max_staleness + 1 if training.rollout_mode == "async" else 1
-    evaluation = training.eval_episodes if training.evaluation_interval else 0
-    return training.batch_size * training.group_size * lanes + evaluation
-
-
-class Autoscaler:
+class AutoSizing:
     """The size of a ``replicas: auto`` fleet, between ``minimum`` and ``maximum`` replicas of
     ``per_replica`` sessions each (``max_concurrent_envs``)."""
 
@@ -106,14 +97,14 @@ class Autoscaler:
 
 class AutoScaler:
     """The ``Fleet``'s scaler for ``replicas: auto``: on each health tick, reads the fleet's load
-    and asks ``Autoscaler.target`` how many replicas to run, then starts or stops them.
+    and asks ``AutoSizing.target`` how many replicas to run, then starts or stops them.
 
-    The sessions needed are the larger of ``sessions`` (the run's count, when known) and the
-    clients alive on the fleet (each may hold a session at any moment: the collector's slots,
-    the evaluation's)."""
+    The sessions needed are the larger of ``sessions`` (what the caller holds, when it says: a
+    collector's slots and its evaluation slot) and the clients alive on the fleet (each may hold
+    a session at any moment, whoever made it: async lanes, an evaluation's own collector)."""
 
     def __init__(
-        self, sizing: Autoscaler, sessions: int | None = None, *, clock: Callable[[], float] = time.monotonic
+        self, sizing: AutoSizing, sessions: int | None = None, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.sizing = sizing
         self.sessions = sessions or 0
@@ -166,5 +157,5 @@ class AutoScaler:
 def autoscaler(spec: ReplicaSpec, sessions: int | None = None) -> tuple[int, AutoScaler]:
     """``replicas: auto`` for ``spec``: the replicas to start with (what ``sessions`` fill, at
     least one), and the scaler that keeps the size right from then on."""
-    sizing = Autoscaler(spec.max_concurrent_envs)
+    sizing = AutoSizing(spec.max_concurrent_envs)
     return sizing.floor(sessions or 0), AutoScaler(sizing, sessions)
