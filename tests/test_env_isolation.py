@@ -200,6 +200,17 @@ def test_resolve_env_and_agilerl_serve_serve_from_the_venv(env_index, tmp_path):
             serve.wait()
 
 
+def test_a_venv_resolves_within_pips_constraint_files(tmp_path, monkeypatch):
+    from agilerl.registry.install import pip_constraint_options
+
+    caps = tmp_path / "caps.txt"
+    caps.write_text("fsspec<=2026.6.0\n")
+    monkeypatch.setenv("PIP_CONSTRAINT", str(caps))
+    assert pip_constraint_options() == ["--constraint", str(caps)]  # pip's own setting, passed to uv
+    monkeypatch.setenv("UV_CONSTRAINT", str(caps))
+    assert pip_constraint_options() == []  # uv's own setting wins, and uv reads it itself
+
+
 def test_without_isolation_a_conflict_names_isolation_venv_as_the_fix():
     from agilerl.registry.install import install_packages
 

@@ -271,11 +271,12 @@ def _build(venv: Path, requested: list[str], lock_text: str, *, offline: bool) -
 
 
 def _uv(arguments: list[str], requested: list[str], *, offline: bool, cwd: str) -> None:
-    """Run uv with pip's index settings (uv reads none of pip's configuration); its output shown
-    when it fails, in an ``EnvPackagesError`` that says what to check."""
-    from agilerl.registry.install import pip_index_options, uv_binary
+    """Run uv with pip's index settings and constraint files (uv reads none of pip's
+    configuration); its output shown when it fails, in an ``EnvPackagesError`` that says what
+    to check."""
+    from agilerl.registry.install import pip_constraint_options, pip_index_options, uv_binary
 
-    index = [] if arguments[0] == "venv" else pip_index_options()
+    index = [] if arguments[0] == "venv" else [*pip_index_options(), *pip_constraint_options()]
     command = [uv_binary(), *arguments[:2], *index, *(["--offline"] if offline else []), *arguments[2:]]
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False, timeout=1800)
     if result.returncode == 0:

@@ -20,7 +20,7 @@ import importlib_metadata
 from agilerl.errors import EnvPackagesError
 from agilerl.manifest.requirements import check_requirement
 
-__all__ = ["install_packages", "installed_constraints", "uv_binary", "pip_index_options"]
+__all__ = ["install_packages", "installed_constraints", "uv_binary", "pip_index_options", "pip_constraint_options"]
 
 # pip option -> (uv flag, uv env vars that already set it). uv ignores pip's configuration, so
 # the indexes and wheel folders pip is configured with are passed on, unless UV_* overrides them.
@@ -132,6 +132,19 @@ def pip_index_options() -> list[str]:
     no_index = config.get("no-index", [])
     if no_index and no_index[-1].lower() in _TRUE and "UV_NO_INDEX" not in os.environ:
         options.append("--no-index")
+    return options
+
+
+def pip_constraint_options() -> list[str]:
+    """uv flags for the constraint files pip is configured with (``constraint`` in pip's config,
+    ``PIP_CONSTRAINT``): a fresh venv resolves within the same caps pip would (a torch release
+    that lies on disk, say), unless ``UV_CONSTRAINT`` sets uv's own."""
+    if os.environ.get("UV_CONSTRAINT"):
+        return []
+    options: list[str] = []
+    for value in _pip_config().get("constraint", []):
+        if Path(value).is_file() or "://" in value:
+            options += ["--constraint", value]
     return options
 
 
