@@ -171,3 +171,9 @@ def test_an_episode_split_into_samples_gives_a_record_each_sharing_its_episode(t
     assert [r["token_ids"] for r in records] == [s.token_ids for s in traj.samples[:2]]
     assert [t["turn"] for t in records[1]["turns"] if t["role"] == "model"] == [1]  # the episode's turn index
     assert records[0]["reward"] == records[1]["reward"] == 1.0  # the episode's, on each of its samples
+
+
+def test_a_step_of_several_batches_numbers_its_groups_on(tmp_path):
+    """Gradient accumulation: each batch's groups are new groups of the step, never merged."""
+    records = _records(train_run(tmp_path, steps=1, record_rollouts="all", gradient_accumulation_steps=2))
+    assert [(r["group"], r["index"]) for r in records] == [(g, i) for i, g in enumerate((0, 0, 1, 1, 2, 2, 3, 3))]

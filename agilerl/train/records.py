@@ -46,23 +46,31 @@ class RolloutRecorder:
         self.keep = keep
         self.log = MetricsLog(self.output_dir, start_step=start_step, file=ROLLOUTS_FILE)
         self._pending: list[dict[str, Any]] = []
+        self._groups = self._slots = 0  # the step's groups and slots in the batches added so far
 
     def add(self, trajectories: Sequence[Trajectory], *, version: int) -> None:
-        """Record the samples of ``trajectories`` (slot order, so groups stay whole), up to the step's
-        share; ``version`` is the policy version the update trains (staleness is measured from it)."""
+        """Record the samples of one batch's ``trajectories`` (slot order, so groups stay whole), up
+        to the step's share; ``version`` is the policy version the update trains (staleness is
+        measured from it). A step of several batches (gradient accumulation) numbers its groups
+        and slots on from the last batch's, so a record's ``group`` is the one it was compared in."""
         room = None if self.keep == "all" else int(self.keep) - len(self._pending)
         for index, traj in enumerate(trajectories):
             if room is not None and room <= 0:
-                return
-            records = sample_records(traj, self.tokenizer, self.output_dir, version=version, index=index)
+                break
+            records = sample_records(traj, self.tokenizer, self.output_dir, version=version, index=self._slots + index)
             if room is not None:
                 records = records[:room]
                 room -= len(records)
+            for record in records:
+                record["group"] += self._groups
             self._pending += records
+        self._groups += max((t.group for t in trajectories), default=-1) + 1
+        self._slots += len(trajectories)
 
     def write(self, step: int) -> None:
         """The step's records, on disk before this returns (before the step's metrics row)."""
         pending, self._pending = self._pending, []
+        self._groups = self._slots = 0
         if pending:
             self.log.append([{"step": step, **record} for record in pending])
 
