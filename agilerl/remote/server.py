@@ -2,8 +2,8 @@
 
 ``/ws`` holds one fresh env per WebSocket session, and the HTTP routes (``/health``,
 ``/metadata``, ``/schema``, and ``/reset``, ``/step``, ``/state``, ``/mcp`` as OpenEnv's server
-defines them: each call on a fresh env, closed after it) answer beside it. The parts live in
-their own modules: frame dispatch (``dispatch``, ``openenv_host``), envs built and closed
+defines them: each call on a fresh env, closed after it: ``fresh_env_routes``) answer beside it.
+The parts live in their own modules: frame dispatch (``dispatch``, ``openenv_host``), envs built and closed
 exactly once on their session's own thread (``lifecycle``), deadlines and how a session ends
 (``watchdog``), connection limits in front of aiohttp (``guard``).
 
@@ -28,7 +28,6 @@ from collections.abc import Awaitable, Callable
 from itertools import count
 from typing import Any, TypeVar
 
-import pydantic_core
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from agilerl.concurrency import EnvCaller, WorkerThreads
@@ -36,18 +35,8 @@ from agilerl.errors import InvalidArgument
 from agilerl.images import DEFAULT_MAX_IMAGE_PIXELS, ImageLimits
 from agilerl.protocol import describe_env
 from agilerl.remote.dispatch import Session, session_for
-from agilerl.remote.frames import (
-    INFO_QUERY,
-    ErrorCode,
-    RpcCode,
-    decode,
-    encode,
-    encode_reply,
-    error_frame,
-    rpc_error,
-    schema,
-    unsendable,
-)
+from agilerl.remote.frames import INFO_QUERY, ErrorCode, encode, encode_reply, error_frame, schema
+from agilerl.remote.fresh_env_routes import FreshEnvRoutes
 from agilerl.remote.guard import ConnectionGuard, credential_matches, is_loopback, quiet_bad_requests, url_host
 from agilerl.remote.lifecycle import EnvLifecycle, concurrency_limit, served_class
 from agilerl.remote.limits import (
@@ -70,7 +59,6 @@ __all__ = ["EnvServer"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_HTTP_STATUS = {ErrorCode.VALIDATION_ERROR.value: 422, ErrorCode.INVALID_JSON.value: 400}
 PONG_WITHIN_S = 0.25
 """A session busy in an env call answers its client's pings within this (a client's heartbeat,
 ``RemoteEnvClient(heartbeat_s=...)``, drops a session whose pong is late), however long the call."""
@@ -168,10 +156,7 @@ class EnvServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metadata", self._metadata)
         app.router.add_get("/schema", self._schema)
-        app.router.add_post("/reset", self._http_reset)
-        app.router.add_post("/step", self._http_step)
-        app.router.add_get("/state", self._http_state)
-        app.router.add_post("/mcp", self._http_mcp)
+        FreshEnvRoutes(self._with_fresh_env).add_to(app.router)
         return app
 
     async def start(self) -> str:
@@ -296,51 +281,6 @@ class EnvServer:
                 "protocol": "openenv-websocket",
             }
         )
-
-    async def _http_reset(self, request: web.Request) -> web.Response:
-        """``POST /reset``: a fresh env's first observation (OpenEnv's stateless route)."""
-        body = await _json_body(request, default={})
-        if not isinstance(body, dict):
-            return _http_error(error_frame(ErrorCode.VALIDATION_ERROR, "the body is a JSON object of reset keywords"))
-        return await self._one_call({"type": "reset", "data": body})
-
-    async def _http_step(self, request: web.Request) -> web.Response:
-        """``POST /step`` with ``{"action": {...}}``: one step of a fresh env."""
-        body = await _json_body(request, default=None)
-        if not isinstance(body, dict) or not isinstance(body.get("action"), dict):
-            errors = [{"type": "missing", "loc": ["body", "action"], "msg": "Field required"}]
-            return _http_error(error_frame(ErrorCode.VALIDATION_ERROR, "Invalid message", errors=errors))
-        return await self._one_call({"type": "step", "data": body["action"]})
-
-    async def _http_state(self, request: web.Request) -> web.Response:
-        """``GET /state``: a fresh env's state."""
-        return await self._one_call({"type": "state"})
-
-    async def _http_mcp(self, request: web.Request) -> web.Response:
-        """``POST /mcp``: one JSON-RPC request (``tools/list``, ``tools/call``) on a fresh env."""
-        try:
-            payload = decode(await request.read())
-        except ValueError:
-            return web.json_response(rpc_error(RpcCode.PARSE_ERROR, "Parse error"))
-        try:
-            answer = await self._with_fresh_env(lambda session: session.mcp(payload))
-        except Exception as exc:
-            answer = rpc_error(RpcCode.SERVER_ERROR, f"the env factory failed: {type(exc).__name__}: {exc}")
-        return web.Response(body=encode(answer), content_type="application/json")
-
-    async def _one_call(self, frame: dict[str, Any]) -> web.Response:
-        raw = encode(frame)
-        try:
-            reply = await self._with_fresh_env(lambda session: session.reply(raw))
-        except Exception as exc:
-            reply = error_frame(ErrorCode.FACTORY_ERROR, f"the env factory failed: {type(exc).__name__}: {exc}")
-        if reply is None or reply["type"] == "error":
-            return _http_error(reply)
-        try:
-            body = encode(reply["data"])
-        except pydantic_core.PydanticSerializationError as exc:
-            return _http_error(unsendable(exc))
-        return web.Response(body=body, content_type="application/json")
 
     async def _with_fresh_env(self, use: Callable[[Session], Awaitable[T]]) -> T:
         """``use`` a session on a fresh env (its own thread), closed right after."""
@@ -565,25 +505,3 @@ async def _pong_meanwhile(link: Link) -> WSMessage:
         elif msg.type is not WSMsgType.PONG:
             return msg
         link.last_seen = time.monotonic()
-
-
-async def _json_body(request: web.Request, default: Any) -> Any:
-    raw = await request.read()
-    if not raw.strip():
-        return default
-    try:
-        return decode(raw)
-    except ValueError:
-        return _INVALID
-
-
-_INVALID = object()
-
-
-def _http_error(frame: dict[str, Any] | None) -> web.Response:
-    """An error frame as OpenEnv's HTTP routes answer: 422 with ``detail`` for bad input, 500."""
-    data = (frame or {}).get("data") or {"message": "the request closed the session", "code": None}
-    status = _HTTP_STATUS.get(data.get("code"), 500)
-    detail = data.get("errors") or data.get("message")
-    return web.Response(body=encode({"detail": detail, "code": data.get("code")}), status=status,
-                        content_type="application/json")
