@@ -145,8 +145,7 @@ class RayProvider:
             if self._closed:
                 return
             self._closed = True
-        for name in list(self._actors):
-            self._kill(name)
+        self._kill(*self._actors)
         if self._owns_connection:
             self._ray.shutdown()
             self._connected = self._owns_connection = self._owns_cluster = False
@@ -171,18 +170,20 @@ class RayProvider:
             self._connected = self._owns_connection = True
             self._owns_cluster = self.address is None
 
-    def _kill(self, name: str) -> None:
-        """Stop one actor's server and the actor (idempotent: a dead one is left as it is)."""
+    def _kill(self, *names: str) -> None:
+        """Stop these actors' servers, all at once within one grace, then kill the actors
+        (idempotent: one already gone is passed over)."""
         ray = self._ray
-        actor = self._actors.pop(name, None)
-        if actor is None:
-            return
-        if name in self._placed:  # else nothing runs there yet, and a call would wait for placement
-            self._placed.discard(name)
+        actors = [(name, actor) for name in names if (actor := self._actors.pop(name, None)) is not None]
+        # a pending actor (not placed yet) runs nothing, and a call to it would wait for placement
+        stops = [actor.stop.remote() for name, actor in actors if name in self._placed]
+        self._placed.difference_update(names)
+        if stops:
             with contextlib.suppress(ray.exceptions.RayError):
-                ray.get(actor.stop.remote(), timeout=_STOP_GRACE_S + _CALL_TIMEOUT_S)
-        with contextlib.suppress(ValueError, ray.exceptions.RayError):
-            ray.kill(actor, no_restart=True)
+                ray.wait(stops, num_returns=len(stops), timeout=_STOP_GRACE_S + _CALL_TIMEOUT_S)
+        for _, actor in actors:
+            with contextlib.suppress(ValueError, ray.exceptions.RayError):
+                ray.kill(actor, no_restart=True)
 
     def _where(self) -> str:
         return self.address or "the local Ray cluster started for this run"
