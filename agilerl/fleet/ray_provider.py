@@ -30,10 +30,9 @@ from typing import Any, ClassVar
 from agilerl.errors import MissingExtra, ReplicaStartError
 from agilerl.fleet.health import wait_healthy
 from agilerl.fleet.provider import Replica, ReplicaSpec
+from agilerl.remote.limits import TOKEN_ENV_VAR
 
 __all__ = ["RayProvider"]
-
-log = logging.getLogger(__name__)
 
 NAMESPACE = "agilerl"
 """The Ray namespace of every replica actor (``ray list actors`` shows them as ``agilerl-env-...``)."""
@@ -92,7 +91,7 @@ class RayProvider:
             name = f"agilerl-env-{self._run}-{index}-{next(self._made)}"
             actor = _actor_class(ray).options(
                 name=name, namespace=NAMESPACE, num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0
-            ).remote(dataclasses.asdict(spec), index, ray.util.get_node_ip_address(), os.environ.get("AGILERL_ENV_TOKEN"))
+            ).remote(dataclasses.asdict(spec), index, ray.util.get_node_ip_address(), os.environ.get(TOKEN_ENV_VAR))
             self._actors[name] = actor
         try:
             reply = ray.get(actor.serve.remote(timeout_s), timeout=timeout_s + _CALL_TIMEOUT_S)
@@ -248,7 +247,7 @@ class ReplicaServer:
                 "--host", host]  # the last --host wins: the node's address, where the trainer reaches it
         env = serve_environ(runtime)
         if self.token:
-            env["AGILERL_ENV_TOKEN"] = self.token
+            env[TOKEN_ENV_VAR] = self.token
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
