@@ -1,7 +1,8 @@
 """agilerl view's pages in a real browser (headless Chromium, Debian's, installed by .ci/run): after
 the page's script ran, the DOM of the main job's run, a vision run, a tool run and an eval file
 shows charts, transcripts, rewards, pictures and tool call statuses; with every host unresolvable
-and the proxy dead the page still renders, and nothing in it points at the network.
+and the proxy dead the page still renders, and nothing in it points at the network. Served, the
+page shows the rows a run appends while it is open.
 
 Without Chromium these tests skip, saying so, unless CI is set: there they fail."""
 
@@ -93,3 +94,41 @@ def test_a_screenshot_of_the_page(chromium, pages, tmp_path):
     shot = tmp_path / "page.png"
     _browse(chromium, pages["train"], f"--screenshot={shot}", "--window-size=1200,900", "--hide-scrollbars")
     assert shot.stat().st_size > 20_000  # a drawn page, not a blank one (docs/viewer.png is one such)
+
+
+def test_the_served_page_shows_rows_the_run_appends_while_it_is_open(chromium, pages, tmp_path):
+    """--serve: rows the run appends after the page's first poll are on the page after the next."""
+    import json
+
+    from agilerl.view.serve import ViewServer
+    from agilerl.view.sources import open_source
+    from tests.viewer_runs import copy_run
+
+    run = copy_run(pages["train"].parent / "run", tmp_path / "live")
+    server = ViewServer([open_source(run)], title="live", port=0).start()
+    polls: list[list] = []
+    poll = server.poll
+
+    def poll_then_append(since):  # the run writes step 4 right after the page's first poll
+        reply = poll(since)
+        polls.append(since)
+        if len(polls) == 1:
+            record = json.loads((run / "rollouts.jsonl").read_text().splitlines()[0])
+            with (run / "rollouts.jsonl").open("a") as f:
+                f.write(json.dumps({**record, "step": 4, "reward": 0.875}) + "\n")
+            with (run / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"step": 4, "train/reward": 0.875}) + "\n")
+        return reply
+
+    server.poll = poll_then_append  # type: ignore[method-assign]
+    try:  # 10 s of the page's time: a poll every 2 s
+        done = subprocess.run(
+            [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000", "--dump-dom", server.url],
+            capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        server.stop()
+    assert len(polls) >= 2 and polls[0] == [[3, 12]], polls  # the page held 3 rows and 12 records
+    assert "step 4: 1 samples, mean reward 0.875" in done.stdout  # it moved on to the new step
+    assert "train/reward at step 4: 0.875" in done.stdout  # and the chart drew the new row
+    assert offline_links(done.stdout) == []
