@@ -477,3 +477,34 @@ def test_a_run_with_replicas_auto_starts_the_replicas_its_slots_fill(tmp_path, c
     assert "env: 3 local replicas" in capsys.readouterr().err
     (row,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert row["envs/replicas"] == 3 and row["rollout/lost"] == 0
+
+
+KEEPS_HANDLER = """
+import signal, sys
+from agilerl.fleet.provider import ReplicaSpec
+from agilerl.fleet.ray_provider import RayProvider
+
+def handler(signum, frame):
+    pass
+
+signal.signal(signal.SIGTERM, handler)
+provider = RayProvider(ReplicaSpec({"entrypoint": "guess"}, ".", 1))
+provider._connect()  # starts a local cluster: ray.init sets SIGTERM to sys.exit
+kept = signal.getsignal(signal.SIGTERM) is handler
+provider.close()
+sys.exit(0 if kept else 1)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_starting_a_local_cluster_keeps_the_trainers_sigterm_handler():
+    own = Path(tempfile.mkdtemp(prefix="agr", dir="/tmp"))
+    env = {**os.environ, "TMPDIR": str(own), "RAY_TMPDIR": str(own)}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        result = subprocess.run([sys.executable, "-c", KEEPS_HANDLER], env=env, capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+        wait_until(lambda: _processes_naming(str(own)) == [], "the local cluster gone after close", timeout_s=30)
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
