@@ -172,3 +172,9 @@ def test_serve_picks_up_rows_a_running_training_appends(runs, tmp_path):
         assert poll["reset"] is True and [row["step"] for row in poll["metrics"]] == [1]
     finally:
         server.stop()
+
+
+def test_a_port_out_of_range_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["view", "x", "--serve", "--port", "70000"])
+    assert exited.value.code == 2 and "is not a port" in capsys.readouterr().err

@@ -23,7 +23,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("sources", nargs="+", metavar="SOURCE", help="Run folder or eval results .jsonl.")
     parser.add_argument("--out", "-o", help="The HTML file (default: RUN/view.html, or view.html here for several).")
     parser.add_argument("--serve", action="store_true", help="Serve the page on 127.0.0.1 instead, refreshing as rows arrive.")
-    parser.add_argument("--port", type=int, default=8765, help="--serve's port (default: 8765; 0: a free one).")
+    parser.add_argument("--port", type=_port, default=8765, help="--serve's port (default: 8765; 0: a free one).")
     parser.add_argument(
         "--max-mb", type=positive_int, default=24,
         help="Records embedded at most, in MB (default: 24); past it each step is sampled, extremes first.",
@@ -59,6 +59,17 @@ def _view(args: argparse.Namespace) -> int:
     shown = sum(len(s.entries) for s in sources)
     print(f"page:    {out} ({out.stat().st_size / 2**20:.1f} MB, {shown} records read)", file=sys.stdout)
     return 0
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: the system picks a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give 0 to 65535 (0: a free one)")
+    return port
 
 
 def _default_out(sources: list[Any]) -> Path:

@@ -245,9 +245,9 @@
     const ids = rec.token_ids || [], mask = rec.mask || [];
     const n = Math.min(ids.length, 20000);
     for (let i = 0; i < n; i++) {
-      const span = el("span", { class: mask[i] ? "m" : "e", text: String(ids[i]) });
-      if (mask[i] && rec.versions) span.title = `#${i} version ${rec.versions[i]}, staleness ${rec.step - 1 - rec.versions[i]}`;
-      else span.title = `#${i}`;
+      const lag = mask[i] && rec.versions ? rec.step - 1 - rec.versions[i] : 0;
+      const span = el("span", { class: (mask[i] ? "m" : "e") + (lag > 0 ? " stale" : ""), text: String(ids[i]) });
+      span.title = mask[i] && rec.versions ? `#${i} version ${rec.versions[i]}, staleness ${lag}` : `#${i}`;
       box.append(span, " ");
     }
     if (ids.length > n) box.append(el("span", { class: "muted", text: `… ${ids.length - n} more` }));
