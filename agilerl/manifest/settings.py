@@ -201,6 +201,13 @@ class TrainingSettings(_Strict):
     seed: int = Field(
         0, ge=0, le=MAX_SEED, description="Seeds the model init (tiny), tasks and sampling; 0 to 2**32 - 1."
     )
+    deterministic: bool | None = Field(
+        None,
+        description="torch's deterministic algorithms (docs/training.md, Reproducibility). Null: on "
+        "when training on a CPU, so a seeded run repeats its metrics exactly; off on GPUs, where they "
+        "cost speed. True: on for every device (CUBLAS_WORKSPACE_CONFIG set if unset); an op with no "
+        "deterministic implementation then fails naming itself. False: off.",
+    )
     output_dir: str = Field(
         "runs/latest",
         description="Metrics, plot and checkpoints, relative to the working directory "

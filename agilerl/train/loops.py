@@ -25,6 +25,7 @@ from agilerl.tools.metrics import TOOL_STATS_KEY, tool_call_metrics
 from agilerl.agents.metrics import agent_metrics
 from agilerl.train.algorithm import Algorithm, build_algorithm
 from agilerl.train.checkpoint import checkpoint_dir, save_checkpoint
+from agilerl.train.determinism import deterministic_algorithms
 from agilerl.train.compatibility import EnvSource, check_compatible
 from agilerl.train.run_dir import mark_run
 from agilerl.manifest.settings import TrainingSettings
@@ -152,8 +153,6 @@ def train_llm_rollout(
     if "tasks" in mine:  # adaptive draws follow outcomes: the stream is restored, then passed over
         collector.assigner.load_state_dict(mine["tasks"])
     pipeline.resume(trainer.step, mine)  # a resumed run plays on
-
-    from agilerl.fleet.fleet import fleet_metrics
 
     from agilerl.fleet.fleet import fleet_metrics
 
@@ -317,7 +316,8 @@ class _Trainer:
         if self.world.is_main:  # the run's first line: which engine trains
             print(f"engine: {self.engine}", file=sys.stderr, flush=True)
         config = run_config(settings, self.algorithm, self.engine)
-        with self.tracking.running(self.accelerator, config), bar.running(), self._graceful_interrupt():
+        with self.tracking.running(self.accelerator, config), bar.running(), self._graceful_interrupt(), \
+                deterministic_algorithms(settings.deterministic, self.accelerator.device):
             try:
                 if start == 0 and settings.evaluation_interval:
                     last = evaluate()  # the untrained baseline: where the curve starts
