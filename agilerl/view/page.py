@@ -58,13 +58,12 @@ def _first_looked_at(entries: list[Entry], count: int) -> list[Entry]:
         first += [min(scored, key=lambda e: e.reward), max(scored, key=lambda e: e.reward)]  # type: ignore[arg-type, return-value]
     for flag in ("failed_tool", "truncated", "error"):
         first += [e for e in entries if flag in e.flags][:1]
-    order: list[Entry] = []
+    order: dict[int, Entry] = {}  # by offset: each record once
     for entry in [*first, *entries]:
-        if entry not in order:
-            order.append(entry)
+        order.setdefault(entry.offset, entry)
         if len(order) == count:
             break
-    return order
+    return list(order.values())
 
 
 def step_summary(entries: Sequence[Entry]) -> list[list[Any]]:
