@@ -222,9 +222,11 @@ class _HeldPolicy:
 
     def __init__(self, tokenizer) -> None:
         self.inner = ScriptedPolicy(tokenizer, "ok")
+        self.entered = threading.Event()
         self.release = threading.Event()
 
     def generate(self, prompts, params) -> list[Generation]:
+        self.entered.set()
         assert self.release.wait(60)
         return self.inner.generate(prompts, params)
 
@@ -506,3 +508,33 @@ def test_agent_programs_train_under_ddp_on_two_ranks(tmp_path):
     steps = [r for r in steps if "agent/calls" in r]
     # each rank plays 2 x 2 episodes of 2 calls a step, each episode 2 samples; counts summed over ranks
     assert len(steps) == 2 and all(r["agent/calls"] == 16 and r["agent/samples_per_episode"] == 2 for r in steps)
+
+
+def test_calls_of_live_episodes_made_while_one_generates_share_the_next_batch(chatml_tokenizer):
+    endpoint = AgentEndpoint(chatml_tokenizer)
+    held = _HeldPolicy(chatml_tokenizer)
+    try:
+        episodes = [endpoint.open_episode(f"e{i}", held, SamplingParams()) for i in range(5)]
+        url = endpoint.base_url + "/chat/completions"
+        results: list = []
+
+        def call(episode) -> None:
+            results.append(_post(url, {"messages": [{"role": "user", "content": episode.id}]}, episode.key))
+
+        threads = [threading.Thread(target=call, args=(episodes[0],))]
+        threads[0].start()
+        assert held.entered.wait(30)  # the first call is in generate, held
+        deadline = time.monotonic() + 30
+        threads += [threading.Thread(target=call, args=(e,)) for e in episodes[1:]]
+        for thread in threads[1:]:
+            thread.start()
+        while sum(e.in_flight for e in episodes) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held.release.set()
+        for thread in threads:
+            thread.join(60)
+        assert [status for status, _ in results] == [200] * 5
+        assert held.inner.calls == 2  # the held call, then the four that queued behind it as one batch
+    finally:
+        held.release.set()
+        endpoint.close()

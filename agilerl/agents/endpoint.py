@@ -4,9 +4,11 @@
 (SSE). Each episode gets its own API key; a call is routed to its episode by that key, so any
 other key (or one whose episode has ended) gets 401. Every call generates with the run's policy
 and sampling settings; a request's ``max_tokens`` is honoured up to ``max_new_tokens`` and the
-other sampling fields the run overrides are named once in a warning. Calls of all live episodes
-reach the policy through one ``VersionedPolicy``, which batches those made at once. The
-episode's bookkeeping (``agilerl.agents.episodes``) records the exact tokens of every call.
+other sampling fields the run overrides are named once in a warning. Calls of all live
+episodes wait in one queue in front of ``policy.generate``: one thread generates every call
+waiting in one batch while the next ones queue (``_Batcher``); a ``VersionedPolicy`` stamps
+each token with its weights' version. The episode's bookkeeping (``agilerl.agents.episodes``)
+records the exact tokens of every call.
 
 What the endpoint refuses: a body over ``max_request_bytes`` (413), more than
 ``max_concurrent_calls`` calls of one episode at once (429), ``n`` other than 1 and image parts
@@ -18,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import secrets
 import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -84,7 +87,6 @@ class _Route:
     episode: Episode
     policy: Policy
     params: SamplingParams
-    stamp_versions: bool
 
 
 class _Refused(Exception):
@@ -112,6 +114,7 @@ class AgentEndpoint:
         chat_template_kwargs: dict[str, Any] | None = None,
         max_request_bytes: int = 8 * 1024 * 1024,
         max_concurrent_calls: int = 8,
+        batch_wait_s: float = 0.005,
         renderer: ChatRenderer | None = None,
     ) -> None:
         if max_request_bytes < 1024 or max_concurrent_calls < 1:
@@ -130,8 +133,7 @@ class AgentEndpoint:
         self._routes: dict[str, _Route] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
-        # each waiting call holds a thread, so calls made at once reach the batching policy together
-        self._executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="agilerl-agent-call")
+        self._batcher = _Batcher(self._idle_episodes, batch_wait_s)
         self._thread = LoopThread("agilerl-agent-endpoint")
         self._runner, port = self._thread.run(self._start())
         self.base_url = f"http://127.0.0.1:{port}/v1"
@@ -139,15 +141,18 @@ class AgentEndpoint:
     # -- episodes ---------------------------------------------------------------------------------
 
     def open_episode(
-        self, episode_id: str, policy: Policy, params: SamplingParams, *, max_calls: int | None = None,
-        stamp_versions: bool = True,
+        self, episode_id: str, policy: Policy, params: SamplingParams, *, max_calls: int | None = None
     ) -> Episode:
         """A new episode with its own key; its calls generate with ``policy`` and ``params``."""
         key = "agilerl-" + secrets.token_urlsafe(24)
         episode = Episode(episode_id, key, self.renderer, max_calls=max_calls)
         with self._lock:
-            self._routes[key] = _Route(episode, policy, params, stamp_versions)
+            self._routes[key] = _Route(episode, policy, params)
         return episode
+
+    def _idle_episodes(self) -> int:
+        """Live episodes with no call waiting or generating (their programs are between calls)."""
+        return sum(1 for route in tuple(self._routes.values()) if route.episode.in_flight == 0)
 
     def close_episode(self, episode: Episode) -> None:
         """Revoke the episode's key: its program's later calls get 401."""
@@ -162,7 +167,7 @@ class AgentEndpoint:
                 self._thread.run(runner.cleanup())
             finally:
                 self._thread.stop()
-                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._batcher.close()
 
     # -- the server -------------------------------------------------------------------------------
 
@@ -230,8 +235,7 @@ class AgentEndpoint:
         try:
             t0 = time.perf_counter()
             limit = min(body.token_limit or route.params.max_new_tokens, route.params.max_new_tokens)
-            loop = asyncio.get_running_loop()
-            generation = await loop.run_in_executor(self._executor, _generate, route, plan.prompt_ids, limit)
+            generation = await asyncio.wrap_future(self._batcher.submit(route, plan.prompt_ids, limit))
             reply, payload = reply_of(route, body, plan, context, generation)
             episode.record(plan, generation, reply, time.perf_counter() - t0)
         except Exception as exc:  # the run's generator failed: the program sees a 500, the episode goes on
@@ -332,10 +336,77 @@ class AgentEndpoint:
         ]
 
 
-def _generate(route: _Route, prompt: list[int], limit: int) -> Generation:
-    """One completion with the run's sampling, cut to the request's ``max_tokens``: calls with
-    other limits still share the policy's batch (which generates with the run's params)."""
-    (generation,) = route.policy.generate([prompt], route.params)
+class _Batcher:
+    """The batching queue in front of ``policy.generate``: one thread takes every call waiting
+    and generates them in one batch per policy and sampling settings, while the next calls queue
+    up (as the collector batches the turns of its live episodes).
+
+    Programs answer a finished batch at slightly different moments, so a batch started on the
+    first call back would leave the rest waiting a whole generate call for the next one. A batch
+    therefore waits for every live episode to have a call waiting, or ``wait_s`` after its first
+    call, whichever comes first (one live episode: no wait)."""
+
+    def __init__(self, idle_episodes: Callable[[], int], wait_s: float) -> None:
+        self._idle_episodes = idle_episodes
+        self._wait_s = wait_s
+        self._queue: queue.SimpleQueue[tuple[_Route, list[int], int, Future[Generation]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="agilerl-agent-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, route: _Route, prompt: list[int], limit: int) -> Future[Generation]:
+        future: Future[Generation] = Future()
+        self._queue.put((route, prompt, limit, future))
+        return future
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _work(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            calls = [first]
+            deadline = time.monotonic() + self._wait_s
+            while True:  # everything waiting joins this batch; live episodes about to call are waited for
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._idle_episodes() == 0:
+                        break
+                    try:
+                        item = self._queue.get(timeout=min(left, 0.001))
+                    except queue.Empty:
+                        continue
+                if item is None:
+                    self._queue.put(None)  # stop after this batch
+                    break
+                calls.append(item)
+            batches: dict[tuple[int, SamplingParams], list[tuple[_Route, list[int], int, Future[Generation]]]] = {}
+            for call in calls:
+                batches.setdefault((id(call[0].policy), call[0].params), []).append(call)
+            for batch in batches.values():
+                self._generate(batch)
+
+    @staticmethod
+    def _generate(batch: list[tuple[_Route, list[int], int, Future[Generation]]]) -> None:
+        route = batch[0][0]
+        try:
+            generations = route.policy.generate([prompt for _, prompt, _, _ in batch], route.params)
+            if len(generations) != len(batch):
+                raise ValueError(f"{type(route.policy).__name__}.generate returned {len(generations)} completions for {len(batch)} prompts")
+        except BaseException as exc:  # noqa: BLE001 - every call of the batch gets the error
+            for *_, future in batch:
+                future.set_exception(exc)
+            return
+        for (call_route, _, limit, future), generation in zip(batch, generations):
+            future.set_result(_cut(call_route, generation, limit))
+
+
+def _cut(route: _Route, generation: Generation, limit: int) -> Generation:
+    """A completion generated with the run's sampling, cut to the request's ``max_tokens``: calls
+    with other limits still share one batch (which generates with the run's params)."""
     if len(generation.token_ids) > limit:
         generation = replace(
             generation,
@@ -343,8 +414,6 @@ def _generate(route: _Route, prompt: list[int], limit: int) -> Generation:
             logprobs=None if generation.logprobs is None else generation.logprobs[:limit],
             finish_reason="length",
         )
-    if not route.stamp_versions:
-        generation = replace(generation, version=None)
     return generation
 
 

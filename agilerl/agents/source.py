@@ -35,7 +35,6 @@ from agilerl.agents.programs import AgentOutcome, AgentRunner
 from agilerl.concurrency import WorkerThreads
 from agilerl.errors import InvalidArgument
 from agilerl.generation.policy import Policy, SamplingParams
-from agilerl.generation.versioned import VersionedPolicy
 from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.rollout.results import CollectionError, EvalResult, RolloutBatch, Run
 from agilerl.rollout.trajectory import Trajectory
@@ -207,9 +206,6 @@ class AgentCollector:
         if self._closed:
             raise CollectionError("the collector is closed")
         run = Run(tasks, self.group_size)
-        # calls made at once by the episodes share one generate call; a plain policy gets the batching
-        stamp = isinstance(policy, VersionedPolicy)
-        batched: Policy = policy if stamp else VersionedPolicy(policy)
         cancel = threading.Event()
         results: dict[int, tuple[Episode, AgentOutcome]] = {}
         done = threading.Condition()
@@ -217,8 +213,7 @@ class AgentCollector:
         def play(slot: int) -> None:
             task = tasks[slot]
             episode = self.endpoint.open_episode(
-                f"{self._run_id}-{next(self._episode_ids)}", batched, params, max_calls=self.max_turns,
-                stamp_versions=stamp,
+                f"{self._run_id}-{next(self._episode_ids)}", policy, params, max_calls=self.max_turns
             )
             try:
                 outcome = self.agent.run(
