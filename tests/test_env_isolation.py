@@ -23,6 +23,7 @@ from agilerl.fleet.factory import replica_spec
 from agilerl.fleet.isolation import agilerl_requirement, prepare_env, prepared_envs
 from agilerl.manifest.spec import load_manifest, parse_env_spec
 from agilerl.registry.install import installed_constraints
+from tests.signals import as_from_a_terminal
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -182,7 +183,7 @@ def test_resolve_env_and_agilerl_serve_serve_from_the_venv(env_index, tmp_path):
     serve = subprocess.Popen(
         [sys.executable, "-m", "agilerl", "serve", "agilerl_env_pinb:PinEnv", "--isolation", "venv",
          "--env-package", "agilerl-env-pinb", "--port", "0", "--port-file", str(port_file)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=as_from_a_terminal,
     )
     try:
         deadline = time.monotonic() + 300
