@@ -19,6 +19,7 @@ from typing import Any, TextIO
 __all__ = ["json_only_stdout", "print_json"]
 
 _json_out: TextIO | None = None  # the real stdout while a --json command runs
+_running = False  # inside json_only_stdout (where a None _json_out means stdout was closed)
 
 
 @contextmanager
@@ -29,7 +30,7 @@ def json_only_stdout() -> Iterator[None]:
     still running (an env's, a plugin's left past its deadline): fd 1 then stays on stderr for
     the rest of the process, as that thread may still write to it, and ``sys.stdout`` writes to
     the real stdout."""
-    global _json_out
+    global _json_out, _running
     stdout = sys.stdout
     _flush(stdout)
     try:
@@ -42,6 +43,7 @@ def json_only_stdout() -> Iterator[None]:
     # where stdout is not fd 1 (a caller's own stream, pytest's capsys), the JSON goes to that stream
     _json_out = os.fdopen(real_fd, "w", encoding=getattr(stdout, "encoding", None), closefd=False) if on_fd_1 else stdout
     sys.stdout = sys.stderr
+    _running = True
     before = set(threading.enumerate())
     try:
         yield
@@ -56,12 +58,14 @@ def json_only_stdout() -> Iterator[None]:
                 os.dup2(real_fd, 1)
                 os.close(real_fd)
             sys.stdout = stdout
-        _json_out = None
+        _json_out, _running = None, False
 
 
 def print_json(value: Any) -> None:
     """Write ``value`` as indented JSON to the real stdout (``sys.stdout`` outside a ``--json`` run)."""
-    out = _json_out if _json_out is not None else sys.stdout
+    out = _json_out if _running else sys.stdout
+    if out is None:  # stdout closed by the caller (``>&-``): nowhere to write, as print finds it
+        return
     out.write(json.dumps(value, indent=2) + "\n")
     out.flush()
 
