@@ -89,3 +89,10 @@ def test_eval_prints_only_its_json_whatever_the_env_writes(site, tmp_path):
     summary = _json_of(site, tmp_path, "eval", "chatty-env", "--model", "tiny", "-n", "2", "--max-new-tokens", "2",
                        "--output", str(tmp_path / "out.jsonl"))
     assert summary["episodes"] == 2 and summary["reward_mean"] == 1.0
+
+
+def test_with_stdout_closed_the_json_goes_nowhere_not_to_stderr(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "agilerl", "envs", "list", "--json"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, preexec_fn=lambda: os.close(1))
+    assert done.returncode == 0, done.stderr
+    assert '"name"' not in done.stderr
