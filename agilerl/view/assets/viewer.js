@@ -45,7 +45,7 @@
   const FIRST = [
     ["reward", (k) => k === "train/reward" || k === "eval/reward"],
     ["reward components", (k) => k.startsWith("reward/")],
-    ["loss", (k) => k === "train/loss"],
+    ["loss", (k) => k === "train/loss" || k === "eval/loss"],
     ["staleness", (k) => k.startsWith("rollout/staleness")],
     ["queue depth", (k) => k === "rollout/queue_depth"],
     ["judge", (k) => k.startsWith("judge/")],
