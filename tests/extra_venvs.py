@@ -30,14 +30,14 @@ checkout, so two at once can read each other's half-written files: each one hold
 the source lock (``.ci/run`` takes it for its own ``pip install -e``, with the second form above;
 tests/conftest.py for the one fixture that installs the checkout into ``.venv-openenv``).
 
-Standard library only: ``.ci/run`` runs it before anything is installed.
+Standard library only (but for a venv that sees the suite, built after the suite's installs):
+``.ci/run`` runs it before anything is installed.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
-import site
 import subprocess
 import sys
 import tempfile
@@ -109,7 +109,9 @@ class ExtraVenv:
             [str(self.python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
             check=True, capture_output=True, text=True,
         ).stdout.strip()
-        line = "; ".join(["import site", *(f"site.addsitedir({folder!r})" for folder in suite_site_packages())])
+        from agilerl.registry.testing import site_dirs  # installed by now: such a venv is built after the suite's installs
+
+        line = "; ".join(["import site", *(f"site.addsitedir({folder!r})" for folder in site_dirs())])
         pth = Path(purelib) / "agilerl-suite-site-packages.pth"
         if not pth.is_file() or pth.read_text() != line + "\n":
             pth.write_text(line + "\n")
@@ -131,13 +133,6 @@ class ExtraVenv:
                 subprocess.run(command, check=True)
         self._probe(check=True)
         print(f"created {self.path} in {time.monotonic() - start:.0f} s", file=sys.__stderr__, flush=True)
-
-
-def suite_site_packages() -> list[str]:
-    """The site-packages folders the running interpreter reads, in its order: a venv's own (and its
-    base's, if it sees them), or the system's; the user's where it is on the path."""
-    folders = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
-    return [folder for folder in folders if folder in sys.path]
 
 
 def _openenv_steps(python: str) -> list[list[str]]:

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from agilerl.registry.testing import overlay_venv
 from tests import extra_venvs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,20 +63,16 @@ def test_a_venv_seeing_the_suite_imports_this_checkout_from_the_suites_interpret
 
 
 def test_a_suite_run_from_a_virtualenv_gives_its_extra_venv_that_virtualenvs_packages(tmp_path: Path):
-    """A new user's set-up: the suite runs in a virtualenv whose base interpreter lacks its packages.
-    The extra venv sees the virtualenv's (a module, and a folder its ``.pth`` adds, as an editable
-    install's does), not the base's (``venv --system-site-packages`` gave the base's)."""
-    suite = tmp_path / "suite-venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(suite)], check=True)
-    purelib = subprocess.run(
-        [str(suite / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()
-    (Path(purelib) / "only_in_the_suite_venv.py").write_text("")
+    """A new user's set-up: the suite runs in a virtualenv (here one over this interpreter's
+    packages, with two of its own) whose base interpreter lacks its packages. The extra venv sees
+    the virtualenv's: a module, and a folder its ``.pth`` adds, as an editable install's does
+    (``venv --system-site-packages`` gave the base's)."""
+    suite_python, purelib = overlay_venv(tmp_path / "suite-venv")
+    (purelib / "only_in_the_suite_venv.py").write_text("")
     editable = tmp_path / "editable-source"
     editable.mkdir()
     (editable / "only_through_a_pth.py").write_text("")
-    (Path(purelib) / "editable.pth").write_text(f"{editable}\n")
+    (purelib / "editable.pth").write_text(f"{editable}\n")
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
@@ -86,5 +83,5 @@ def test_a_suite_run_from_a_virtualenv_gives_its_extra_venv_that_virtualenvs_pac
                          sees_suite=True, root=Path({str(tmp_path)!r}), with_pip=False)
         print(venv.ensure())
     """)
-    built = subprocess.run([str(suite / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=120)
+    built = subprocess.run([str(suite_python), "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-2000:]
