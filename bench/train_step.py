@@ -81,7 +81,7 @@ def ours(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[tuple[flo
     from agilerl.builtins.algorithms.grpo import GRPO
     from agilerl.generation.policy import SamplingParams, TransformersPolicy
     from agilerl.train.batch import collate_trajectories
-    from agilerl.train.loops import build_optimizer
+    from agilerl.train.trainer import build_optimizer
 
     policy = TransformersPolicy(model, tokenizer)
     policy.eos_id = None  # fixed lengths: nothing stops early (TRL side: min_new_tokens)

@@ -90,7 +90,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, dict[str, floa
     from agilerl.generation.policy import SamplingParams
     from agilerl.generation.weights import hf_weights
     from agilerl.train.batch import collate_trajectories
-    from agilerl.train.loops import build_optimizer
+    from agilerl.train.trainer import build_optimizer
 
     model, tokenizer = load(name)
     prompts = [_prompt_ids(tokenizer, p) for p in PROMPTS[: args.batch] for _ in range(args.group)]

@@ -25,7 +25,7 @@ from agilerl.errors import TrajectoryShapeError
 from agilerl.rollout.trajectory import Trajectory
 from agilerl.train.algorithm import build_algorithm
 from agilerl.train.batch import collate_trajectories
-from agilerl.train.loops import split_rows
+from agilerl.train.trainer import split_rows
 
 # An episode: a prompt, then turns of (completion ids, observation ids); rewards per turn.
 TURNS_A = [([10, 11], [20]), ([12], [21, 22]), ([13, 14, 15], [23])]
