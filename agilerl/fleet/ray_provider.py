@@ -32,7 +32,7 @@ from agilerl.fleet.health import wait_healthy
 from agilerl.fleet.provider import Replica, ReplicaSpec
 from agilerl.remote.limits import TOKEN_ENV_VAR
 
-__all__ = ["RayProvider"]
+__all__ = ["RayProvider", "ReplicaServer"]
 
 NAMESPACE = "agilerl"
 """The Ray namespace of every replica actor (``ray list actors`` shows them as ``agilerl-env-...``)."""

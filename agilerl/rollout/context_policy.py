@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from agilerl.errors import EnvProtocolError
 
-__all__ = ["ContextPolicy", "CONTEXT_POLICIES", "Conversation", "room_for", "rewrite", "default_restart_prompt"]
+__all__ = ["ContextPolicy", "CONTEXT_POLICIES", "Conversation", "room_for", "target_for", "rewrite", "default_restart_prompt"]
 
 ContextPolicy = Literal["error", "truncate", "restart"]
 CONTEXT_POLICIES: tuple[str, ...] = ("error", "truncate", "restart")
