@@ -489,7 +489,7 @@ def test_agent_programs_train_under_ddp_on_two_ranks(tmp_path):
 
     _program(tmp_path, URLLIB_AGENT)
     (tmp_path / "m.yaml").write_text(
-        f"environment: {{env_type: rollout, agent_command: [python, agent.py]}}\nmodel: {{name_or_path: tiny}}\n"
+        "environment: {env_type: rollout, agent_command: [python, agent.py]}\nmodel: {name_or_path: tiny}\n"
         "algorithm: {name: grpo}\ntraining: {batch_size: 2, group_size: 2, max_steps: 2, max_new_tokens: 3, "
         "evaluation_interval: 0, seed: 0}\n"
     )
@@ -538,3 +538,61 @@ def test_calls_of_live_episodes_made_while_one_generates_share_the_next_batch(ch
     finally:
         held.release.set()
         endpoint.close()
+
+
+def _png_url(color: tuple[int, int, int]) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), color).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_vision_policy_sees_image_url_parts_and_each_sample_keeps_its_images(chatml_tokenizer):
+    import openai
+
+    from agilerl.train.tiny_model import tiny_vlm_and_tokenizer
+
+    def shown(text: str, color: tuple[int, int, int]) -> dict:
+        return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": _png_url(color)}},
+                                             {"type": "text", "text": text}]}
+
+    model, tokenizer = tiny_vlm_and_tokenizer()
+    endpoint = AgentEndpoint(tokenizer)
+    try:
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+        episode = endpoint.open_episode("e1", TransformersPolicy(model, tokenizer), greedy)
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key=episode.key)
+        messages = [shown("What color?", (255, 0, 0))]
+        first = client.chat.completions.create(model="m", messages=messages)
+        messages += [first.choices[0].message.model_dump(exclude_none=True), shown("And this one?", (0, 0, 255))]
+        client.chat.completions.create(model="m", messages=messages)
+        (sample,) = episode.trajectories()  # the second picture extended the conversation
+        assert sample.media is not None and len(sample.media.images) == 2
+        placeholders = set(sample.media.placeholder_ids)
+        shown_ids = sum(t in placeholders for t, generated in zip(sample.token_ids, sample.action_mask) if not generated)
+        assert shown_ids == sum(sample.media.placeholder_counts) > 0  # each picture expanded by the processor
+        # a placeholder the model samples ends its sample there (trained, as the harness does)
+        def reply_of(prompt) -> str:
+            return "fine" if "go on" in tokenizer.decode(list(prompt)) else "a<|image_pad|>b"
+
+        sampled = endpoint.open_episode("e3", ScriptedPolicy(tokenizer, reply_of), SamplingParams())
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key=sampled.key)
+        reply = client.chat.completions.create(model="m", messages=messages[:1])
+        assert reply.choices[0].finish_reason == "length"
+        client.chat.completions.create(model="m", messages=[*messages[:1], reply.choices[0].message.model_dump(exclude_none=True),
+                                                             {"role": "user", "content": "go on"}])
+        cut, fresh = sampled.trajectories()
+        assert cut.media.ended and cut.token_ids[-1] in placeholders and not fresh.media.ended
+    finally:
+        endpoint.close()
+    text_model = AgentEndpoint(chatml_tokenizer)
+    try:
+        episode = text_model.open_episode("e2", ScriptedPolicy(chatml_tokenizer, "x"), SamplingParams())
+        status, body = _post(text_model.base_url + "/chat/completions", {"messages": messages[:1]}, episode.key)
+        assert status == 400 and "image_url parts need a vision policy" in body["error"]["message"]
+    finally:
+        text_model.close()

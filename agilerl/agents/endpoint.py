@@ -12,7 +12,8 @@ records the exact tokens of every call.
 
 What the endpoint refuses: a body over ``max_request_bytes`` (413), more than
 ``max_concurrent_calls`` calls of one episode at once (429), ``n`` other than 1 and image parts
-(400), and calls past the episode's call budget (400).
+for a text model (400), and calls past the episode's call budget (400). A vision policy (a
+processor) sees ``image_url`` parts (``data:`` URLs) through its processor.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
@@ -122,8 +123,12 @@ class AgentEndpoint:
                 f"max_request_bytes must be >= 1024 and max_concurrent_calls >= 1, got {max_request_bytes} "
                 f"and {max_concurrent_calls}"
             )
+        from agilerl.rollout.vision import VisionTurns
         from agilerl.tools import resolve_tool_parser
 
+        self.vision = VisionTurns.of(tokenizer)
+        """A vision policy's image turns (a processor given, or carried by the tokenizer); None: text."""
+        tokenizer = tokenizer if self.vision is None else self.vision.tokenizer
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.renderer = renderer or ChatRenderer(tokenizer, chat_template_kwargs=chat_template_kwargs)
@@ -145,7 +150,7 @@ class AgentEndpoint:
     ) -> Episode:
         """A new episode with its own key; its calls generate with ``policy`` and ``params``."""
         key = "agilerl-" + secrets.token_urlsafe(24)
-        episode = Episode(episode_id, key, self.renderer, max_calls=max_calls)
+        episode = Episode(episode_id, key, self.renderer, max_calls=max_calls, vision=self.vision)
         with self._lock:
             self._routes[key] = _Route(episode, policy, params)
         return episode
@@ -235,7 +240,8 @@ class AgentEndpoint:
         try:
             t0 = time.perf_counter()
             limit = min(body.token_limit or route.params.max_new_tokens, route.params.max_new_tokens)
-            generation = await asyncio.wrap_future(self._batcher.submit(route, plan.prompt_ids, limit))
+            generation = await asyncio.wrap_future(self._batcher.submit(route, plan.prompt, limit))
+            generation = episode.cut_at_placeholder(plan, generation)
             reply, payload = reply_of(route, body, plan, context, generation)
             episode.record(plan, generation, reply, time.perf_counter() - t0)
         except Exception as exc:  # the run's generator failed: the program sees a 500, the episode goes on
@@ -336,6 +342,10 @@ class AgentEndpoint:
         ]
 
 
+_Call = tuple[_Route, Sequence[int], int, "Future[Generation]"]
+"""A call waiting for the batcher: its route, prompt, token limit and where its completion goes."""
+
+
 class _Batcher:
     """The batching queue in front of ``policy.generate``: one thread takes every call waiting
     and generates them in one batch per policy and sampling settings, while the next calls queue
@@ -349,11 +359,11 @@ class _Batcher:
     def __init__(self, idle_episodes: Callable[[], int], wait_s: float) -> None:
         self._idle_episodes = idle_episodes
         self._wait_s = wait_s
-        self._queue: queue.SimpleQueue[tuple[_Route, list[int], int, Future[Generation]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name="agilerl-agent-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, route: _Route, prompt: list[int], limit: int) -> Future[Generation]:
+    def submit(self, route: _Route, prompt: Sequence[int], limit: int) -> Future[Generation]:
         future: Future[Generation] = Future()
         self._queue.put((route, prompt, limit, future))
         return future
@@ -383,14 +393,14 @@ class _Batcher:
                     self._queue.put(None)  # stop after this batch
                     break
                 calls.append(item)
-            batches: dict[tuple[int, SamplingParams], list[tuple[_Route, list[int], int, Future[Generation]]]] = {}
+            batches: dict[tuple[int, SamplingParams], list[_Call]] = {}
             for call in calls:
                 batches.setdefault((id(call[0].policy), call[0].params), []).append(call)
             for batch in batches.values():
                 self._generate(batch)
 
     @staticmethod
-    def _generate(batch: list[tuple[_Route, list[int], int, Future[Generation]]]) -> None:
+    def _generate(batch: list[_Call]) -> None:
         route = batch[0][0]
         try:
             generations = route.policy.generate([prompt for _, prompt, _, _ in batch], route.params)

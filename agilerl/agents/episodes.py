@@ -18,13 +18,17 @@ import json
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agilerl.chat import ChatRenderer
 from agilerl.errors import ChatTemplateError, InvalidArgument
+from agilerl.images import EnvImage
+from agilerl.generation.media import VisionMedia
 from agilerl.generation.policy import Generation
+from agilerl.rollout.harness import TokenView
 from agilerl.rollout.trajectory import Trajectory
+from agilerl.rollout.vision import VisionTurns
 
 __all__ = ["CallPlan", "Episode", "normalize_messages"]
 
@@ -36,25 +40,28 @@ _BASES = (
 templates: some refuse a system message)."""
 
 
-def _text(content: Any) -> str:
-    """A message's content as text: a string, or the text of its ``text`` parts."""
+def _content(content: Any) -> str | list[dict[str, Any]]:
+    """A message's content as text, or (when it shows images) its parts in order: text parts and
+    ``{"type": "image_url", "url": ...}``."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "text":
-                texts.append(str(part.get("text", "")))
-            else:
-                raise InvalidArgument(
-                    f"a message content part of type {kind!r}: this endpoint takes text parts only "
-                    "(images in image_url parts are not served yet)"
-                )
-        return "".join(texts)
-    raise InvalidArgument(f"a message's content must be a string or a list of parts, got {type(content).__name__}")
+    if not isinstance(content, list):
+        raise InvalidArgument(f"a message's content must be a string or a list of parts, got {type(content).__name__}")
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
+        elif kind == "image_url":
+            url = part.get("image_url")
+            parts.append({"type": "image_url", "url": str(url.get("url", "") if isinstance(url, dict) else url)})
+        else:
+            raise InvalidArgument(f"a message content part of type {kind!r}: this endpoint takes text and image_url parts")
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def _arguments(value: Any) -> Any:
@@ -75,7 +82,7 @@ def normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidArgument(f"messages[{i}] must be an object with a string 'role'")
-        item: dict[str, Any] = {"role": message["role"], "content": _text(message.get("content"))}
+        item: dict[str, Any] = {"role": message["role"], "content": _content(message.get("content"))}
         calls = message.get("tool_calls")
         if calls:
             item["tool_calls"] = [
@@ -105,6 +112,8 @@ class _Sample:
     history: list[Any]
     """The messages (chat) of its last call plus the reply, or its text so far (completions)."""
     tools: str = ""
+    ended: bool = False
+    """The model sampled an image placeholder: the sample takes no further call."""
     last_turn: int = -1
     """The episode turn (call index) of its last completion: its next prompt tokens belong to it."""
 
@@ -120,6 +129,13 @@ class CallPlan:
     """The extended sample's length when the call was planned."""
     history: list[Any] = field(default_factory=list)
     tools: str = ""
+    media: VisionMedia | None = None
+    """The sample's images with this call's (a vision policy), handed to the policy with the prompt."""
+
+    @property
+    def prompt(self) -> Sequence[int]:
+        """The prompt as the policy takes it: the ids, with the images they show."""
+        return self.prompt_ids if self.media is None else TokenView(self.prompt_ids, len(self.prompt_ids), self.media)
 
 
 class Episode:
@@ -129,10 +145,15 @@ class Episode:
     end) consistent.
     """
 
-    def __init__(self, episode_id: str, key: str, renderer: ChatRenderer, *, max_calls: int | None = None) -> None:
+    def __init__(
+        self, episode_id: str, key: str, renderer: ChatRenderer, *, max_calls: int | None = None,
+        vision: VisionTurns | None = None,
+    ) -> None:
         self.id = episode_id
         self.key = key
         self.renderer = renderer
+        self.vision = vision
+        """A vision policy's image turns (its processor); None: image parts are refused."""
         self.max_calls = max_calls
         self.calls = 0
         self.call_s = 0.0
@@ -157,15 +178,58 @@ class Episode:
                 history = sample.history
                 if (
                     isinstance(history, list) and sample.tools == key and len(history) < len(messages)
-                    and messages[: len(history)] == history and (best is None or len(history) > len(best.history))
+                    and not sample.ended and messages[: len(history)] == history
+                    and (best is None or len(history) > len(best.history))
                 ):
                     best = sample
+            if self.vision is None and _images(messages):
+                raise InvalidArgument("image_url parts need a vision policy (a model with a processor)")
             if best is None:
-                return CallPlan(renderer.prompt_ids(messages), None, history=messages, tools=key)
+                if self.vision is None:
+                    return CallPlan(renderer.prompt_ids(messages), None, history=messages, tools=key)
+                media = VisionMedia()
+                text = renderer.render_text(self._shown(messages), add_generation_prompt=True)
+                ids = self.vision.tokens(text, _images(messages), media, f"episode {self.id}")
+                return CallPlan(ids, None, history=messages, tools=key, media=media)
             traj = best.trajectory
             new = messages[len(best.history) :]
-            tail = continuation_ids(renderer, best.history[-1], new, traj.token_ids, calls_end)
-            return CallPlan(traj.token_ids + tail, best, len(traj.token_ids), messages, key)
+            if self.vision is None:
+                tail = continuation_ids(renderer, best.history[-1], new, traj.token_ids, calls_end)
+                return CallPlan(traj.token_ids + tail, best, len(traj.token_ids), messages, key)
+            media = _extended(traj.media)
+            text = continuation_text(renderer, best.history[-1], self._shown(new), calls_end)
+            tail = _without_overlap(
+                renderer, traj.token_ids, self.vision.tokens(text, _images(new), media, f"episode {self.id}")
+            )
+            return CallPlan(traj.token_ids + tail, best, len(traj.token_ids), messages, key, media)
+
+    def _shown(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Messages as the template shows them to a vision policy: each image a template image
+        part, placeholders written in text escaped."""
+        assert self.vision is not None
+        out = []
+        for message in messages:
+            content = message["content"]
+            if isinstance(content, str):
+                content = self.vision.escaped(content)
+            else:
+                content = [
+                    {"type": "image"} if part["type"] == "image_url" else {"type": "text", "text": self.vision.escaped(part["text"])}
+                    for part in content
+                ]
+            out.append({**message, "content": content})
+        return out
+
+    def cut_at_placeholder(self, plan: CallPlan, generation: Generation) -> Generation:
+        """A vision policy's completion that sampled an image placeholder, cut after it (trained,
+        read as padding); its sample then takes no further call, as the harness ends such an episode."""
+        at = None if self.vision is None else self.vision.sampled_placeholder(generation.token_ids)
+        if at is None:
+            return generation
+        if plan.media is not None:
+            plan.media.ended = True
+        logprobs = None if generation.logprobs is None else list(generation.logprobs)[: at + 1]
+        return replace(generation, token_ids=list(generation.token_ids)[: at + 1], logprobs=logprobs, finish_reason="length")
 
     def plan_text(self, prompt: str) -> CallPlan:
         """The prompt of a completions call: the sample whose text it extends plus the new text's
@@ -208,6 +272,9 @@ class Episode:
                 sample = _Sample(traj, [], plan.tools)
                 self._samples.append(sample)
                 prompt_turn = -1
+            if plan.media is not None:
+                traj.media = plan.media
+                sample.ended = plan.media.ended
             _extend(traj, new_prompt, ids, generation, turn, prompt_turn)
             sample.last_turn = turn
             if isinstance(plan.history, list):
@@ -272,6 +339,15 @@ def continuation_ids(
     if not reply.get("tool_calls") and len(new) == 1 and new[0].keys() == {"role", "content"}:
         tail = list(renderer.turn_tail_ids(new[0]["role"], new[0]["content"], final=False))
         return _without_overlap(renderer, completion_ids, tail)
+    return _without_overlap(renderer, completion_ids, renderer.encode(continuation_text(renderer, reply, new, calls_end)))
+
+
+def continuation_text(
+    renderer: ChatRenderer, reply: dict[str, Any], new: list[dict[str, Any]], calls_end: str | None = None
+) -> str:
+    """The text the template puts after ``reply``'s content for the ``new`` messages, then the
+    generation prompt: a render of a short conversation (an opening, the reply, the new
+    messages), from where the reply's answer ends."""
     refusals: list[Exception] = []
     for base in _BASES:
         try:
@@ -293,7 +369,7 @@ def continuation_ids(
                 f"the chat template's render of an answer holds no {renderer.assistant_close!r}: where "
                 "the answer ends, and the new messages start, cannot be found"
             )
-        return _without_overlap(renderer, completion_ids, renderer.encode(after[end:]))
+        return after[end:]
     raise ChatTemplateError(f"the chat template cannot render these messages after an answer: {refusals[0]}")
 
 
@@ -302,3 +378,23 @@ def _without_overlap(renderer: ChatRenderer, completion_ids: Sequence[int], tail
     if completion_ids and tail and tail[0] == completion_ids[-1] == renderer.end_of_turn_id:
         return tail[1:]
     return tail
+
+
+def _images(messages: list[dict[str, Any]]) -> list[EnvImage]:
+    """The images ``messages`` show, in order (``data:`` URLs: the endpoint fetches nothing)."""
+    return [
+        EnvImage.from_data_url(part["url"])
+        for message in messages if isinstance(message["content"], list)
+        for part in message["content"] if part["type"] == "image_url"
+    ]
+
+
+def _extended(media: VisionMedia | None) -> VisionMedia:
+    """A copy of a sample's media that a call may add images to (the sample keeps its own until
+    the call is recorded)."""
+    if media is None:
+        return VisionMedia()
+    return replace(
+        media, images=list(media.images), chunks=list(media.chunks),
+        placeholder_counts=list(media.placeholder_counts), image_turns=list(media.image_turns),
+    )
