@@ -134,7 +134,7 @@ GENERATION_BACKENDS: list[tuple[str, str, str]] = [
 
 TOOL_PARSERS: list[tuple[str, str, str]] = [
     ("hermes", "agilerl.tools.families:HermesParser", "<tool_call>{json}</tool_call>: Qwen2.5, Qwen3, Hermes."),
-    ("qwen3_coder", "agilerl.tools.families:Qwen3CoderParser", "<function=NAME><parameter=P>: Qwen3-Coder's XML."),
+    ("qwen3_coder", "agilerl.tools.qwen3_coder:Qwen3CoderParser", "<function=NAME><parameter=P>: Qwen3-Coder's XML."),
     ("llama3_json", "agilerl.tools.families:Llama3JsonParser", '{"name": ..., "parameters": ...}: Llama 3.1-3.3.'),
     ("mistral", "agilerl.tools.families:MistralParser", "[TOOL_CALLS]: Mistral, Mixtral, Magistral."),
     ("granite", "agilerl.tools.families:GraniteParser", "<|tool_call|>[json]: IBM Granite 3."),

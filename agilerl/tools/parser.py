@@ -20,7 +20,10 @@ from typing import Any, ClassVar
 from agilerl.tools.calls import CallStatus, ParsedCompletion, ToolCall, ToolSet
 from agilerl.tools.jsonvalue import MAX_DEPTH, depth_problem
 
-__all__ = ["Segment", "ToolParser", "BodyCall", "marker_ids"]
+__all__ = ["Segment", "ToolParser", "BodyCall", "marker_ids", "THINK_TAGS"]
+
+THINK_TAGS = ("<think>", "</think>")
+"""The reasoning markers of the families that think in ``<think>`` blocks (Qwen3, DeepSeek R1)."""
 
 
 @dataclass(frozen=True)
