@@ -30,7 +30,7 @@ from agilerl.rollout.harness import TokenView
 from agilerl.rollout.trajectory import Trajectory
 from agilerl.rollout.vision import VisionTurns
 
-__all__ = ["CallPlan", "Episode", "normalize_messages"]
+__all__ = ["CallPlan", "Episode", "continuation_ids", "continuation_text", "normalize_messages"]
 
 _BASES = (
     [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
