@@ -19,6 +19,7 @@ import pluggy
 from packaging.utils import canonicalize_name
 
 from agilerl.registry import hookspecs
+from agilerl.stdout_guard import StdoutToStderr
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -169,7 +170,7 @@ def call_plugin_codes(functions: Sequence[Callable[[], Any]], *, deadlines: Sequ
     :func:`plugin_timeout` seconds from the start (``deadlines[i]`` False: no limit), so N slow
     plugins cost one timeout, not N; a thread still running then is left behind, and dies with
     the process. What they write to stdout, ``print`` or ``os.write(1, ...)``, goes to stderr
-    (:class:`_PluginOutput`), so ``--json`` output stays clean; anything they raise,
+    (``agilerl.stdout_guard.StdoutToStderr``), so ``--json`` output stays clean; anything they raise,
     ``SystemExit`` included, comes back as ``error``. Only ``KeyboardInterrupt`` propagates.
     """
     timeout = plugin_timeout() if any(deadlines) else None
@@ -186,7 +187,7 @@ def call_plugin_codes(functions: Sequence[Callable[[], Any]], *, deadlines: Sequ
         threading.Thread(target=target, args=(function, outcome), name="agilerl-plugin", daemon=True)
         for function, outcome in zip(functions, outcomes)
     ]
-    with _PluginOutput() as output:
+    with StdoutToStderr() as output:
         for worker in workers:
             worker.start()
         start = time.monotonic()
@@ -204,108 +205,6 @@ def call_plugin_codes(functions: Sequence[Callable[[], Any]], *, deadlines: Sequ
         else:
             results.append(outcome)
     return results
-
-
-class _PluginOutput:
-    """While plugin code runs, its stdout is stderr: ``sys.stdout`` for ``print``, and file
-    descriptor 1 itself (``dup2``) for ``os.write(1, ...)`` and C extensions.
-
-    Nested and concurrent uses share one redirection (a count under a lock); the last one out
-    puts fd 1 back. Where a plugin's thread is left running past its deadline, fd 1 stays on
-    stderr for the rest of the process (that thread may still write to it), and ``sys.stdout``
-    writes the command's own output to a copy of the real stdout, the left threads' to stderr.
-    """
-
-    _lock = threading.Lock()
-    _depth = 0
-    _saved_fd: int | None = None
-    _saved_stdout: Any = None
-    _left: set[threading.Thread] = set()
-
-    def __enter__(self) -> _PluginOutput:
-        cls = type(self)
-        with cls._lock:
-            if cls._depth == 0:
-                cls._saved_stdout = sys.stdout
-                _flush(sys.stdout)
-                try:
-                    saved = os.dup(1)
-                except OSError:  # no fd 1 at all (closed by the caller): nothing to guard there
-                    cls._saved_fd = None
-                else:
-                    try:
-                        os.dup2(2, 1)
-                    except OSError:
-                        os.close(saved)
-                        saved = None
-                    cls._saved_fd = saved
-                sys.stdout = sys.stderr
-            cls._depth += 1
-        return self
-
-    def left_running(self, threads: list[threading.Thread]) -> None:
-        """Threads that outlive their deadline: their output keeps going to stderr."""
-        with type(self)._lock:
-            type(self)._left.update(threads)
-
-    def __exit__(self, *exc: object) -> None:
-        cls = type(self)
-        with cls._lock:
-            cls._depth -= 1
-            if cls._depth:
-                return
-            _flush(sys.stderr)
-            stdout, saved = cls._saved_stdout, cls._saved_fd
-            cls._left = {thread for thread in cls._left if thread.is_alive()}
-            if not cls._left:
-                if saved is not None:
-                    os.dup2(saved, 1)
-                    os.close(saved)
-                sys.stdout = stdout
-                return
-            if saved is not None and _fileno(stdout) == 1:  # fd 1 stays on stderr: write ours past it
-                stdout = os.fdopen(
-                    saved, "w", buffering=1 if stdout.line_buffering else -1, encoding=stdout.encoding,
-                    errors=stdout.errors, closefd=False,
-                )
-            elif saved is not None:
-                os.close(saved)
-            sys.stdout = _StdoutToStderrFor(stdout, cls._left)
-
-
-def _flush(stream: Any) -> None:
-    try:
-        stream.flush()
-    except (AttributeError, OSError, ValueError):  # None, closed, or not a file
-        pass
-
-
-def _fileno(stream: Any) -> int | None:
-    try:
-        return int(stream.fileno())
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
-        return None
-
-
-class _StdoutToStderrFor:
-    """``sys.stdout`` once plugin threads are left running: their writes go to stderr, all
-    others' to the real stdout."""
-
-    def __init__(self, stdout: Any, threads: set[threading.Thread]) -> None:
-        self._stdout = stdout
-        self._threads = threads
-
-    def _target(self) -> Any:
-        return sys.stderr if threading.current_thread() in self._threads else self._stdout
-
-    def write(self, text: str) -> int:
-        return self._target().write(text)
-
-    def flush(self) -> None:
-        self._target().flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stdout, name)
 
 
 def warn_skipped(info: PluginInfo) -> None:
