@@ -390,11 +390,13 @@ def test_eval_plays_agent_programs_locally_and_against_a_given_url(tmp_path, cha
 
 
 @pytest.mark.slow
-def test_the_example_agent_trains_on_the_tiny_model(tmp_path):
+def test_the_example_agent_trains_on_the_tiny_model(tmp_path, capsys):
     from agilerl.cli.main import main
 
     example = Path(__file__).resolve().parents[1] / "examples" / "agent" / "manifest.yaml"
     assert main(["train", str(example), "--max-steps", "1", "--output-dir", str(tmp_path), "--no-progress"]) == 0
+    said = capsys.readouterr()
+    assert "env: agent program python agent.py, once per episode" in said.out + said.err
     (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "agent/calls" in line]
     assert row["agent/failures"] == 0 and row["agent/calls"] == 16 * 3
 

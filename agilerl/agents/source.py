@@ -81,7 +81,6 @@ class AgentCollector:
         max_request_bytes: int = 8 * 1024 * 1024,
         max_concurrent_calls: int = 8,
         model_name: str = "agilerl-policy",
-        max_model_len: int | None = None,
     ) -> None:
         if batch_size < 1 or group_size < 1:
             raise InvalidArgument(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
@@ -96,7 +95,6 @@ class AgentCollector:
         self.num_slots = batch_size * group_size
         self.max_turns = max_turns
         self.max_reward = max_reward
-        self.max_model_len = max_model_len
         self.env_timeout_s: float | None = episode_timeout_s  # the pipeline's stall bound reads it
         self.episode_timeout_s = episode_timeout_s
         self.failure_score = failure_score

@@ -71,6 +71,9 @@ def placement(spec: EnvironmentSpec) -> str | None:
         return f"remote at {', '.join(map(redact, spec.env_urls))}"
     if isinstance(spec, ScoredDatasetSpec):
         return f"dataset {spec.dataset} in process"
+    if isinstance(spec, AgentSpec):
+        agent = " ".join(spec.agent_command) if spec.agent_command is not None else f"{spec.agent} in process"
+        return f"agent program {agent}, once per episode, against the trainer's endpoint"
     return None
 
 
