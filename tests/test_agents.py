@@ -598,3 +598,33 @@ def test_a_vision_policy_sees_image_url_parts_and_each_sample_keeps_its_images(c
         assert status == 400 and "image_url parts need a vision policy" in body["error"]["message"]
     finally:
         text_model.close()
+
+
+def test_a_manifest_agent_function_gets_its_row_and_rubrics_score_what_it_does_not(tmp_path, chatml_tokenizer):
+    from agilerl.assembly.agents import agent_collector_from_spec
+    from agilerl.manifest.spec import parse_env_spec
+
+    (tmp_path / "play.py").write_text(textwrap.dedent("""
+        import openai
+
+        def play(task, base_url, api_key):
+            client = openai.OpenAI(base_url=base_url, api_key=api_key)
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["question"]}])
+            return None if task["question"] == "rubric" else float(task["answer"])
+
+        def echo(completion, answer):
+            return float(completion == "hi") + float(answer)
+    """))
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in
+                                                  [("rubric", "10"), ("own", "3"), ("own", "4"), ("own", "5")]))
+    spec = parse_env_spec({"env_type": "rollout", "agent": "play.py:play", "dataset": "tasks.jsonl", "train_test_split": 0.99,
+                           "rubrics": [{"name": "echo", "rubric": "play.py:echo"}]})
+    with agent_collector_from_spec(spec, chatml_tokenizer, batch_size=3, group_size=2, base_dir=tmp_path, seed=0) as collector:
+        batch = collector.collect(ScriptedPolicy(chatml_tokenizer, "hi"))
+    for group in batch.groups:  # a group shares its row
+        (row,) = {t.row_index for t in group}
+        task = collector.train_rows[row]
+        expected = 11.0 if task["question"] == "rubric" else float(task["answer"])
+        assert [t.rewards for t in group] == [[expected], [expected]]
+    assert [t.rewards for t in batch.trajectories].count([11.0]) == 2  # the rubric's row was played
+    assert {t.info.get("reward_components", {}).get("echo") for t in batch.trajectories} == {None, 11.0}
