@@ -628,3 +628,16 @@ def test_a_manifest_agent_function_gets_its_row_and_rubrics_score_what_it_does_n
         assert [t.rewards for t in group] == [[expected], [expected]]
     assert [t.rewards for t in batch.trajectories].count([11.0]) == 2  # the rubric's row was played
     assert {t.info.get("reward_components", {}).get("echo") for t in batch.trajectories} == {None, 11.0}
+
+
+class _BrokenPolicy:
+    def generate(self, prompts, params):
+        raise RuntimeError("CUDA out of memory (pretend)")
+
+
+def test_a_failing_policy_stops_the_run_naming_it_not_the_programs(chatml_tokenizer, tmp_path):
+    rows = [{"mode": "ok"}]
+    with AgentCollector(CommandAgent(_program(tmp_path, ROW_AGENT)), chatml_tokenizer, batch_size=1, group_size=1,
+                        seed=0, train_rows=rows) as collector:
+        with pytest.raises(CollectionError, match="generating for the agent programs failed: RuntimeError: CUDA out of memory"):
+            collector.collect(_BrokenPolicy())

@@ -136,6 +136,9 @@ class AgentEndpoint:
         self.max_request_bytes = max_request_bytes
         self.max_concurrent_calls = max_concurrent_calls
         self._routes: dict[str, _Route] = {}
+        self.generation_error: BaseException | None = None
+        """The first error the policy (or the bookkeeping) raised on a call: the run's to report,
+        not the programs' (they got a 500)."""
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self._batcher = _Batcher(self._idle_episodes, batch_wait_s)
@@ -244,7 +247,8 @@ class AgentEndpoint:
             generation = episode.cut_at_placeholder(plan, generation)
             reply, payload = reply_of(route, body, plan, context, generation)
             episode.record(plan, generation, reply, time.perf_counter() - t0)
-        except Exception as exc:  # the run's generator failed: the program sees a 500, the episode goes on
+        except Exception as exc:  # the run's generator failed: the program sees a 500; the run is told
+            self.generation_error = self.generation_error or exc
             log.warning("agent call of episode %s failed: %s", episode.id, exc, exc_info=True)
             return _error(_Refused(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error"))
         finally:

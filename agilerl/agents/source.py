@@ -244,6 +244,9 @@ class AgentCollector:
         finally:
             self._live.discard(cancel)
         run.env_time_s = time.perf_counter() - t0
+        error, self.endpoint.generation_error = self.endpoint.generation_error, None
+        if error is not None:  # the model, not the programs: the run stops naming it
+            raise CollectionError(f"generating for the agent programs failed: {type(error).__name__}: {error}") from error
         for slot in sorted(results):
             episode, outcome = results[slot]
             self._record(run, slot, tasks[slot], evaluation, episode, outcome)
