@@ -641,3 +641,41 @@ def test_a_failing_policy_stops_the_run_naming_it_not_the_programs(chatml_tokeni
                         seed=0, train_rows=rows) as collector:
         with pytest.raises(CollectionError, match="generating for the agent programs failed: RuntimeError: CUDA out of memory"):
             collector.collect(_BrokenPolicy())
+
+
+class _IdsPolicy:
+    """Replies with given token ids (then the stop token): a completion no text re-encodes to."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompts, params) -> list[Generation]:
+        self.prompts += [list(p) for p in prompts]
+        return [Generation(self.ids + list(params.stop_token_ids[:1]), [-0.5] * (len(self.ids) + 1)) for _ in prompts]
+
+
+def test_the_next_prompt_holds_the_ids_the_model_generated_not_its_text_re_encoded(chatml_tokenizer):
+    import openai
+
+    text = "reward game"
+    canonical = chatml_tokenizer.encode(text, add_special_tokens=False)
+    spelled = [t for ch in text for t in chatml_tokenizer.encode(ch, add_special_tokens=False)]  # one id a character
+    assert spelled != canonical and chatml_tokenizer.decode(spelled) == text
+    endpoint = AgentEndpoint(chatml_tokenizer)
+    try:
+        policy = _IdsPolicy(spelled)
+        stop = SamplingParams(stop_token_ids=(endpoint.renderer.end_of_turn_id,))
+        episode = endpoint.open_episode("e1", policy, stop)
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key=episode.key)
+        messages = [{"role": "user", "content": "Say it."}]
+        first = client.chat.completions.create(model="m", messages=messages)
+        assert first.choices[0].message.content == text
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Again."}]
+        client.chat.completions.create(model="m", messages=messages)
+        opening, follow_up = policy.prompts
+        assert follow_up[: len(opening) + len(spelled) + 1] == opening + spelled + [endpoint.renderer.end_of_turn_id]
+        (sample,) = episode.trajectories()
+        assert _spans(sample)[0] == spelled + [endpoint.renderer.end_of_turn_id]
+    finally:
+        endpoint.close()
