@@ -307,14 +307,14 @@ def check_step_result(result: Any, env_name: str, method: str = "step") -> StepR
     if (
         type(result) is tuple
         and len(result) == 5
-        and type(result[0]) is str
+        and type(text := result[0]) is str
         and type(result[1]) is float
         and -MAX_ABS_REWARD <= result[1] <= MAX_ABS_REWARD  # false for NaN and the infinities too
         and type(result[2]) is bool
         and type(result[3]) is bool
         and type(result[4]) is dict
-    ):
-        return valid_text(result[0]), result[1], result[2], result[3], dict(result[4])  # the common case
+    ):  # the common case, on every served step: ASCII text is valid as it is (no valid_text call)
+        return (text if text.isascii() else valid_text(text)), result[1], result[2], result[3], dict(result[4])
     problems = step_problems(result, method)
     if problems:
         raise _broken(env_name, method, result, problems)

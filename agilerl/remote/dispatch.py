@@ -87,7 +87,8 @@ class TextSession:
                 else:
                     result = await client.astep(data["message"])
                 text, reward, terminated, truncated, info = result
-                self._check_images(text, "step")
+                if type(text) is not str:  # a plain text step (every step of most envs) skips the call
+                    self._check_images(text, "step")
                 self.steps += 1
                 return observation_frame(text, reward, terminated, truncated, info if self.with_info else None)
             if kind == "reset":
