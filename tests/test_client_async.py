@@ -209,3 +209,12 @@ def test_client_frames_are_built_and_read_in_one_place() -> None:
     assert inside[1:] == (0.0, False, True, {"a": 1})
     with pytest.raises(EnvProtocolError, match="data must be an object, got None"):
         read_observation(None)
+
+
+def test_a_server_s_float_reward_past_the_bound_is_refused_as_a_local_env_s_is() -> None:
+    """A finite float past +-1e15 (protocol.MAX_ABS_REWARD) from a foreign server broke the rule
+    the in-process check holds; the reply's fast path let it through (an int was refused)."""
+    for reward in (1e300, -1e16, float("inf"), float("nan")):
+        with pytest.raises(EnvProtocolError, match=r"data\.reward must"):
+            read_observation({"observation": {"text": "t"}, "reward": reward, "done": False})
+    assert read_observation({"observation": {"text": "t"}, "reward": -1e15, "done": False}).reward == -1e15

@@ -26,7 +26,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 from typing_extensions import NotRequired, TypedDict
 
 from agilerl.errors import EnvProtocolError, validation_problems
-from agilerl.protocol import reset_kwargs, reward_problem, valid_text
+from agilerl.protocol import MAX_ABS_REWARD, reset_kwargs, reward_problem, valid_text
 from agilerl.remote.action_schema import ActionFields
 
 __all__ = [
@@ -451,7 +451,7 @@ def read_observation(data: Any) -> ObservationReply:
         reward, where = observation.get("reward"), "data.observation"
     if reward is None:
         reward = 0.0
-    elif type(reward) is not float or reward - reward != 0.0:  # not a finite float: the full rule
+    elif type(reward) is not float or not -MAX_ABS_REWARD <= reward <= MAX_ABS_REWARD:  # NaN too: the full rule
         problem = reward_problem(reward)
         if problem is not None:
             raise EnvProtocolError(f"{where}.reward {problem}")
