@@ -22,7 +22,15 @@ serve`` and by openenv-core (``openenv-mcp``; ``openenv-mcp-uv`` on uvloop), all
 process (``await env.step_async(...)`` inside one held ``mcp_session()`` per env, N envs on one
 event loop pinned to the server CPU): the env's own rate, with no server at all.
 
+``cpu us`` is the server process's CPU time (every thread, from /proc) per step served, over the
+whole load including its warm-up: unlike steps/s it barely moves with other load on the machine,
+so ``x base (cpu)``, the baseline's CPU per step over each server's, is the ratio to read on a busy
+host (on a quiet one the server's core is saturated and the two ratios meet). ``--before DIR`` adds
+``agilerl-before``: the sync env served by the ``agilerl`` package found in DIR (another checkout,
+e.g. ``git worktree add /tmp/old <commit>``), interleaved with the others, for before/after in one run.
+
     python bench/ws_server.py [--seconds 3] [--rounds 3] [--sessions 1,16,64,256] [--cases sync,mcp]
+                              [--before DIR]
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import math
 import os
 import shutil
 import socket
@@ -219,6 +228,7 @@ def _raise_priority() -> list[str]:
 
 
 _PRIORITY: list[str] = []
+_BEFORE: list[str] = []  # --before: the checkout agilerl-before imports agilerl from
 
 
 def _pin() -> list[str]:
@@ -230,6 +240,7 @@ def _command(name: str, port: int, max_sessions: int, mcp_dir: Path) -> list[str
     serve = ["-m", "agilerl", "serve", "--port", str(port), "--max-concurrent-envs", str(max_sessions)]
     commands = {
         "agilerl": [sys.executable, *serve, f"{__file__}:TrivialEnv"],
+        "agilerl-before": [sys.executable, *serve, f"{__file__}:TrivialEnv"],
         "agilerl-asyncio": [sys.executable, *serve, "--loop", "asyncio", f"{__file__}:TrivialEnv"],
         "agilerl-async": [sys.executable, *serve, f"{__file__}:AsyncTrivialEnv"],
         "openenv-core": [str(OPENENV_PYTHON), "-c", OPENENV_SERVER, str(port), str(max_sessions), "asyncio"],
@@ -251,8 +262,9 @@ def _start(names: tuple[str, ...], max_sessions: int, mcp_dir: Path) -> dict[str
     for name in names:
         port = _free_port()
         log = tempfile.TemporaryFile()  # a pipe could fill up and stall the server
+        own = {**env, "PYTHONPATH": os.pathsep.join([*_BEFORE, env["PYTHONPATH"]])} if name == "agilerl-before" else env
         proc = subprocess.Popen(_pin() + _command(name, port, max_sessions, mcp_dir), stdout=subprocess.DEVNULL,
-                                stderr=log, env=env, cwd=mcp_dir)
+                                stderr=log, env=own, cwd=mcp_dir)
         started[name] = (proc, f"http://127.0.0.1:{port}", log)
     deadline = time.monotonic() + 120
     for name, (proc, url, log) in started.items():
@@ -353,13 +365,28 @@ async def _open(host: str, port: int) -> _RawSession:
     return session
 
 
-async def _load(url: str, sessions: int, seconds: float, warmup: float, step_frame: str = STEP_FRAME) -> tuple[float, float, float]:
-    """N sessions stepping back to back; returns (steps/s, p50 ms, p99 ms) after the warm-up."""
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used; NaN without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _load(
+    url: str, sessions: int, seconds: float, warmup: float, step_frame: str = STEP_FRAME, pid: int | None = None
+) -> tuple[float, float, float, float]:
+    """N sessions stepping back to back; returns (steps/s, p50 ms, p99 ms) after the warm-up, and
+    the CPU time process ``pid`` (the server) spent per step, in us, over every step sent."""
     host, port = url.removeprefix("http://").split(":")
     step, reset, close = (_client_frame(f) for f in (step_frame, RESET_FRAME, '{"type":"close"}'))
     conns = [await _open(host, int(port)) for _ in range(sessions)]
     for conn in conns:
         await conn.request(reset)
+    cpu_before = math.nan if pid is None else _cpu_s(pid)
+    sent = [0]  # every step, the warm-up's too: the CPU time spans them all
     latencies: list[float] = []
     start = time.perf_counter()
     measure_from, stop_at = start + warmup, start + warmup + seconds
@@ -371,6 +398,7 @@ async def _load(url: str, sessions: int, seconds: float, warmup: float, step_fra
             if t0 >= stop_at and steps:  # one measured step at least, however slow the host
                 return steps
             reply = await conn.request(step)
+            sent[0] += 1
             if b'"observation"' not in reply[:24]:
                 raise RuntimeError(f"not an observation: {reply[:200]!r}")
             if t0 >= measure_from:
@@ -379,13 +407,14 @@ async def _load(url: str, sessions: int, seconds: float, warmup: float, step_fra
 
     total = sum(await asyncio.gather(*(run(conn) for conn in conns)))
     measured_s = time.perf_counter() - measure_from
+    cpu_us = math.nan if pid is None else (_cpu_s(pid) - cpu_before) / sent[0] * 1e6
     for conn in conns:
         assert conn.transport is not None
         conn.transport.write(close)
         conn.transport.close()
     latencies.sort()
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3
-    return total / measured_s, pick(0.5), pick(0.99)
+    return total / measured_s, pick(0.5), pick(0.99), cpu_us
 
 
 CASES = {  # case: (its servers, the baseline the ratios are against, the step frame)
@@ -416,16 +445,20 @@ def _run_case(case: str, levels: list[int], args: argparse.Namespace, mcp_dir: P
         servers = tuple(name for name in servers if name not in UVLOOP_ROWS)
     if importlib.util.find_spec("uvloop") is None:
         servers = tuple(name for name in servers if name != "echo-uvloop")
+    if _BEFORE and case == "sync":
+        at = servers.index("agilerl") + 1
+        servers = (*servers[:at], "agilerl-before", *servers[at:])
     if case == "mcp":
         _openenv_venv_has_agilerl()
     started = _start(servers, max(levels) + 8, mcp_dir)
-    runs: dict[str, dict[int, list[tuple[float, float, float]]]] = {name: {n: [] for n in levels} for name in servers}
+    runs: dict[str, dict[int, list[tuple[float, ...]]]] = {name: {n: [] for n in levels} for name in servers}
     in_process: dict[int, list[float]] = {n: [] for n in levels}
     try:  # interleaved rounds, median kept: other load on the machine hits all servers alike
         for n in levels:
             for _ in range(args.rounds):
                 for name in servers:
-                    runs[name][n].append(asyncio.run(_load(started[name][1], n, args.seconds, args.warmup, frame)))
+                    proc, url = started[name]
+                    runs[name][n].append(asyncio.run(_load(url, n, args.seconds, args.warmup, frame, proc.pid)))
                 if case == "mcp":
                     in_process[n].append(_in_process_mcp(n, args.seconds, args.warmup, mcp_dir))
     finally:
@@ -436,22 +469,22 @@ def _run_case(case: str, levels: list[int], args: argparse.Namespace, mcp_dir: P
             except subprocess.TimeoutExpired:
                 proc.kill()
     results = {
-        name: {n: tuple(statistics.median(r[i] for r in rounds) for i in range(3)) for n, rounds in by_level.items()}
+        name: {n: tuple(statistics.median(r[i] for r in rounds) for i in range(4)) for n, rounds in by_level.items()}
         for name, by_level in runs.items()
     }
     ceiling = "aiohttp-echo" if case == "sync" else "in-process"
     print(f"\n{case} case: ratios against {baseline} and {ceiling}, medians of {args.rounds} rounds")
-    print(f"{'sessions':>8} {'server':>13} {'steps/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'x ' + baseline:>14} {'base p99 / p99':>15} {'of ' + ceiling:>16}")
+    print(f"{'sessions':>8} {'server':>15} {'steps/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'x ' + baseline:>14} {'base p99 / p99':>15} {'of ' + ceiling:>16} {'cpu us':>7} {'x base (cpu)':>13}")
     for n in levels:
-        base_rate, _, base_p99 = results[baseline][n]
+        base_rate, _, base_p99, base_cpu = results[baseline][n]
         top = results["aiohttp-echo"][n][0] if case == "sync" else statistics.median(in_process[n])
         for name in servers:
-            rate, p50, p99 = results[name][n]
-            print(f"{n:>8} {name:>13} {rate:>9.0f} {p50:>7.2f} {p99:>7.2f} "
-                  f"{rate / base_rate:>14.2f} {base_p99 / p99:>15.2f} {rate / top:>15.0%}")
+            rate, p50, p99, cpu = results[name][n]
+            print(f"{n:>8} {name:>15} {rate:>9.0f} {p50:>7.2f} {p99:>7.2f} "
+                  f"{rate / base_rate:>14.2f} {base_p99 / p99:>15.2f} {rate / top:>15.0%} {cpu:>7.1f} {base_cpu / cpu:>13.2f}")
         if case == "mcp":
-            print(f"{n:>8} {'in-process':>13} {top:>9.0f} {'':>7} {'':>7} {top / base_rate:>14.2f}")
+            print(f"{n:>8} {'in-process':>15} {top:>9.0f} {'':>7} {'':>7} {top / base_rate:>14.2f}")
 
 
 def main() -> None:
@@ -461,6 +494,7 @@ def main() -> None:
     parser.add_argument("--sessions", default="1,16,64,256")
     parser.add_argument("--cases", default="sync,mcp", help="sync (text envs), mcp (an OpenEnv MCP env).")
     parser.add_argument("--rounds", type=int, default=3, help="Runs per level; medians are shown.")
+    parser.add_argument("--before", metavar="DIR", help="Add agilerl-before: the sync env served by the agilerl in DIR.")
     parser.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--echo-step-latency-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--echo-loop", default="asyncio", help=argparse.SUPPRESS)
@@ -474,6 +508,10 @@ def main() -> None:
     if CLIENT_CPU is not None:
         os.sched_setaffinity(0, {CLIENT_CPU})
     _PRIORITY[:] = _raise_priority()
+    if args.before:
+        if not (Path(args.before) / "agilerl" / "__init__.py").is_file():
+            sys.exit(f"--before {args.before}: no agilerl package there (give a checkout's root folder)")
+        _BEFORE[:] = [str(Path(args.before).resolve())]
     levels = [int(n) for n in args.sessions.split(",")]
     with tempfile.TemporaryDirectory() as mcp_dir:
         (Path(mcp_dir) / "mcp_echo_env.py").write_text(MCP_ENV)
