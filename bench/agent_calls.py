@@ -7,8 +7,10 @@ policy (the same prompt ids, from the same number of threads, through the same b
 ``VersionedPolicy``): greedy, so both generate the same tokens. The difference per call is what
 the endpoint costs: HTTP, JSON, the request model, matching the conversation, rendering the new
 messages, parsing, recording. The two runs alternate (which goes first, too), and the medians
-are compared. And a floor: one program's calls against a scripted policy (no model), the
-endpoint's own work per call, median and best. Goal: <= 5% of a call at the tiny model's
+are compared. On this busy 2-core host the generate calls themselves run slower beside the
+program processes, so a second measure, for one program, takes each call's latency less that
+call's own generate time, in the same run. And a floor: one program's calls against a scripted
+policy (no model), the endpoint's own work per call, median and best. Goal: <= 5% of a call at the tiny model's
 generation time.
 
     python bench/agent_calls.py [--calls 8] [--repeats 3] [--max-new-tokens 8] [--programs 1 16]
@@ -52,21 +54,42 @@ connection = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
 headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
 messages = [{"role": "user", "content": "Count with me from " + os.environ["AGILERL_EPISODE"] + "."}]
 sys.stdin.readline()  # every program starts at once
+latencies = []
 for _ in range(int(sys.argv[1])):
+    start = time.perf_counter()
     connection.request("POST", url.path + "/chat/completions", json.dumps({"model": "m", "messages": messages}), headers)
     reply = json.loads(connection.getresponse().read())
+    latencies.append(time.perf_counter() - start)
     messages += [reply["choices"][0]["message"], {"role": "user", "content": "And then?"}]
-print(time.monotonic())  # the system-wide clock: the interpreter's exit is no part of the calls
+# the system-wide clock: the interpreter's exit is no part of the calls
+print(json.dumps({"end": time.monotonic(), "latencies": latencies}))
 """
+
+
+class _Timed:
+    """The policy, timing each generate call (with one program, each is one call's)."""
+
+    def __init__(self, policy: VersionedPolicy) -> None:
+        self.policy = policy
+        self.seconds: list[float] = []
+
+    def generate(self, prompts: Any, params: SamplingParams) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.policy.generate(prompts, params)
+        finally:
+            self.seconds.append(time.perf_counter() - start)
 
 
 def through_endpoint(
     policy: VersionedPolicy, tokenizer: Any, params: SamplingParams, programs: int, calls: int
-) -> tuple[float, list[list[list[int]]]]:
-    """Wall time of the programs' conversations (each a process of its own), and each call's
-    prompt ids (for the baseline)."""
+) -> tuple[float, float | None, list[list[list[int]]]]:
+    """Wall time of the programs' conversations (each a process of its own); with one program,
+    the median of a call's latency less its generate time (None with more: calls share a batch);
+    and each call's prompt ids (for the baseline)."""
     endpoint = AgentEndpoint(tokenizer)
-    episodes = [endpoint.open_episode(f"e{i}", policy, params) for i in range(programs)]
+    timed = _Timed(policy)
+    episodes = [endpoint.open_episode(f"e{i}", timed, params) for i in range(programs)]
     try:
         procs = [
             subprocess.Popen(
@@ -81,16 +104,20 @@ def through_endpoint(
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        wall = max(float(proc.communicate(timeout=600)[0]) for proc in procs) - start
+        reports = [json.loads(proc.communicate(timeout=600)[0]) for proc in procs]
+        wall = max(report["end"] for report in reports) - start
     finally:
         endpoint.close()
+    extra = None
+    if programs == 1:
+        extra = statistics.median(a - b for a, b in zip(reports[0]["latencies"], timed.seconds))
     prompts = []
     for episode in episodes:
         (sample,) = episode.trajectories()  # every call extended the last: one sample
         mask = sample.action_mask
         starts = [k for k in range(len(mask)) if mask[k] and (k == 0 or not mask[k - 1])]
         prompts.append([sample.token_ids[:k] for k in starts])
-    return wall, prompts
+    return wall, extra, prompts
 
 
 def floor(tokenizer: Any, calls: int) -> list[float]:
@@ -144,18 +171,20 @@ def main() -> None:
     policy = VersionedPolicy(TransformersPolicy(model, tokenizer))
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens,
                             stop_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
-    _, prompts = through_endpoint(policy, tokenizer, params, 2, 2)  # warm up: model, template, loop
+    _, _, prompts = through_endpoint(policy, tokenizer, params, 2, 2)  # warm up: model, template, loop
     direct(policy, params, prompts)
     alone = floor(tokenizer, 20 * args.calls)
     print(f"floor: the endpoint alone (a scripted policy), per call: median {statistics.median(alone) * 1000:.2f} ms, "
           f"best {min(alone) * 1000:.2f} ms")
     for programs in args.programs:
-        endpoint_s, direct_s = [], []
+        endpoint_s, direct_s, extra_s = [], [], []
         for repeat in range(args.repeats):
             if repeat % 2:  # the baseline first every other time (its prompts from the last run)
                 direct_s.append(direct(policy, params, prompts) / args.calls)
-            wall, prompts = through_endpoint(policy, tokenizer, params, programs, args.calls)
+            wall, extra, prompts = through_endpoint(policy, tokenizer, params, programs, args.calls)
             endpoint_s.append(wall / args.calls)
+            if extra is not None:
+                extra_s.append(extra)
             if not repeat % 2:
                 direct_s.append(direct(policy, params, prompts) / args.calls)
         e, d = statistics.median(endpoint_s), statistics.median(direct_s)
@@ -164,6 +193,10 @@ def main() -> None:
             f"through the endpoint {e * 1000:.1f} ms: overhead {(e - d) * 1000:+.2f} ms = {(e - d) / d:+.1%} "
             f"of a call (goal <= 5%; medians of {args.repeats})"
         )
+        if extra_s:  # the same run's calls: what the endpoint adds to each, whatever the host does to generate
+            x = statistics.median(extra_s)
+            print(f"programs {programs:>2}: a call's latency less its own generate, same run: {x * 1000:.2f} ms = "
+                  f"{x / d:.1%} of a direct call")
 
 
 if __name__ == "__main__":
