@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agilerl.agents.episodes import CallPlan, Episode, normalize_messages
 from agilerl.chat import ChatRenderer
 from agilerl.concurrency import LoopThread
-from agilerl.errors import AgileRLWarning, ChatTemplateError, InvalidArgument
+from agilerl.errors import AgileRLError, AgileRLWarning, InvalidArgument
 from agilerl.generation.policy import Generation, Policy, SamplingParams
 from agilerl.tools.calls import ToolSet
 
@@ -233,8 +233,8 @@ class AgentEndpoint:
                                f"(max_concurrent_calls {self.max_concurrent_calls})", "rate_limit_exceeded")
             try:
                 episode.check_budget()
-                plan, context = plan_of(route, body)
-            except (InvalidArgument, ChatTemplateError) as exc:
+                plan = plan_of(route, body)
+            except AgileRLError as exc:  # what the request asked for cannot be rendered or shown
                 raise _Refused(400, str(exc)) from None
             self._warn_overrides(body, route.params)
         except _Refused as exc:
@@ -245,7 +245,7 @@ class AgentEndpoint:
             limit = min(body.token_limit or route.params.max_new_tokens, route.params.max_new_tokens)
             generation = await asyncio.wrap_future(self._batcher.submit(route, plan.prompt, limit))
             generation = episode.cut_at_placeholder(plan, generation)
-            reply, payload = reply_of(route, body, plan, context, generation)
+            reply, payload = reply_of(body, plan, generation)
             episode.record(plan, generation, reply, time.perf_counter() - t0)
         except Exception as exc:  # the run's generator failed: the program sees a 500; the run is told
             self.generation_error = self.generation_error or exc
@@ -276,14 +276,12 @@ class AgentEndpoint:
 
     # -- chat ------------------------------------------------------------------------------------
 
-    def _plan_chat(self, route: _Route, body: ChatRequest) -> tuple[CallPlan, Any]:
+    def _plan_chat(self, route: _Route, body: ChatRequest) -> CallPlan:
         messages = normalize_messages(body.messages)
         calls_end = self.tool_parser.calls_end if self.tool_parser is not None else None
-        return route.episode.plan_chat(messages, body.tools, calls_end), None
+        return route.episode.plan_chat(messages, body.tools, calls_end)
 
-    def _chat_reply(
-        self, route: _Route, body: ChatRequest, plan: CallPlan, context: Any, generation: Generation
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _chat_reply(self, body: ChatRequest, plan: CallPlan, generation: Generation) -> tuple[dict[str, Any], dict[str, Any]]:
         ids = generation.token_ids
         tool_calls: list[dict[str, Any]] = []
         if self.tool_parser is not None and body.tools and body.tool_choice != "none":
@@ -311,17 +309,15 @@ class AgentEndpoint:
 
     # -- completions -----------------------------------------------------------------------------
 
-    def _plan_text(self, route: _Route, body: CompletionRequest) -> tuple[CallPlan, Any]:
+    def _plan_text(self, route: _Route, body: CompletionRequest) -> CallPlan:
         prompt = body.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
                 raise InvalidArgument("one prompt per call: a sample is one stream of tokens")
             prompt = prompt[0]
-        return route.episode.plan_text(prompt), None
+        return route.episode.plan_text(prompt)
 
-    def _text_reply(
-        self, route: _Route, body: CompletionRequest, plan: CallPlan, context: Any, generation: Generation
-    ) -> tuple[str, dict[str, Any]]:
+    def _text_reply(self, body: CompletionRequest, plan: CallPlan, generation: Generation) -> tuple[str, dict[str, Any]]:
         ids = generation.token_ids
         text = self.renderer.decode(list(ids))
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": _finish(generation), "logprobs": None}
