@@ -11,6 +11,7 @@ import pytest
 from agilerl.errors import ConfigError, ManifestError, ManifestWarning
 from agilerl.manifest.environment import (
     ENVIRONMENT_VARIANTS,
+    AgentSpec,
     DatasetSpec,
     EntrypointSpec,
     EnvironmentSpec,
@@ -60,6 +61,7 @@ YAML_VARIANTS = {
     "env_url": ("env_url: [ws://a:1, ws://b:1]\nmcp_tool: play\n", EnvUrlSpec),
     "scored dataset": ("dataset: d.csv\nreward_fn_name: exact_match\nmax_reward: 2\n", ScoredDatasetSpec),
     "dataset": ("name: d.jsonl\nobjective: preference\ntrain_test_split: 0.8\n", DatasetSpec),
+    "agent": ("agent_command: [python, agent.py]\ndataset: tasks.jsonl\nfailure_score: null\nmax_turns: 8\n", AgentSpec),
 }
 
 
@@ -75,6 +77,11 @@ def test_each_variant_reads_from_flat_yaml_and_round_trips(tmp_path, body, varia
 
 
 REFUSED = {
+    "a table key on an agent without tasks": ({"env_type": "rollout", "agent": "a.py:f", "columns": {"q": "question"}},
+                                              "'columns' applies to an agent's task table; add 'dataset:' (the tasks) or remove it"),
+    "an env's key on an agent": ({"env_type": "rollout", "agent_command": ["python", "a.py"], "observation_field": "x"},
+                                 "'observation_field' applies to an 'entrypoint' env or a remote env ('env_url'); remove it for an agent program"),
+    "an agent's key on an env": ({**ROLLOUT, "episode_timeout_s": 5}, "'episode_timeout_s' applies to an agent program ('agent_command' or 'agent'); remove it for an 'entrypoint' env"),
     "objective on a rollout": ({**ROLLOUT, "objective": "sft"}, "'objective' applies to env_type 'dataset' only"),
     "env_config on env_url": ({**REMOTE, "env_config": {"system_prompt": "x"}}, "'env_config' does not reach a remote env"),
     "env_packages on env_url": ({**REMOTE, "env_packages": {"uv": ["a"]}}, "'env_packages' applies only with 'entrypoint'"),
