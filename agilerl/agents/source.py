@@ -36,7 +36,7 @@ from agilerl.concurrency import WorkerThreads
 from agilerl.errors import InvalidArgument
 from agilerl.generation.policy import Policy, SamplingParams
 from agilerl.rollout.assigner import Task, TaskAssigner
-from agilerl.rollout.results import CollectionError, EvalResult, RolloutBatch, Run
+from agilerl.rollout.results import CollectionError, EvalResult, RolloutBatch, Run, evaluation_episodes
 from agilerl.rollout.trajectory import Trajectory
 
 __all__ = ["AgentCollector"]
@@ -154,14 +154,7 @@ class AgentCollector:
         """Greedy episodes at once: the held-out rows (all, or the first ``num_episodes``), else
         seeds ``0 .. num_episodes-1``."""
         held_out = len(self.eval_rows) if self.eval_rows is not None else None
-        if num_episodes is None:
-            if held_out is None:
-                raise InvalidArgument("these agent tasks have no held-out split: pass num_episodes=")
-            num_episodes = held_out
-        if held_out is not None:
-            num_episodes = min(num_episodes, held_out)
-        if num_episodes < 1:
-            raise InvalidArgument(f"evaluation needs at least one episode, got num_episodes={num_episodes}")
+        num_episodes = evaluation_episodes(held_out, num_episodes, "these agent tasks")
         tasks = {i: Task(i, i if held_out is not None else None) for i in range(num_episodes)}
         greedy = replace(self.sampling, temperature=0.0)
         run = self._play(tasks, policy, greedy, evaluation=True if held_out is not None else None)

@@ -56,6 +56,7 @@ from agilerl.rollout.results import (
     RolloutBatch,
     Run,
     end_of_last_action,
+    evaluation_episodes,
 )
 
 if TYPE_CHECKING:
@@ -517,14 +518,7 @@ class RolloutCollector:
         if self._slots[slot] is None:
             self._slots[slot] = self._fresh_harness()
         held_out = self._harness_of(slot).info.eval_dataset_size
-        if num_episodes is None:
-            if held_out is None:
-                raise InvalidArgument("this env has no held-out split (eval_dataset_size): pass num_episodes=")
-            num_episodes = held_out
-        if held_out is not None:
-            num_episodes = min(num_episodes, held_out)
-        if num_episodes < 1:
-            raise InvalidArgument(f"evaluation needs at least one episode, got num_episodes={num_episodes}")
+        num_episodes = evaluation_episodes(held_out, num_episodes, "this env")
         greedy = replace(self.sampling, temperature=0.0)
         rewards: list[float] = []
         failures = retries = 0

@@ -7,7 +7,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
-from agilerl.errors import CollectionError, EnvProtocolError, ObservationError
+from agilerl.errors import CollectionError, EnvProtocolError, InvalidArgument, ObservationError
 from agilerl.rollout.assigner import Task
 from agilerl.rollout.trajectory import Trajectory
 
@@ -20,6 +20,7 @@ __all__ = [
     "Run",
     "end_of_last_action",
     "merge_batches",
+    "evaluation_episodes",
 ]
 
 
@@ -331,3 +332,17 @@ def _cut(traj: Trajectory, num_tokens: int) -> Trajectory:
         rewards=traj.rewards[:turns],
         info=dict(traj.info),
     )
+
+
+def evaluation_episodes(held_out: int | None, num_episodes: int | None, source: str) -> int:
+    """How many greedy evaluation episodes to play: the held-out rows (all, or the first
+    ``num_episodes``), else ``num_episodes`` seeds; ``source`` names what has no held-out split."""
+    if num_episodes is None:
+        if held_out is None:
+            raise InvalidArgument(f"{source} has no held-out split (eval_dataset_size): pass num_episodes=")
+        num_episodes = held_out
+    if held_out is not None:
+        num_episodes = min(num_episodes, held_out)
+    if num_episodes < 1:
+        raise InvalidArgument(f"evaluation needs at least one episode, got num_episodes={num_episodes}")
+    return num_episodes
