@@ -64,13 +64,8 @@ def train_from_manifest(
 
     from agilerl.manifest.environment import AgentSpec
     from agilerl.assembly.env_factory import placement
-    from agilerl.assembly.env_factory import placement
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.train.loops import train_llm_rollout
-
-    where = placement(spec)  # a fleet says where its replicas run as they start
-    if where is not None and world.is_main:
-        print(f"env: {where}", file=sys.stderr, flush=True)
 
     where = placement(spec)  # a fleet says where its replicas run as they start
     if where is not None and world.is_main:

@@ -10,6 +10,7 @@ from typing import Any
 
 from agilerl.cli.args import add_adapter_flags, adapter_options, json_object, positive_float, positive_int
 from agilerl.errors import EnvError
+from agilerl.images import DEFAULT_MAX_IMAGE_PIXELS
 from agilerl.remote import limits
 
 __all__ = ["add_parser"]
@@ -78,6 +79,8 @@ _LIMITS = [  # flag, type, EnvServer keyword, default, what it bounds
     ("--backlog", positive_int, "backlog", limits.DEFAULT_BACKLOG, "Connections queued before accept"),
     ("--max-message-bytes", positive_int, "max_message_bytes", limits.DEFAULT_MAX_MESSAGE_BYTES,
      "Largest WebSocket message accepted"),
+    ("--max-image-pixels", positive_int, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS,
+     "Most pixels an image the env shows may have (checked before it is encoded)"),
 ]
 
 
