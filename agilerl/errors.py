@@ -22,7 +22,8 @@ that catches the built-in kinds keeps working.
     │   │                    EnvUnavailable       or stayed down past reconnect_timeout_s
     │   ├── ObservationError                      no prompt text in an observation
     │   ├── OpenEnvAdapterError (ValueError)      an OpenEnv env cannot be driven with text
-    │   └── EpisodeError                          reset/step/close called out of order
+    │   ├── EpisodeError                          reset/step/close called out of order
+    │   └── ReplicaStartError                     an env replica (process, Ray actor) did not start
     ├── DataError → DatasetLoadError, RubricError, TemplateError
     │   RubricError → JudgeFailed                 one judgement failed after its retries
     │               → JudgeUnavailable            every judge call failed past give_up_after_s

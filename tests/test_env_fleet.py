@@ -20,7 +20,8 @@ import pytest
 from agilerl.assembly.env_factory import make_env_factory
 from agilerl.fleet.fleet import Fleet, fleet_metrics
 from agilerl.fleet.local import LocalProvider
-from agilerl.fleet.provider import ReplicaSpec, ReplicaStartError
+from agilerl.errors import ReplicaStartError
+from agilerl.fleet.provider import ReplicaSpec
 from agilerl.generation.policy import ScriptedPolicy
 from agilerl.manifest.spec import parse_env_spec
 from agilerl.rollout.assigner import TaskAssigner

@@ -373,7 +373,9 @@ def test_a_ray_replica_killed_mid_run_is_replaced_and_no_task_is_lost_or_trained
         assert all(r["error"] is None for r in mine)
         assert all(len({r["seed"] for r in mine if r["group"] == g}) == 1 for g in (0, 1))
     assert len({r["episode"] for r in records}) == len(records) == 8
-    assert replica_actors(ray_cluster) == [] and replica_servers() == []  # the run succeeded: nothing left
+    assert replica_actors(ray_cluster) == []  # the run succeeded: nothing left
+    # a server whose actor's stop call could not land in time (a loaded host) goes with its actor
+    wait_until(lambda: replica_servers() == [], "every replica's server gone", timeout_s=30)
 
 
 @pytest.mark.slow

@@ -354,9 +354,9 @@ def test_heartbeat_s_is_a_remote_env_setting_and_bounded() -> None:
     assert parse_env_spec(remote).heartbeat_s == DEFAULT_CLIENT_HEARTBEAT_S
     assert make_env_factory(parse_env_spec({**remote, "heartbeat_s": 7}))().heartbeat_s == 7
     assert make_env_factory(parse_env_spec({**remote, "heartbeat_s": 0}))().heartbeat_s is None  # off
-    for bad, said in ((-1, "greater than or equal to 0"), ("soon", "valid number"), (float("inf"), "finite"),
-                      (7200, "less than or equal to 3600")):
-        with pytest.raises(ConfigError, match=f"environment.heartbeat_s: Input should be .*{said}"):
+    for bad, said in ((-1, "Input should be greater than or equal to 0"), ("soon", "Input should be a valid number"),
+                      (float("inf"), "inf is not a finite number"), (7200, "Input should be less than or equal to 3600")):
+        with pytest.raises(ConfigError, match=f"environment.heartbeat_s: {said}"):
             parse_env_spec({**remote, "heartbeat_s": bad})
     with pytest.raises(ConfigError, match="'heartbeat_s' applies to a remote env"):
         parse_env_spec({"env_type": "rollout", "entrypoint": "x:y", "heartbeat_s": 5})

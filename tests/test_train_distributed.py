@@ -294,6 +294,8 @@ mine = [{"loss": 1.0, "rollout/lost": 2.0, "rollout/staleness_max": 3.0, "reward
 merged = merge_over_ranks(acc, mine)
 if acc.is_main_process:
     open(sys.argv[1], "w").write(json.dumps(merged))
+acc.wait_for_everyone()
+acc.end_training()  # leaves the process group: an open one can abort a rank at exit
 """
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -67,10 +66,6 @@ def train_from_manifest(
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.train.loops import train_llm_rollout
 
-    where = placement(spec)  # a fleet says where its replicas run as they start
-    if where is not None and world.is_main:
-        print(f"env: {where}", file=sys.stderr, flush=True)
-
     if isinstance(spec, AgentSpec):  # agent programs play whole episodes against the served policy
         from agilerl.assembly.agents import agent_collector_from_spec
 
@@ -89,7 +84,9 @@ def train_from_manifest(
         return train_llm_rollout(
             model, tokenizer, collector, algorithm, training,
             max_model_len=manifest.model.max_model_len,
-            generation=_generation(manifest, model, tokenizer, seed=training.seed), **common,
+            generation=_generation(manifest, model, tokenizer, seed=training.seed),
+            env_placement=placement(spec),  # None for a fleet: it says where each replica runs as it starts
+            **common,
         )
 
 

@@ -8,6 +8,7 @@ thread) goes to stderr. The JSON, written with :func:`print_json`, goes to the r
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -24,8 +25,9 @@ _running = False  # inside json_only_stdout (where a None _json_out means stdout
 
 @contextmanager
 def json_only_stdout() -> Iterator[None]:
-    """Run a ``--json`` command with stdout sent to stderr (the module's docstring); threads the
-    command leaves running keep writing to stderr afterwards."""
+    """Run a ``--json`` command with stdout sent to stderr (the module's docstring). A thread the
+    command leaves running (an env's, a plugin's) may still write: fd 1 then stays on stderr for
+    the rest of the process, so nothing lands after the JSON."""
     global _json_out, _running
     before = set(threading.enumerate())
     with StdoutToStderr() as guard:
@@ -38,8 +40,12 @@ def json_only_stdout() -> Iterator[None]:
                     _json_out.flush()
             except (OSError, ValueError):  # a broken pipe (| head): the JSON's reader has gone
                 pass
-            guard.left_running([t for t in set(threading.enumerate()) - before if t.is_alive()])
             _json_out, _running = None, False
+    if any(thread.is_alive() for thread in set(threading.enumerate()) - before):
+        try:
+            os.dup2(2, 1)
+        except OSError:  # no fd 2 to point at: nothing better to do
+            pass
 
 
 def print_json(value: Any) -> None:

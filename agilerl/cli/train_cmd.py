@@ -73,6 +73,7 @@ def _train_holding(args: argparse.Namespace, manifest: Any, output_dir: Path) ->
         if not isinstance(exc, CheckpointError) and saved_checkpoints(output_dir):
             exc.add_note(f"resume with: {_resume_command(args)}")
         raise
+    _leave_process_group()
     if result.interrupted:
         _stopping()
     if result.rank != 0:
@@ -89,6 +90,18 @@ def _train_holding(args: argparse.Namespace, manifest: Any, output_dir: Path) ->
         if result.interrupted:
             print(f"resume with: {_resume_command(args)}")
     return 130 if result.interrupted else 0
+
+
+def _leave_process_group() -> None:
+    """Under a launcher, every rank leaves the process group together before it exits: a gloo or
+    NCCL group still open as the interpreter ends can abort a rank at exit ("terminate called
+    without an active exception"), failing a run that finished."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        state = PartialState()
+        state.wait_for_everyone()
+        state.destroy_process_group()
 
 
 _STOPS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))

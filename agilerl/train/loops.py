@@ -51,6 +51,7 @@ def train_llm_rollout(
     max_model_len: int | None = None,
     show_progress: bool = True,
     generation: Policy | None = None,
+    env_placement: str | None = None,
 ) -> TrainResult:
     """Collect a batch of grouped rollouts, take one optimiser step on it, repeat.
 
@@ -60,6 +61,7 @@ def train_llm_rollout(
     the conversation (default: the model's ``max_position_embeddings``). ``generation`` is the
     policy that collects (default: ``TransformersPolicy`` on ``model``); one holding its own copy
     of the weights (a ``WeightSyncedPolicy``: vLLM) gets them after every optimiser step.
+    ``env_placement`` says where the env runs, on the run's header (``env: ...``).
     """
     from agilerl.generation.backends import WeightSyncedPolicy
     from agilerl.rollout.pipeline import RolloutPipeline, stall_bound
@@ -77,6 +79,7 @@ def train_llm_rollout(
             f"{collector.group_size}: a micro-batch must hold whole groups to compare them."
         )
     trainer = Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
+    trainer.env_placement = env_placement
     if trainer.world.is_main and settings.record_rollouts != 0:  # rank 0's samples (docs/viewer.md)
         from agilerl.train.records import RolloutRecorder
 

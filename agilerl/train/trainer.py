@@ -111,6 +111,7 @@ class Trainer:
         self.rollouts_trained: Callable[[], None] | None = None  # told when an update has used its batches
         self.records: RolloutRecorder | None = None  # rollouts.jsonl, written with each step's row
         self._unlogged: dict[str, float] | None = None  # a finished step's metrics, until its row is written
+        self.env_placement: str | None = None  # where the env runs, on the header beside the engine
         self._saved_step, self._saved_at = self.step, time.monotonic()
 
     def run(
@@ -128,8 +129,10 @@ class Trainer:
         interrupted = False
         bar = ProgressBar(settings.max_steps, start, show=self.show_progress, lines=self.world.is_main)
         header: dict[str, Any] = {"engine": self.engine}  # on this run's first metrics row
-        if self.world.is_main:  # the run's first line: which engine trains
+        if self.world.is_main:  # the run's first lines: which engine trains, where the env runs
             print(f"engine: {self.engine}", file=sys.stderr, flush=True)
+            if self.env_placement is not None:
+                print(f"env: {self.env_placement}", file=sys.stderr, flush=True)
         config = run_config(settings, self.algorithm, self.engine)
         with self.tracking.running(self.accelerator, config), bar.running(), self._graceful_interrupt(), \
                 deterministic_algorithms(settings.deterministic, self.accelerator.device):
