@@ -276,7 +276,8 @@ def test_a_ray_replica_serves_dies_with_its_actor_and_close_leaves_nothing(ray_c
         assert provider.alive(second)
     finally:
         provider.close()
-    assert replica_servers() == [] and replica_actors(ray_cluster) == []
+    assert replica_actors(ray_cluster) == []
+    wait_until(lambda: replica_servers() == [], "every replica's server gone", timeout_s=30)
     provider.close()  # idempotent
     with pytest.raises(ReplicaStartError, match="closed") as exc:
         provider.start(spec, 2, 10)
@@ -292,7 +293,8 @@ def test_a_replica_whose_env_cannot_be_built_is_not_retried_and_leaves_nothing(r
         assert not exc.value.retryable
     finally:
         provider.close()
-    assert replica_servers() == [] and replica_actors(ray_cluster) == []
+    assert replica_actors(ray_cluster) == []
+    wait_until(lambda: replica_servers() == [], "every replica's server gone", timeout_s=30)
 
 
 # -- Ray fleets in a run ----------------------------------------------------------------------------
