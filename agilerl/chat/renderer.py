@@ -30,7 +30,7 @@ from typing import Any
 
 from agilerl.errors import AgileRLWarning, ChatTemplateError
 
-__all__ = ["render_chat", "ChatRenderer"]
+__all__ = ["render_chat", "split_at_sentinels", "ChatRenderer"]
 
 # Conversations to learn the template against, ending in a user turn; the first that works is
 # used (Gemma 2 and early Mistral templates refuse a system message; Mistral v0.3 moves it to the
@@ -73,6 +73,19 @@ def render_chat(
             raise
         roles = ", ".join(str(m.get("role")) for m in messages)
         raise ChatTemplateError(f"the chat template refused a conversation of roles [{roles}]: {exc}") from None
+
+
+def split_at_sentinels(text: str, sentinels: Sequence[str]) -> list[str] | None:
+    """``text`` cut at each sentinel, in order (the template's text around each placed content);
+    None when one is missing or repeated: the template altered what it was given."""
+    pieces = []
+    for sentinel in sentinels:
+        before, found, text = text.partition(sentinel)
+        if not found or sentinel in text:
+            return None
+        pieces.append(before)
+    pieces.append(text)
+    return pieces
 
 
 class ChatRenderer:
@@ -306,13 +319,9 @@ class ChatRenderer:
         text = self.render_text(
             [{"role": r, "content": c} for r, c in zip(roles, sentinels)], add_generation_prompt=True
         )
-        pieces = []
-        for sentinel in sentinels:
-            before, found, text = text.partition(sentinel)
-            if not found or sentinel in text:
-                return None
-            pieces.append(before)
-        pieces.append(text)
+        pieces = split_at_sentinels(text, sentinels)
+        if pieces is None:
+            return None
         probes = [_PROBE.replace("probe", f"probe{i}") for i in range(len(roles))]
         probe = self.render_text([{"role": r, "content": c} for r, c in zip(roles, probes)], add_generation_prompt=True)
         return pieces if probe == _interleave(pieces, probes) else None

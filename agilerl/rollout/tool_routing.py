@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agilerl.chat import ChatRenderer
+from agilerl.chat.renderer import split_at_sentinels
 from agilerl.envs.client import EnvClient, WrappingClient
 from agilerl.envs.tool_check import takes_only_calls
 from agilerl.errors import AgileRLWarning, ChatTemplateError, EnvTimeoutError
@@ -219,13 +220,9 @@ def _learn_tail(
     tail is rendered)."""
     sentinels = [_SENTINEL.format(i) for i in range(len(names))]
     text = tool_tail_text(renderer, names, sentinels, final=final, calls_end=calls_end, ids=ids)
-    pieces = []
-    for sentinel in sentinels:
-        before, found, text = text.partition(sentinel)
-        if not found or sentinel in text:
-            return None
-        pieces.append(before)
-    pieces.append(text)
+    pieces = split_at_sentinels(text, sentinels)
+    if pieces is None:
+        return None
     probes = [_PROBE.format(i) for i in range(len(names))]
     expected = pieces[0] + "".join(p + piece for p, piece in zip(probes, pieces[1:]))
     probe = tool_tail_text(renderer, names, probes, final=final, calls_end=calls_end, ids=ids)
