@@ -201,19 +201,20 @@ def test_a_ray_fleet_manifest_validates():
 # -- Ray ------------------------------------------------------------------------------------------
 
 
-def replica_servers() -> list[int]:
-    """The pids of the ``agilerl serve`` processes Ray replicas started (their URL files live in
-    an ``agilerl-replica-*`` folder)."""
-    found = []
+def command_lines() -> Iterator[tuple[int, bytes]]:
+    """Every live process's pid and command line (NUL-separated), from /proc."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
+                yield int(entry), Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:  # it exited meanwhile
                 continue
-            if b"serve" in cmdline and b"agilerl-replica-" in cmdline:
-                found.append(int(entry))
-    return found
+
+
+def replica_servers() -> list[int]:
+    """The pids of the ``agilerl serve`` processes Ray replicas started (their URL files live in
+    an ``agilerl-replica-*`` folder)."""
+    return [pid for pid, cmdline in command_lines() if b"serve" in cmdline and b"agilerl-replica-" in cmdline]
 
 
 def replica_actors(ray: Any) -> list[str]:
@@ -394,16 +395,11 @@ def test_a_ray_run_that_raises_leaves_no_actor_or_process(ray_cluster, tmp_path,
 
 
 def _processes_naming(text: str) -> list[str]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if text.encode() in cmdline:
-                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:200])
-    return found
+    return [
+        cmdline.replace(b"\0", b" ").decode(errors="replace")[:200]
+        for _, cmdline in command_lines()
+        if text.encode() in cmdline
+    ]
 
 
 @pytest.mark.slow
@@ -459,7 +455,9 @@ def test_auto_grows_a_live_fleet_when_its_clients_outnumber_its_sessions_and_shr
         clients = [factory() for _ in range(3)]  # 3 sessions, 2 a replica
         for client in clients:
             client.reset(seed=0)
-        assert len(fleet.urls) == 2 and len({c.url for c in clients}) == 2
+        # grown past one replica; refusals landing while a replica still starts may each grow it,
+        # within the scaler's bound of twice what the sessions need
+        assert 2 <= len(fleet.urls) <= 4 and len({c.url for c in clients}) >= 2
         for client in clients:
             client.close()
         del client, clients
