@@ -391,7 +391,8 @@ def test_a_ray_run_that_raises_leaves_no_actor_or_process(ray_cluster, tmp_path,
     manifest = _fleet_manifest(tmp_path, {"entrypoint": "four.py:FourValueStep"})
     assert main(["train", str(manifest), "--no-progress"]) == 2
     assert "EnvProtocolError" in capsys.readouterr().err
-    assert replica_actors(ray_cluster) == [] and replica_servers() == []
+    assert replica_actors(ray_cluster) == []
+    wait_until(lambda: replica_servers() == [], "every replica's server gone", timeout_s=30)
 
 
 def _processes_naming(text: str) -> list[str]:
