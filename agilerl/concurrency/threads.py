@@ -120,11 +120,11 @@ class SessionThread:
     def start_call(self, calls: LoopCalls, future: asyncio.Future[Any], fn: Callable[..., Any],
                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Run ``fn(*args, **kwargs)`` on this thread; ``calls`` hands the outcome to ``future``."""
-        self._put(calls.finish, (future, fn, args, kwargs))
+        self._put(self._call, (calls, future, fn, args, kwargs))
 
     def submit(self, task: Callable[[], None]) -> None:
         """Run ``task`` on this thread after the calls already queued; it must not raise."""
-        self._put(task, ())
+        self._put(self._task, (task,))
 
     @property
     def idle(self) -> bool:
@@ -150,7 +150,18 @@ class SessionThread:
             item = None
             run(*args)
             run = args = None  # an idle thread must not keep its last call's env alive
-            self._done += 1
+
+    def _call(self, calls: LoopCalls, future: asyncio.Future[Any], fn: Callable[..., Any],
+              args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        outcome = calls.outcome(future, fn, args, kwargs)
+        # Counted before the hand-off: the awaiting coroutine, once resumed, must see this thread
+        # idle (a close goes to this thread then, not to a spare one: thread-bound envs need it).
+        self._done += 1
+        calls.hand_off(outcome)
+
+    def _task(self, task: Callable[[], None]) -> None:
+        task()
+        self._done += 1
 
 
 def _yield_to_the_loop() -> None:
@@ -188,14 +199,23 @@ class LoopCalls:
 
     def finish(self, future: asyncio.Future[Any], fn: Callable[..., Any], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> None:
-        """Run the call here (a worker thread) and queue its outcome for the loop.
+        """Run the call here (a worker thread) and queue its outcome for the loop."""
+        self.hand_off(self.outcome(future, fn, args, kwargs))
+
+    @staticmethod
+    def outcome(future: asyncio.Future[Any], fn: Callable[..., Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> tuple[asyncio.Future[Any], bool, Any]:
+        """Run the call here (a worker thread): what ``hand_off`` gives ``future``."""
+        try:
+            return (future, True, fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the awaiting coroutine
+            return (future, False, exc)
+
+    def hand_off(self, outcome: tuple[asyncio.Future[Any], bool, Any]) -> None:
+        """Queue ``outcome`` for the loop, waking it unless a wakeup is already pending.
 
         Lock-free: the loop clears ``_wakeup_pending`` before it drains, so a result queued after
         the drain began either is drained or sees the flag clear and wakes the loop again."""
-        try:
-            outcome = (future, True, fn(*args, **kwargs))
-        except BaseException as exc:  # handed to the awaiting coroutine
-            outcome = (future, False, exc)
         self._finished.append(outcome)
         if not self._wakeup_pending:
             self._wakeup_pending = True
