@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,15 +217,28 @@ def replica_servers() -> list[int]:
     return [pid for pid, cmdline in command_lines() if b"serve" in cmdline and b"agilerl-replica-" in cmdline]
 
 
+def servers_shown() -> str:
+    """The replica servers' pids, parents and command lines, for a failure's message."""
+    shown = []
+    for pid in replica_servers():
+        try:
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            shown.append(f"{pid} (parent {ppid}): {cmdline}")
+        except OSError:
+            continue
+    return "; ".join(shown) or "none"
+
+
 def replica_actors(ray: Any) -> list[str]:
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
 
 
-def wait_until(predicate: Any, what: str, timeout_s: float = 30) -> None:
+def wait_until(predicate: Any, what: str | Callable[[], str], timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
+            raise AssertionError(f"not within {timeout_s} s: {what() if callable(what) else what}")
         time.sleep(0.1)
 
 
@@ -265,7 +278,10 @@ def test_a_ray_replica_serves_dies_with_its_actor_and_close_leaves_nothing(ray_c
         with RemoteEnvClient(first.url) as client:
             client.reset(seed=0)
             assert client.step("5")[0] in ("Too low!", "Too high!", "Correct!")
-        assert len(replica_servers()) == 2 and len(replica_actors(ray_cluster)) == 2
+        # within a bound: once, on a loaded CI host, a third match was seen here, never identified
+        # (a process between fork and exec shows its parent's command line)
+        wait_until(lambda: len(replica_servers()) == 2, lambda: f"two replica servers, not {servers_shown()}")
+        assert len(replica_actors(ray_cluster)) == 2
         provider._owns_cluster = True  # as if it had started this cluster: its 2 CPUs are held, none comes
         with pytest.raises(ReplicaStartError, match="has 2 CPUs, all held by replicas") as exc:
             provider.start(spec, 2, 120)  # at once, not after the start timeout
