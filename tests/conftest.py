@@ -123,18 +123,22 @@ def extra_venv_of(item: pytest.Item) -> str | None:
     return next((name for fixture, name in EXTRA_VENV_FIXTURES.items() if fixture in getattr(item, "fixturenames", ())), None)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests needing an extra venv run after the others, in the order the venvs build. Each
-    file's tests go to one xdist worker (``--dist loadgroup``: its module fixtures are built once),
-    those needing a venv as a group of their own, so a worker never waits for a venv's build
-    between a file's other tests."""
+    """Tests needing an extra venv run after the others, in the order the venvs build
+    (tests/xdist_units.py keeps each file's run of them on one worker)."""
     order = list(VENVS)
     rank = {item.nodeid: 1 + order.index(name) if (name := extra_venv_of(item)) else 0 for item in items}
-    items.sort(key=lambda item: rank[item.nodeid])  # stable: each group keeps its collected order
-    for item in items:
-        venv = extra_venv_of(item)
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0] + (f"+{venv}" if venv else "")))
+    items.sort(key=lambda item: rank[item.nodeid])  # stable: each file keeps its collected order
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own (firstresult)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pyproject's ``--dist loadfile``: each run of a file's tests is one worker's unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.xdist_units import FileRunScheduling
+
+    return FileRunScheduling(config, log)
 
 
 _background_build: subprocess.Popen[bytes] | None = None
