@@ -20,6 +20,7 @@ from tests.tool_families import family_tokenizer
 from tests.vllm_serve import VLLMServe
 
 pytestmark = pytest.mark.slow
+FIT_STEPS = 120  # full-batch Adam steps; 100 already answer both prompts greedily
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
@@ -52,16 +53,21 @@ def _fitted_model_dir(tmp_path):
         ids = tokenizer.encode(prompt, add_special_tokens=False)
         target = tokenizer.encode(reply + "<|im_end|>", add_special_tokens=False)
         rows.append((ids + target, len(ids)))
+    # one padded batch a step: 1500 single-sequence steps took 39 s on one thread, these 120 about 17
+    width = max(len(ids) for ids, _ in rows)
+    x = torch.tensor([ids + [0] * (width - len(ids)) for ids, _ in rows])
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+    labels = torch.full_like(x, -100)
+    for row, (ids, start) in enumerate(rows):
+        labels[row, start : len(ids)] = x[row, start : len(ids)]
     optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
-    for _ in range(300):
-        for ids, start in rows:
-            x = torch.tensor([ids])
-            logits = model(x).logits[0, start - 1 : -1]
-            loss = torch.nn.functional.cross_entropy(logits, x[0, start:])
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
+    for _ in range(FIT_STEPS):
+        logits = model(x, attention_mask=mask).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
     folder = tmp_path / "tiny-tools"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
