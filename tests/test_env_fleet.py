@@ -151,6 +151,8 @@ RUN = textwrap.dedent("""
     client.reset(seed=0)
     print("pids", " ".join(__import__("re").findall(r"pid (\\d+)", factory.where)), flush=True)
     how = sys.argv[1]
+    if how != "waits":
+        sys.stdin.readline()  # the test has seen the replicas alive
     if how == "raises":
         raise RuntimeError("the run failed")
     if how == "waits":
@@ -165,7 +167,7 @@ def test_no_replica_outlives_the_run(tmp_path, how):
     script.write_text(RUN)
     process = subprocess.Popen(
         [sys.executable, str(script), "waits" if how in ("ctrl-c", "sigterm", "sigkill") else how],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd(),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd(),
     )
     try:
         line = process.stdout.readline()
@@ -175,6 +177,9 @@ def test_no_replica_outlives_the_run(tmp_path, how):
         signals = {"ctrl-c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
         if how in signals:
             process.send_signal(signals[how])
+        else:  # the run goes on (to its end, or its error) only once its replicas were seen alive
+            process.stdin.write("go\n")
+            process.stdin.flush()
         process.wait(60)
     finally:
         if process.poll() is None:
