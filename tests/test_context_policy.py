@@ -168,7 +168,7 @@ def test_the_manifest_field_reaches_the_collector(chatml_tokenizer, tmp_path):
     spec = parse_env_spec({"env_type": "rollout", "entrypoint": "long_env.py:LongEnv", "context_policy": "truncate"})
     with RolloutCollector.from_spec(spec, chatml_tokenizer, batch_size=1, group_size=1, base_dir=tmp_path) as collector:
         assert collector.context_policy == "truncate"
-        assert collector._harness_of(0).context_policy == "truncate"
+        assert collector._envs[0].context_policy == "truncate"
     default = parse_env_spec({"env_type": "rollout", "entrypoint": "long_env.py:LongEnv"})
     assert default.context_policy == "error"
     with pytest.raises(ConfigError, match="context_policy"):

@@ -1,7 +1,7 @@
 """RolloutCollector: batches of grouped multi-turn rollouts, with the model and the envs kept busy.
 
-``batch_size * group_size`` slots each own one env (a ``RolloutHarness``), built once and
-reused until ``close()``. Every turn makes ONE batched ``policy.generate`` call for all live
+``batch_size * group_size`` slots each own one env (a ``RolloutHarness``), built once and reused
+until ``close()`` (``agilerl.rollout.slots``: building, dropping, closing). Every turn makes ONE batched ``policy.generate`` call for all live
 slots, then steps all their envs at once through the clients' async methods (``areset``/``astep``)
 on the shared event loop. A batch of 64 rollouts against a 50 ms env thus costs about
 ``turns x 50 ms`` of env time, not ``64 x turns x 50 ms``.
@@ -39,14 +39,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agilerl.chat import ChatRenderer
-from agilerl.concurrency import WorkerThreads, run_in_threads, run_on_loop, shared_loop
+from agilerl.concurrency import run_in_threads, run_on_loop, shared_loop
 from agilerl.errors import EnvUnavailable, InvalidArgument
-from agilerl.protocol import EnvInfo
 from agilerl.tools import resolve_tool_parser
 from agilerl.rollout.assigner import Task, TaskAssigner
 from agilerl.rollout.context import ContextBudget, answer_chars
 from agilerl.rollout.context_policy import ContextPolicy, room_for, target_for
-from agilerl.rollout.harness import RolloutHarness
+from agilerl.rollout.slots import EnvSlots
 from agilerl.rollout.tool_routing import late_call
 from agilerl.generation.policy import Generation, Policy, SamplingParams
 from agilerl.rollout.results import (
@@ -62,7 +61,7 @@ from agilerl.rollout.results import (
 if TYPE_CHECKING:
     from agilerl.manifest.spec import EnvironmentSpec
 
-__all__ = ["RolloutCollector", "check_capacity"]
+__all__ = ["RolloutCollector"]
 
 log = logging.getLogger(__name__)
 
@@ -99,49 +98,37 @@ class RolloutCollector:
             raise InvalidArgument(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
         self.batch_size = batch_size
         self.group_size = group_size
-        self.num_slots = batch_size * group_size
         self.env_timeout_s = env_timeout_s
         self.episode_retries = episode_retries
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self._context: ContextBudget | None = None
-        self._env_factory = env_factory
-        self._system_prompt = system_prompt
-        self._chat_template_kwargs = chat_template_kwargs
         self.context_policy = context_policy
         """What an episode does when its conversation outgrows the context (``agilerl.rollout.context_policy``)."""
         # one parser for every slot (``tool_parser``: see RolloutHarness); None: text steps
-        self._tools = {} if tool_parser is None else {
+        tools = {} if tool_parser is None else {
             "tool_parser": resolve_tool_parser(tool_parser, tokenizer), "send_reasoning": send_reasoning
         }
-        # Slots 0..num_slots-1 roll out; the last one, built at the first evaluation, evaluates.
-        self._slots: list[RolloutHarness | None] = [None] * (self.num_slots + 1)
-        self._renderer: ChatRenderer | None = None
         self._apply_lock = threading.Lock()
         self._closed = False
-        first = env_factory()
-        try:
-            self._slots[0] = self._harness(first, max_turns)  # None: the env's own
-            info = self._harness_of(0).info  # the first env's description stands for every slot's
-            self.max_turns = self._harness_of(0).max_turns
-            check_capacity(info, self.num_slots)
-        except BaseException:
-            _close_quietly(first)
-            raise
-        self._threads = WorkerThreads("agilerl-env", min_workers=self.num_slots)
+        self._envs = EnvSlots(
+            env_factory, tokenizer, batch_size * group_size, max_turns=max_turns, system_prompt=system_prompt,
+            chat_template_kwargs=chat_template_kwargs, context_policy=context_policy, **tools,
+        )
+        self.max_turns = self._envs.max_turns
+        info = self._envs.info
         try:
             self.assigner = TaskAssigner(info.dataset_size, seed=seed, rank=rank, world_size=world_size)
-            self._create_many(range(1, self.num_slots))
         except BaseException:
-            self.close()
+            self._envs.close()
             raise
-        client = self._harness_of(0).client
+        client = self._envs[0].client
         self._threaded = self.threads_for_blocking_envs and client.blocking
         # a remote reset may spend this long reconnecting (an outage) before it even sends
         self._reconnect_s = client.retry_budget_s
         self.max_reward = max_reward if max_reward is not None else info.max_reward
         base = sampling or SamplingParams()
-        stops = [self._harness_of(0).renderer.end_of_turn_id, tokenizer.eos_token_id, *base.stop_token_ids]
+        stops = [self._envs[0].renderer.end_of_turn_id, tokenizer.eos_token_id, *base.stop_token_ids]
         self.sampling = replace(base, stop_token_ids=tuple(dict.fromkeys(s for s in stops if s is not None)))
 
     @classmethod
@@ -163,6 +150,11 @@ class RolloutCollector:
         return collector_from_spec(
             cls, spec, tokenizer, batch_size=batch_size, group_size=group_size, base_dir=base_dir, **kwargs
         )
+
+    @property
+    def num_slots(self) -> int:
+        """Rollout slots (``batch_size x group_size``, more after ``add_groups``), one env each."""
+        return self._envs.count
 
     # -- collection ---------------------------------------------------------------------------
 
@@ -207,13 +199,7 @@ class RolloutCollector:
         pipeline keeps); ``collect`` still plays ``batch_size`` groups."""
         if count < 1:
             return
-        info = self._harness_of(0).info
-        new = range(self.num_slots, self.num_slots + count * self.group_size)
-        check_capacity(info, new.stop)
-        evaluation = self._slots[self.num_slots]
-        self._slots[self.num_slots :] = [None] * len(new) + [evaluation]
-        self.num_slots = new.stop
-        self._create_many(new)
+        self._envs.grow(count * self.group_size)
 
     def _play(
         self,
@@ -243,13 +229,13 @@ class RolloutCollector:
                 del prompts[s]
             live = list(prompts)
             gens = dict(zip(live, self._generate(policy, [prompts[s] for s in live], params, run))) if live else {}
-            sizes = {s: len(self._harness_of(s).trajectory.token_ids) for s in live}
+            sizes = {s: len(self._envs[s].trajectory.token_ids) for s in live}
             for s in live:
                 if gens[s].finish_reason == "context" and not gens[s].token_ids:  # the policy saw no room
                     self._end_at_context(run, s, budget)
                     del prompts[s]
             actions = {
-                s: ((self._harness_of(s).prepare_step(g.token_ids, logprobs=g.logprobs, version=g.version),), {})
+                s: ((self._envs[s].prepare_step(g.token_ids, logprobs=g.logprobs, version=g.version),), {})
                 for s in prompts
                 for g in (gens[s],)
             }
@@ -259,7 +245,7 @@ class RolloutCollector:
                 if s not in stepped:  # failed or ended at the context: already recorded
                     del prompts[s]
                     continue
-                harness = self._harness_of(s)
+                harness = self._envs[s]
                 if gens[s].finish_reason == "context":
                     run.finish(s, harness.trajectory, cut_at=used[s])
                     del prompts[s]
@@ -277,12 +263,11 @@ class RolloutCollector:
         """Reset ``slots`` to their tasks (building the envs that failed earlier first); their prompts."""
         ready = []
         for slot in slots:
-            if self._slots[slot] is None:
-                try:
-                    self._slots[slot] = self._fresh_harness()
-                except Exception as exc:  # reported, and retried like any failed attempt
-                    run.fail(slot, "create", exc, None)
-                    continue
+            try:
+                self._envs.ready(slot)  # built again when its env failed earlier
+            except Exception as exc:  # reported, and retried like any failed attempt
+                run.fail(slot, "create", exc, None)
+                continue
             ready.append(slot)
         tasks = run.tasks
         requests = {s: ((tasks[s].seed,), {"row_index": tasks[s].row_index, "evaluation": evaluation}) for s in ready}
@@ -301,7 +286,7 @@ class RolloutCollector:
         if len(prompt) + room <= limit:
             return prompt
         with self._apply_lock:  # lanes share the renderer and tokenizer
-            rewritten = self._harness_of(slot).make_room(limit - room, target_for(limit))
+            rewritten = self._envs[slot].make_room(limit - room, target_for(limit))
         if rewritten is None:  # nothing to drop, or no rewrite fits: it goes on as under error
             return prompt
         run.rewrote_context(self.context_policy)
@@ -310,7 +295,7 @@ class RolloutCollector:
     def _end_at_context(self, run: Run, slot: int, budget: ContextBudget) -> None:
         """End an episode the context cannot hold: cut after its last generated token, or, when
         the opening prompt alone fills the context, lose it (it has nothing to learn from)."""
-        traj = self._harness_of(slot).trajectory
+        traj = self._envs[slot].trajectory
         if any(any(sample.action_mask) for sample in traj.samples):
             run.finish(slot, traj, cut_at=end_of_last_action(traj))
         else:
@@ -356,14 +341,14 @@ class RolloutCollector:
         if not requests:
             return {}
         slots = list(requests)
-        clients = [self._harness_of(s).client for s in slots]
+        clients = [self._envs[s].client for s in slots]
         timeout = self.env_timeout_s
         if method == "reset" and timeout is not None:
             timeout += self._reconnect_s
         t0 = time.perf_counter()
         if self._threaded:  # the hand-tuned fast path: sync calls on worker threads, one latch
             calls = [partial(getattr(c, method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)]
-            results = run_in_threads(self._threads, calls, timeout, method)
+            results = run_in_threads(self._envs.threads, calls, timeout, method)
         else:
             acalls = [
                 partial(getattr(c, "a" + method), *requests[s][0], **requests[s][1]) for c, s in zip(clients, slots)
@@ -400,7 +385,7 @@ class RolloutCollector:
             log.debug("batch tokenization failed; tokenizing answer by answer", exc_info=True)
         applied: dict[int, Any] = {}
         for s, result in zip(slots, results):
-            harness = self._harness_of(s)
+            harness = self._envs[s]
             try:
                 if isinstance(result, BaseException):
                     raise late_call(harness.client, result)  # a timeout names the call_tool it caught
@@ -415,7 +400,7 @@ class RolloutCollector:
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 run.fail(s, method, exc, harness.trajectory if method == "step" else None)
-                self._replace(s)
+                self._envs.drop(s)
         return applied
 
     def _too_long(self, run: Run, slot: int, method: str, result: Any, budget: ContextBudget) -> None:
@@ -424,7 +409,7 @@ class RolloutCollector:
         if method == "reset":
             run.overflow(slot, budget.too_long(answer_chars(method, result)))
             return
-        harness = self._harness_of(slot)
+        harness = self._envs[slot]
         harness.apply_step(("", *result[1:]))  # the action and its reward; the text is never tokenized
         run.finish(slot, harness.trajectory, cut_at=end_of_last_action(harness.trajectory))
 
@@ -432,7 +417,7 @@ class RolloutCollector:
         """Tokenize every answer's new text in one batch per renderer (one per tool set)."""
         batches: dict[int, tuple[ChatRenderer, list[Any]]] = {}
         for s, result in answers:
-            harness = self._harness_of(s)
+            harness = self._envs[s]
             if method == "reset":
                 renderer, item = harness.renderer_for(result[1]), harness.opening_messages(*result)
             else:
@@ -441,64 +426,12 @@ class RolloutCollector:
         for renderer, items in batches.values():
             renderer.warm(**{"openings" if method == "reset" else "observations": items})
 
-    # -- env lifecycle ------------------------------------------------------------------------
-
-    def _harness(self, env: Any, max_turns: int | None) -> RolloutHarness:
-        harness = RolloutHarness(
-            env,
-            self.tokenizer,
-            max_turns=max_turns,
-            system_prompt=self._system_prompt,
-            chat_template_kwargs=self._chat_template_kwargs,
-            renderer=self._renderer,
-            context_policy=self.context_policy,
-            **self._tools,
-        )
-        self._renderer = harness.renderer  # every slot runs the same kind of env: one renderer
-        return harness
-
-    def _fresh_harness(self) -> RolloutHarness:
-        """A harness over a newly built env, with the run's turn budget."""
-        return self._harness(self._env_factory(), self.max_turns)
-
-    def _harness_of(self, slot: int) -> RolloutHarness:
-        harness = self._slots[slot]
-        assert harness is not None, f"slot {slot} has no env"
-        return harness
-
-    def _create_many(self, slots: range) -> None:
-        """Build the envs of ``slots`` at once; raise the first failure."""
-        built = run_in_threads(self._threads, [self._fresh_harness] * len(slots), None, "creation")
-        for slot, result in zip(slots, built):
-            if not isinstance(result, BaseException):
-                self._slots[slot] = result
-        errors = [r for r in built if isinstance(r, BaseException)]
-        if errors:
-            raise CollectionError(f"could not build the rollout envs: {errors[0]}") from errors[0]
-
-    def _replace(self, slot: int) -> None:
-        """Drop a failed env (closed in the background: it may still hang); rebuilt next time.
-        A remote env's client stays: it has dropped its session, and its next ``reset`` opens a
-        fresh one (a fresh env on the server), reconnecting through an outage."""
-        old = self._slots[slot]
-        if old is not None and old.client.reconnects:
-            return
-        self._slots[slot] = None
-        if old is not None:
-            threading.Thread(target=_close_quietly, args=(old,), daemon=True).start()
-
     def close(self) -> None:
         """Close every env exactly once; the collector cannot collect afterwards."""
         if self._closed:
             return
         self._closed = True
-        for harness in self._slots:
-            if harness is not None:
-                _close_quietly(harness)
-        if hasattr(self, "_threads"):
-            self._threads.shutdown()
-        if hasattr(self._env_factory, "close"):  # a fleet's factory: its replicas stop with the collector
-            _close_quietly(self._env_factory)
+        self._envs.close()
 
     def __enter__(self) -> RolloutCollector:
         return self
@@ -515,9 +448,7 @@ class RolloutCollector:
         first ``num_episodes``; other envs play seeds ``0 .. num_episodes-1``, the same every time.
         """
         slot = self.num_slots
-        if self._slots[slot] is None:
-            self._slots[slot] = self._fresh_harness()
-        held_out = self._harness_of(slot).info.eval_dataset_size
+        held_out = self._envs.ready(slot).info.eval_dataset_size
         num_episodes = evaluation_episodes(held_out, num_episodes, "this env")
         greedy = replace(self.sampling, temperature=0.0)
         rewards: list[float] = []
@@ -541,24 +472,3 @@ class RolloutCollector:
         mean = statistics.fmean(rewards)
         accuracy = mean / self.max_reward if self.max_reward else None
         return EvalResult(mean, accuracy, len(rewards), failures, retries)
-
-
-def check_capacity(info: EnvInfo, num_slots: int) -> None:
-    """Fail before the first batch when a server admits fewer sessions than the run holds:
-    one per slot, plus one for evaluation."""
-    limit = info.max_concurrent_envs
-    needed = num_slots + 1
-    if limit is not None and limit < needed:
-        raise CollectionError(
-            f"the env server admits {limit} concurrent sessions but this run needs {needed} "
-            f"(batch_size x group_size = {num_slots}, + 1 for evaluation); start the server with "
-            f"max_concurrent_envs >= {needed} or lower batch_size/group_size"
-        )
-
-
-def _close_quietly(env: Any) -> None:
-    """Close an env that may be broken; its error must not mask the one being reported."""
-    try:
-        env.close()
-    except Exception:
-        log.debug("closing a failed env raised", exc_info=True)
