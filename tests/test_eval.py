@@ -64,6 +64,19 @@ def test_rows_hold_each_episode_and_the_summary_is_computed_from_them(tmp_path, 
     assert summary["pass_at_k"]["pass@1"] == pytest.approx(statistics.fmean(r["passed"] for r in rows))
 
 
+def test_progress_into_a_log_is_plain_lines_not_a_squeezed_bar(tmp_path, capsys, monkeypatch):
+    """stderr is no terminal here (captured): the progress is ``eval N/M episodes`` lines."""
+    for name in ("TTY_COMPATIBLE", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    args = [a for a in TINY if a != "--no-progress"]
+    assert main(["eval", "guess", *args, "-n", "3", "-k", "2", "--output", str(tmp_path / "r.jsonl")]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("eval ")]
+    assert lines and lines[-1].startswith("eval 6/6 episodes  elapsed 0:00:") and " left ~0:00:00" in lines[-1], err
+    assert all(" episodes  elapsed " in line for line in lines)
+    assert "━" not in err and "\x1b[" not in err  # no bar, no terminal codes
+
+
 def test_resume_keeps_finished_rows_drops_a_torn_line_and_plays_the_rest(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     _eval_json(capsys, "guess", *TINY, "-n", "2", "-k", "2", "--temperature", "1", "--output", str(out))

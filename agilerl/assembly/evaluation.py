@@ -16,6 +16,7 @@ import math
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from agilerl.generation.policy import Policy, SamplingParams
 from agilerl.rollout.trajectory import Trajectory
 from agilerl.generation.versioned import VersionedPolicy
 from agilerl.tools.metrics import TOOL_STATS_KEY, tool_call_metrics
-from agilerl.train.metrics import judge_metrics, reward_component_metrics
+from agilerl.train.metrics import ProgressBar, clock, judge_metrics, reward_component_metrics
 
 __all__ = ["EvalPlan", "EvalSummary", "pass_at_k", "evaluate_spec", "ResultsFile"]
 
@@ -330,17 +331,44 @@ def _line(row: dict[str, Any]) -> str:
 
 @contextmanager
 def _progress(show: bool, total: int, done: int) -> Iterator[Callable[[int], None]]:
-    """A progress bar over episodes (on stderr), or nothing."""
+    """A progress bar over episodes (on stderr), or nothing. Where stderr is no terminal (a log
+    file, a pipe), plain lines at intervals instead: rich would squeeze the bar to one cut line."""
     if not show:
         yield lambda n: None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    console = Console(stderr=True)
+    if not console.is_terminal:  # rich's test: TTY_COMPATIBLE and FORCE_COLOR, else isatty
+        yield _ProgressLines(total, done).advance
+        return
     columns = (TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    with Progress(*columns, console=console) as bar:
         task = bar.add_task("eval", total=total, completed=done)
         yield lambda n: bar.advance(task, n)
+
+
+class _ProgressLines:
+    """``eval 40/100 episodes  elapsed 0:00:12  left ~0:00:18`` on stderr, every tenth of the
+    episodes or every ``ProgressBar.LINE_EVERY_S`` seconds, whichever comes first, and at the end."""
+
+    def __init__(self, total: int, done: int) -> None:
+        self.total, self.start, self.done = total, done, done
+        self._started = self._shown_at = time.monotonic()
+        self._shown = done
+        self._every = max(1, (total - done) // 10)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.done < self.total and self.done - self._shown < self._every and now - self._shown_at < ProgressBar.LINE_EVERY_S:
+            return
+        self._shown, self._shown_at = self.done, now
+        elapsed = now - self._started
+        left = elapsed / max(1, self.done - self.start) * (self.total - self.done)
+        print(f"eval {self.done}/{self.total} episodes  elapsed {clock(elapsed)}  left ~{clock(left)}",
+              file=sys.stderr, flush=True)
 
 
 class _Transcript:

@@ -31,6 +31,7 @@ __all__ = [
     "plot_curves",
     "draw_curves",
     "ProgressBar",
+    "clock",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -332,12 +333,12 @@ class ProgressBar:
         elapsed = time.monotonic() - self._started
         left = elapsed / (step - self.start) * (self.total - step)
         print(
-            f"step {step}/{self.total}  {self._metrics_text()}  elapsed {_clock(elapsed)}  left ~{_clock(left)}",
+            f"step {step}/{self.total}  {self._metrics_text()}  elapsed {clock(elapsed)}  left ~{clock(left)}",
             file=sys.stderr, flush=True,
         )
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
     """``0:01:05``, as rich's time columns show it."""
     whole = int(seconds)
     return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
