@@ -23,7 +23,7 @@ import yaml
 
 from agilerl.cli.main import main
 from agilerl.errors import InvalidArgument, ManifestError, MissingExtra, ReplicaStartError
-from agilerl.fleet.autoscale import AutoSizing, autoscaler
+from agilerl.fleet.autoscale import AutoScaler, AutoSizing, autoscaler
 from agilerl.fleet.limits import StartLimiter, start_with_retry
 from agilerl.fleet.provider import ReplicaSpec
 from agilerl.fleet.ray_provider import NAMESPACE, RayProvider
@@ -157,6 +157,38 @@ def test_auto_shrinks_one_idle_replica_at_a_time_after_the_hysteresis_never_belo
 def test_auto_does_not_shrink_while_the_sessions_open_would_not_fit():
     scaler = AutoSizing(4, shrink_after_s=60)
     assert scaler.target(4, in_use=5, refused_recently=0, idle_since=[None, 0.0], now=500) == 2
+
+
+class _GrowingFleet:
+    """A fleet as the scaler reads it: every replica holds 2 sessions and is full; each start
+    takes a while, during which 3 more sessions are refused (clients retrying in backoff)."""
+
+    def __init__(self, replicas: int, clients: int) -> None:
+        self.replicas, self.clients, self.refused = replicas, clients, 0
+
+    def load(self) -> list[tuple[str, int]]:
+        return [(f"ws://r{i}", 2) for i in range(self.replicas)]
+
+    def add_replica(self) -> None:
+        self.refused += 3
+        self.replicas += 1
+
+    def remove_replica(self, url: str) -> bool:
+        raise AssertionError("no replica is idle here")
+
+
+def test_auto_does_not_grow_again_for_the_sessions_refused_while_its_new_replicas_started():
+    fleet = _GrowingFleet(replicas=1, clients=3)  # 3 sessions, 2 a replica: 2 replicas needed
+    scaler = AutoScaler(AutoSizing(2), sessions=3, clock=FakeClock())
+    fleet.refused = 1
+    scaler.tick(fleet)
+    assert fleet.replicas == 2
+    scaler.tick(fleet)  # the 3 refused during that start are not growth
+    scaler.tick(fleet)
+    assert fleet.replicas == 2
+    fleet.refused += 1  # refused after it: grows again
+    scaler.tick(fleet)
+    assert fleet.replicas == 3
 
 
 def test_auto_bounds_are_checked():
@@ -472,9 +504,9 @@ def test_auto_grows_a_live_fleet_when_its_clients_outnumber_its_sessions_and_shr
         clients = [factory() for _ in range(3)]  # 3 sessions, 2 a replica
         for client in clients:
             client.reset(seed=0)
-        # grown past one replica; refusals landing while a replica still starts may each grow it,
-        # within the scaler's bound of twice what the sessions need
-        assert 2 <= len(fleet.urls) <= 4 and len({c.url for c in clients}) >= 2
+        # grown to the two replicas 3 sessions fill: the refusals landing while the second one
+        # started are not growth (they once grew it to 4)
+        assert len(fleet.urls) == 2 and len({c.url for c in clients}) == 2
         for client in clients:
             client.close()
         del client, clients

@@ -132,6 +132,9 @@ class AutoScaler:
         )
         if target > len(load):
             self._grow(fleet, target - len(load))
+            # The sessions refused while those replicas started were refused for the room they
+            # now give: counted at the next tick, each would grow the fleet again (an overshoot).
+            self._refused_seen = fleet.refused
         elif target < len(load) and self._idle:
             longest = min(self._idle, key=self._idle.__getitem__)
             if fleet.remove_replica(longest):
