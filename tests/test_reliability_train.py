@@ -143,6 +143,58 @@ def test_a_second_run_on_a_busy_output_dir_is_refused_and_sighup_saves(tmp_path)
                  "--max-steps", str(step + 1)]) == 0  # the folder is free again
 
 
+SLOW_TO_BUILD = """
+import os, time
+
+class SlowToBuild:
+    max_turns = 1
+
+    def __init__(self):
+        open(os.environ["AGILERL_TEST_MARKER"], "w").close()
+        time.sleep(120)
+
+    def reset(self, seed=None):
+        return "hi", {}
+
+    def step(self, action):
+        return "", 1.0, True, False, {}
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_during_setup_interrupts_the_command_cleanly(tmp_path, signum):
+    """Before the loop (here: while the envs are built), SIGTERM and SIGHUP stop the command as
+    Ctrl-C does: what was started is closed (finally blocks run) and it exits 130, saying it was
+    interrupted; SIGTERM's default would have killed it on the spot, a fleet's replicas and a Ray
+    cluster left to notice alone."""
+    (tmp_path / "slow.py").write_text(SLOW_TO_BUILD)
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "environment": {"env_type": "rollout", "entrypoint": "slow.py:SlowToBuild"},
+        "model": {"name_or_path": "tiny"}, "algorithm": {"name": "grpo"},
+        "training": {"batch_size": 1, "group_size": 2, "max_steps": 1, "max_new_tokens": 2},
+    }))
+    marker = tmp_path / "building"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agilerl", "train", str(manifest), "--output-dir", str(tmp_path / "out"), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal,
+        env={**os.environ, "AGILERL_TEST_MARKER": str(marker)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+            time.sleep(0.05)
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=60)  # not the env's 120 s
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "interrupted", stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_under_nohup_sighup_leaves_the_run_going(tmp_path):

@@ -47,7 +47,7 @@ def _train(args: argparse.Namespace) -> int:
 
     manifest = load_manifest_reporting_warnings(args.manifest)
     output_dir = Path(args.output_dir or manifest.output_dir)
-    with hold_output_dir(output_dir), _hangup_as_interrupt():  # one run at a time in a folder
+    with hold_output_dir(output_dir), _stops_as_interrupt():  # one run at a time in a folder
         return _train_holding(args, manifest, output_dir)
 
 
@@ -108,11 +108,13 @@ _STOPS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 @contextmanager
-def _hangup_as_interrupt() -> Iterator[None]:
-    """SIGHUP (the terminal or the ssh session closed) stops a run as Ctrl-C does: the trainer
-    saves a checkpoint and the command says how to resume, instead of dying with nothing saved.
-    Under ``nohup`` (SIGHUP ignored) the run outlives its terminal. The handlers are put back as
-    they were at the end."""
+def _stops_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (the terminal or the ssh session closed) stop a run as Ctrl-C does, from
+    the command's start: in the loop the trainer saves a checkpoint and the command says how to
+    resume; during setup (the model, the envs, a fleet's replicas) what was started is closed
+    and the command says it was interrupted, instead of dying with its replicas or Ray cluster
+    left behind. Under ``nohup`` (SIGHUP ignored) the run outlives its terminal. The handlers are
+    put back as they were at the end."""
     from agilerl.concurrency import stop_signals
 
     if threading.current_thread() is not threading.main_thread():
@@ -120,8 +122,9 @@ def _hangup_as_interrupt() -> Iterator[None]:
         return
     previous = {signum: signal.getsignal(signum) for signum in _STOPS}
     hangup = getattr(signal, "SIGHUP", None)
-    if hangup in stop_signals():
-        signal.signal(hangup, signal.getsignal(signal.SIGINT))
+    for signum in stop_signals():  # SIGTERM unless someone set a handler of their own
+        if signum == hangup or (signum == signal.SIGTERM and previous[signum] is signal.SIG_DFL):
+            signal.signal(signum, signal.default_int_handler)  # KeyboardInterrupt, as Ctrl-C
     try:
         yield
     finally:

@@ -64,6 +64,7 @@ class RayProvider:
         self._lock = threading.Lock()
         self._actors: dict[str, Any] = {}  # name -> handle: everything made, alive or not
         self._placed: set[str] = set()  # the actors that answered (a pending one cannot take a stop call)
+        self._here: dict[str, tuple[int, str]] = {}  # name -> its server's pid and folder, on this node
         self._connected = False
         self._owns_connection = False  # ray.init was ours (ray.shutdown is too)
         self._owns_cluster = False  # and it started the cluster: nothing else adds nodes to it
@@ -111,6 +112,8 @@ class RayProvider:
             raise ReplicaStartError(f"replica {index} on ray node {reply['node']}: {reply['error']}",
                                     retryable=reply["retryable"])
         url = reply["url"]
+        if url.startswith("http://127.0.0.1:"):  # on this node: close() makes sure its server is gone
+            self._here[name] = (reply["pid"], reply["folder"])
         try:
             wait_healthy(url, max(1.0, deadline - time.monotonic()))
         except TimeoutError:
@@ -183,6 +186,9 @@ class RayProvider:
         for _, actor in actors:
             with contextlib.suppress(ValueError, ray.exceptions.RayError):
                 ray.kill(actor, no_restart=True)
+        # A stop call that did not land leaves the server to PR_SET_PDEATHSIG's SIGTERM when its
+        # actor dies: on this node, wait for it (within its grace), then SIGKILL what is left.
+        _reap([here for name in names if (here := self._here.pop(name, None)) is not None])
 
     def _where(self) -> str:
         return self.address or "the local Ray cluster started for this run"
@@ -200,6 +206,29 @@ def _keep_signal_handlers() -> Any:
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def _reap(servers: list[tuple[int, str]]) -> None:
+    """Wait, up to the stop grace, for these servers (pid, folder: on this node) to exit; SIGKILL
+    the process group of any still running. A pid is only signalled while its command line still
+    names its replica's folder (pids are reused)."""
+    deadline = time.monotonic() + _STOP_GRACE_S
+    left = [(pid, folder) for pid, folder in servers if _is_server(pid, folder)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [(pid, folder) for pid, folder in left if _is_server(pid, folder)]
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _is_server(pid: int, folder: str) -> bool:
+    """Whether ``pid`` is still running the server whose URL file is in ``folder`` (Linux: from
+    /proc; elsewhere it reads as gone, and the actor's own stop is what there is)."""
+    try:
+        return folder.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()  # a zombie's is empty
+    except OSError:
+        return False
 
 
 # -- on the node (inside the actor) -------------------------------------------------------------
@@ -256,7 +285,7 @@ class ReplicaServer:
             )
         while time.monotonic() < deadline:
             if port_file.is_file() and (url := port_file.read_text().strip()):
-                return {"url": url, "node": node}
+                return {"url": url, "node": node, "pid": self.proc.pid, "folder": str(self.folder)}
             if self.proc.poll() is not None:
                 return {"error": f"its server exited with status {self.proc.returncode}: {self._tail()}",
                         "retryable": False, "node": node}
