@@ -229,29 +229,38 @@ def test_a_lane_that_fails_ends_the_run_at_the_next_take_with_its_error(chatml_t
 
 
 def test_resume_replays_the_groups_in_flight_and_never_a_trained_one(chatml_tokenizer):
+    """A checkpoint's trained tasks have gaps when groups finished out of order (the env's latency
+    tail): those are replayed on resume. On a loaded host the groups may happen to finish in
+    order (nothing to replay), so the run is repeated, a bounded number of times, until one had
+    gaps; every run must train no task twice and skip none."""
     env = lambda: LatencyEnv(latency_s=0.02, tail=True)  # noqa: E731
 
     def tasks_of(batches):
         return [g[0].seed for _, b, _ in batches for g in b.groups]
 
-    with make(chatml_tokenizer, env=env) as collector:
-        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"))
-        with RolloutPipeline(collector, policy, mode="async", max_staleness=2) as first:
-            before = trainer_steps(first, policy, 2)
-            state = first.state()  # what the checkpoint of step 2 keeps; the groups in flight are lost
-    with make(chatml_tokenizer, env=env) as collector:
-        policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"), version=2)
-        with RolloutPipeline(collector, policy, mode="async", max_staleness=2) as second:
-            second.resume(2, state)
-            replayed = len(second._replays)
-            after = trainer_steps(second, policy, 4)
-    with make(chatml_tokenizer, env=env) as collector:  # the task stream the run draws from
+    with make(chatml_tokenizer, env=env) as collector:  # the task stream every run draws from
         stream = [t.seed for t in (collector.assigner.assign(1, 2)[0] for _ in range(40))]
-    trained = tasks_of(before) + tasks_of(after)
-    assert len(trained) == len(set(trained))  # none twice
-    end = state["trained_below"] + replayed + len(state["trained"])
-    assert set(stream[:end]) <= set(trained)  # none skipped: every task drawn before the save is trained
-    assert replayed > 0
+    replays = []
+    for _ in range(5):
+        with make(chatml_tokenizer, env=env) as collector:
+            policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"))
+            with RolloutPipeline(collector, policy, mode="async", max_staleness=2) as first:
+                before = trainer_steps(first, policy, 2)
+                state = first.state()  # what the checkpoint of step 2 keeps; the groups in flight are lost
+        with make(chatml_tokenizer, env=env) as collector:
+            policy = VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "42"), version=2)
+            with RolloutPipeline(collector, policy, mode="async", max_staleness=2) as second:
+                second.resume(2, state)
+                replayed = len(second._replays)
+                after = trainer_steps(second, policy, 4)
+        trained = tasks_of(before) + tasks_of(after)
+        assert len(trained) == len(set(trained))  # none twice
+        end = state["trained_below"] + replayed + len(state["trained"])
+        assert set(stream[:end]) <= set(trained)  # none skipped: every task drawn before the save is trained
+        replays.append(replayed)
+        if replayed:
+            break
+    assert any(replays), replays
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -26,6 +26,7 @@ from agilerl.generation.policy import ScriptedPolicy
 from agilerl.manifest.spec import parse_env_spec
 from agilerl.rollout.assigner import TaskAssigner
 from agilerl.rollout.collector import RolloutCollector
+from tests.signals import as_from_a_terminal
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -168,6 +169,7 @@ def test_no_replica_outlives_the_run(tmp_path, how):
     process = subprocess.Popen(
         [sys.executable, str(script), "waits" if how in ("ctrl-c", "sigterm", "sigkill") else how],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd(),
+        preexec_fn=as_from_a_terminal,  # a suite started as a background job would leave SIGINT ignored
     )
     try:
         line = process.stdout.readline()

@@ -34,7 +34,13 @@ def test_a_child_started_as_from_a_terminal_has_the_default_dispositions_whateve
 
 
 def test_every_test_that_sends_a_stop_signal_sets_its_childs_disposition():
-    sends = re.compile(r"(send_signal|os\.kill|os\.killpg)\([^)]*SIG(HUP|INT|TERM)")
+    # a stop signal named in the call, or a call with a variable beside the name of one
+    named = re.compile(r"(send_signal|os\.kill|os\.killpg)\([^)]*SIG(HUP|INT|TERM)")
+    some = re.compile(r"(send_signal|os\.kill|os\.killpg)\((?![^)]*SIG[A-Z])")
+    stop = re.compile(r"signal\.SIG(HUP|INT|TERM)\b")
     files = [f for folder in ("tests", "plugins") for f in (ROOT / folder).rglob("test_*.py") if ".venv" not in str(f)]
-    offenders = [f.relative_to(ROOT) for f in files if sends.search(f.read_text()) and "preexec_fn=as_" not in f.read_text()]
+    offenders = [
+        f.relative_to(ROOT) for f in files
+        if (named.search(text := f.read_text()) or (some.search(text) and stop.search(text))) and "preexec_fn=as_" not in text
+    ]
     assert not offenders, f"start the signalled child with preexec_fn=tests.signals.as_from_a_terminal: {offenders}"

@@ -42,7 +42,7 @@ class EnvSlots:
             self.max_turns = self[0].max_turns
             check_capacity(self[0].info, count)  # the first env's description stands for every slot's
         except BaseException:
-            close_quietly(first)
+            _close_quietly(first)
             raise
         self.threads = WorkerThreads("agilerl-env", min_workers=count)
         """The collector's worker threads: one per slot, for builds and blocking env calls."""
@@ -87,18 +87,18 @@ class EnvSlots:
             return
         self._slots[slot] = None
         if old is not None:
-            threading.Thread(target=close_quietly, args=(old,), daemon=True).start()
+            threading.Thread(target=_close_quietly, args=(old,), daemon=True).start()
 
     def close(self) -> None:
         """Close every env once, the threads, and a fleet's factory (its replicas stop too)."""
         for harness in self._slots:
             if harness is not None:
-                close_quietly(harness)
+                _close_quietly(harness)
         self._slots = [None] * len(self._slots)
         if hasattr(self, "threads"):
             self.threads.shutdown()
         if hasattr(self._factory, "close"):
-            close_quietly(self._factory)
+            _close_quietly(self._factory)
 
     def _harness(self, env: Any, max_turns: int | None) -> RolloutHarness:
         harness = RolloutHarness(env, self._tokenizer, max_turns=max_turns, renderer=self._renderer, **self._harness_kwargs)
@@ -130,7 +130,7 @@ def check_capacity(info: EnvInfo, num_slots: int) -> None:
         )
 
 
-def close_quietly(env: Any) -> None:
+def _close_quietly(env: Any) -> None:
     """Close an env that may be broken; its error must not mask the one being reported."""
     try:
         env.close()
