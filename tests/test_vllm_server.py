@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.test_vllm import LOGPROB_TOLERANCE, ROOT, assert_engines_hold_the_trained_weights, launch_two_ranks
-from tests.vllm_checks import Recorder
+from tests.vllm_checks import Recorder, agent_calls_are_what_vllm_generated
 from tests.vllm_serve import VLLMServe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the first use builds the venv
@@ -109,6 +109,16 @@ def test_collection_from_token_ids_is_token_exact_on_both_replicas(trained, repl
     assert float(diff.max()) < LOGPROB_TOLERANCE  # so the replicas hold the pushed (seed 0) weights
     served = [_requests_served(url) - before for url, before in zip(replicas, served_before)]
     assert all(count > 0 for count in served), served  # the two tasks' groups went to different replicas
+
+
+def test_an_agent_programs_calls_through_the_endpoint_train_on_exactly_what_the_replicas_generated(trained):
+    """Issue 39 on the served backend (tests/test_vllm.py has the colocated engine)."""
+    _, tokenizer, policy = trained
+    report: dict[str, Any] = {}
+    agent_calls_are_what_vllm_generated(policy, tokenizer, report)
+    assert report["agent_calls"] == 2
+    assert report["agent_trained_tokens_are_vllms"] and report["agent_prompts_are_the_sample"]
+    assert report["agent_replies_decode_from_them"] == [True, True]
 
 
 def test_every_replica_follows_a_weight_push(trained, replicas, tmp_path):
