@@ -127,15 +127,33 @@ def extra_venv_of(item: pytest.Item) -> str | None:
 EXTRA_VENV_ORDER = ("vllm", "verifiers", "openenv")
 """The order the extra venvs' tests run in, after the rest (by then each venv is built: a clean
 .ci/run has all three within 3 minutes): vLLM's long files first, the many short openenv ones
-last, so that both workers finish together (the verifiers run last left one idle 25 s)."""
+last, so that both workers finish together."""
+
+
+FILE_SECONDS = {
+    "tests/test_train_distributed.py": 91, "tests/test_bench.py": 89, "tests/test_tools_vllm.py": 50,
+    "tests/test_vllm.py": 68, "tests/test_async_train.py": 60, "tests/test_vision_vllm.py": 57,
+    "tests/test_env_fleet_ray.py": 52, "tests/test_rubrics_openenv.py": 52, "tests/test_vllm_server.py": 51,
+    "tests/test_openenv_native.py": 49, "tests/test_agents.py": 49, "tests/test_reliability_openenv.py": 46,
+    "tests/test_tools_learning.py": 42, "tests/test_async_vllm.py": 40, "tests/test_train_learning.py": 32,
+    "tests/test_eval_openai.py": 25, "tests/test_vision_learning.py": 25, "tests/test_vision_openenv.py": 24,
+    "plugins/agilerl-env-verifiers/tests/test_verifiers_plugin.py": 23, "tests/test_judge_vllm.py": 23,
+    "tests/test_reliability_train.py": 21, "tests/test_openenv_layouts.py": 20, "tests/test_faults_checkpoint.py": 20,
+    "tests/test_light_install.py": 19, "tests/test_train.py": 18, "tests/test_tools_openenv.py": 16,
+}
+"""About how many seconds the slowest files' tests take on two quiet cores (``pytest --durations=0``
+summed per file). Within each group of ``pytest_collection_modifyitems`` the longest files start
+first, so the two workers finish together (longest first); a file not listed counts as short.
+Refresh after a big change."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests needing an extra venv run after the others, in ``EXTRA_VENV_ORDER``
-    (tests/xdist_units.py keeps each file's run of them on one worker)."""
+    """Tests needing an extra venv run after the others, in ``EXTRA_VENV_ORDER``; within each
+    group the longest files first (``FILE_SECONDS``). tests/xdist_units.py keeps each file's run
+    of them on one worker."""
     order = list(EXTRA_VENV_ORDER)
     rank = {item.nodeid: 1 + order.index(name) if (name := extra_venv_of(item)) else 0 for item in items}
-    items.sort(key=lambda item: rank[item.nodeid])  # stable: each file keeps its collected order
+    items.sort(key=lambda item: (rank[item.nodeid], -FILE_SECONDS.get(item.nodeid.split("::")[0], 0)))  # stable
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own (firstresult)
