@@ -86,11 +86,16 @@ def test_generation_follows_pushed_weights(report):
     assert report["lora_changed_output"] and report["lora_matches_peft_model"]
 
 
-def test_an_agent_programs_calls_through_the_endpoint_train_on_exactly_what_vllm_generated(report):
-    """Issue 39: the agent endpoint on the vLLM backend, as on transformers (tests/test_agents.py)."""
+def assert_agent_calls_were_vllms(report: dict[str, Any]) -> None:
+    """What ``vllm_checks.agent_calls_are_what_vllm_generated`` found, on either vLLM backend."""
     assert report["agent_calls"] == 2
     assert report["agent_trained_tokens_are_vllms"] and report["agent_prompts_are_the_sample"]
     assert report["agent_replies_decode_from_them"] == [True, True]
+
+
+def test_an_agent_programs_calls_through_the_endpoint_train_on_exactly_what_vllm_generated(report):
+    """Issue 39: the agent endpoint on the vLLM backend, as on transformers (tests/test_agents.py)."""
+    assert_agent_calls_were_vllms(report)
 
 
 def test_grpo_with_vllm_trains_as_with_transformers(report):

@@ -16,7 +16,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from agilerl.generation.policy import Policy, SamplingParams
 from agilerl.rollout.trajectory import Trajectory
 from agilerl.generation.versioned import VersionedPolicy
 from agilerl.tools.metrics import TOOL_STATS_KEY, tool_call_metrics
-from agilerl.train.metrics import ProgressBar, clock, judge_metrics, reward_component_metrics
+from agilerl.train.metrics import LineSchedule, ProgressBar, judge_metrics, reward_component_metrics
 
 __all__ = ["EvalPlan", "EvalSummary", "pass_at_k", "evaluate_spec", "ResultsFile"]
 
@@ -341,34 +340,19 @@ def _progress(show: bool, total: int, done: int) -> Iterator[Callable[[int], Non
 
     console = Console(stderr=True)
     if not console.is_terminal:  # rich's test: TTY_COMPATIBLE and FORCE_COLOR, else isatty
-        yield _ProgressLines(total, done).advance
+        schedule, shown = LineSchedule(total, done, ProgressBar), [done]
+
+        def advance(n: int) -> None:
+            shown[0] += n
+            if schedule.due(shown[0]):
+                print(f"eval {shown[0]}/{total} episodes  {schedule.times(shown[0])}", file=sys.stderr, flush=True)
+
+        yield advance
         return
     columns = (TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console) as bar:
         task = bar.add_task("eval", total=total, completed=done)
         yield lambda n: bar.advance(task, n)
-
-
-class _ProgressLines:
-    """``eval 40/100 episodes  elapsed 0:00:12  left ~0:00:18`` on stderr, every tenth of the
-    episodes or every ``ProgressBar.LINE_EVERY_S`` seconds, whichever comes first, and at the end."""
-
-    def __init__(self, total: int, done: int) -> None:
-        self.total, self.start, self.done = total, done, done
-        self._started = self._shown_at = time.monotonic()
-        self._shown = done
-        self._every = max(1, (total - done) // 10)
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.done < self.total and self.done - self._shown < self._every and now - self._shown_at < ProgressBar.LINE_EVERY_S:
-            return
-        self._shown, self._shown_at = self.done, now
-        elapsed = now - self._started
-        left = elapsed / max(1, self.done - self.start) * (self.total - self.done)
-        print(f"eval {self.done}/{self.total} episodes  elapsed {clock(elapsed)}  left ~{clock(left)}",
-              file=sys.stderr, flush=True)
 
 
 class _Transcript:

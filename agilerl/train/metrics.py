@@ -31,7 +31,7 @@ __all__ = [
     "plot_curves",
     "draw_curves",
     "ProgressBar",
-    "clock",
+    "LineSchedule",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -254,9 +254,7 @@ class ProgressBar:
         self._progress: Any = None
         self._task: Any = None
         self._latest: dict[str, float] = {}  # evaluation results stay shown until the next one
-        self._started = self._last_line_at = time.monotonic()
-        self._last_line_step = start
-        self._line_steps = max(1, (total - start) // 10)
+        self._schedule = LineSchedule(total, start, self)
 
     @contextmanager
     def running(self) -> Iterator[ProgressBar]:
@@ -298,8 +296,9 @@ class ProgressBar:
         self._latest.update(metrics)
         if self._progress is not None:
             self._progress.update(self._task, completed=step, description=self._metrics_text())
-        elif self.lines and step > self.start and self._line_due(step):
-            self._print_line(step)
+        elif self.lines and step > self.start and self._schedule.due(step):
+            print(f"step {step}/{self.total}  {self._metrics_text()}  {self._schedule.times(step)}",
+                  file=sys.stderr, flush=True)
 
     def log(self, text: str) -> None:
         if self._progress is not None:
@@ -318,27 +317,33 @@ class ProgressBar:
         shown[1:1] = [(k, k) for k in components[: self.TOP_COMPONENTS]]  # right after the reward
         return "  ".join(f"{label} {self._latest[key]:.3f}" for label, key in shown)
 
-    def _line_due(self, step: int) -> bool:
+
+class LineSchedule:
+    """When a plain progress line is due (a log file, a pipe): every tenth of the work, every
+    ``owner.LINE_EVERY_S`` seconds (read at each call), and at the end; and the times it shows.
+    ``ProgressBar`` (train) and eval's episode lines share it."""
+
+    def __init__(self, total: int, start: int, owner: Any) -> None:
+        self.total, self.start, self._owner = total, start, owner
+        self._started = self._last_at = time.monotonic()
+        self._last = start
+        self._every = max(1, (total - start) // 10)
+
+    def due(self, done: int) -> bool:
         now = time.monotonic()
-        due = (
-            step >= self.total
-            or step - self._last_line_step >= self._line_steps
-            or now - self._last_line_at >= self.LINE_EVERY_S
-        )
-        if due:
-            self._last_line_step, self._last_line_at = step, now
-        return due
+        if done >= self.total or done - self._last >= self._every or now - self._last_at >= self._owner.LINE_EVERY_S:
+            self._last, self._last_at = done, now
+            return True
+        return False
 
-    def _print_line(self, step: int) -> None:
+    def times(self, done: int) -> str:
+        """``elapsed 0:00:12  left ~0:00:18``."""
         elapsed = time.monotonic() - self._started
-        left = elapsed / (step - self.start) * (self.total - step)
-        print(
-            f"step {step}/{self.total}  {self._metrics_text()}  elapsed {clock(elapsed)}  left ~{clock(left)}",
-            file=sys.stderr, flush=True,
-        )
+        left = elapsed / max(1, done - self.start) * (self.total - done)
+        return f"elapsed {_clock(elapsed)}  left ~{_clock(left)}"
 
 
-def clock(seconds: float) -> str:
+def _clock(seconds: float) -> str:
     """``0:01:05``, as rich's time columns show it."""
     whole = int(seconds)
     return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
