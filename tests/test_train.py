@@ -164,8 +164,9 @@ def test_python_api_mismatches_are_named_before_any_step(chatml_tokenizer, tiny_
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.generation.policy import SamplingParams
     from agilerl.manifest.spec import parse_env_spec
-    from agilerl.train.loops import train_llm_rollout
-    from agilerl.errors import ConfigError
+    from agilerl.data.dataset_env import DatasetEnv
+    from agilerl.train.loops import train_llm_dataset, train_llm_rollout
+    from agilerl.errors import ConfigError, InvalidArgument
 
     hot = SamplingParams(temperature=0.7, max_new_tokens=2)
     with RolloutCollector.from_spec(
@@ -177,6 +178,11 @@ def test_python_api_mismatches_are_named_before_any_step(chatml_tokenizer, tiny_
         with pytest.raises(ConfigError, match=r"train_llm_rollout: algorithm SFT trains on dataset batches, not "
                            r"rollout; use SFT/DPO data .*train_llm_dataset"):
             train_llm_rollout(tiny_model, chatml_tokenizer, collector, "sft", {"max_steps": 1}, show_progress=False)
+    sft = load_manifest(EXAMPLES / "sft" / "manifest.yaml")
+    rows = DatasetEnv.from_spec(sft.environment, chatml_tokenizer, base_dir=sft.base_dir, batch_size=2)
+    with pytest.raises(InvalidArgument, match=r"training.stop_at_eval_reward \(1.0\) needs an eval/reward: a dataset "
+                       r"env's evaluation is the SFT loss on held-out rows; remove stop_at_eval_reward"):
+        train_llm_dataset(tiny_model, chatml_tokenizer, rows, "sft", {"stop_at_eval_reward": 1.0}, show_progress=False)
 
 
 @pytest.mark.parametrize(
@@ -211,6 +217,9 @@ def test_sections_are_typed_and_misspelt_keys_are_errors():
         parse_manifest({"environment": GUESS, "training": {"learning_rate": 1e-3}})
     with pytest.raises(ManifestError, match=r"training\.max_steps: Input should be greater"):
         parse_manifest({"environment": GUESS, "training": {"max_steps": 0}})
+    with pytest.raises(ManifestError, match=r"training: .*stop_at_eval_reward=1.0 is checked at evaluations, "
+                       r"and evaluation_interval is 0 \(never\); set evaluation_interval or remove stop_at_eval_reward"):
+        parse_manifest({"environment": GUESS, "training": {"stop_at_eval_reward": 1.0, "evaluation_interval": 0}})
     with_options = parse_manifest({"environment": GUESS, "algorithm": {"name": "grpo", "beta": 0.1}})
     assert with_options.algorithm.as_mapping() == {"name": "grpo", "beta": 0.1}
 

@@ -48,8 +48,8 @@ environment:
   max_turns: 3
 model: MODEL
 algorithm: {{name: grpo, beta: 0.1}}
-training: {{batch_size: 2, group_size: 2, max_steps: 2, max_new_tokens: 3, lr: 1.0e-2,
-           evaluation_interval: 2, eval_episodes: 1, seed: 0}}
+training: {{batch_size: 2, group_size: 2, max_steps: 4, max_new_tokens: 3, lr: 1.0e-2,
+           evaluation_interval: 2, eval_episodes: 1, stop_at_eval_reward: -1.0, seed: 0}}
 """
 
 
@@ -146,13 +146,14 @@ def test_an_fsdp_checkpoint_resumes(dpo_runs):
 def test_grpo_with_a_reference_trains_under_both_engines(tmp_path, engine, model):
     """GRPO with a KL reference (beta 0.1): LoRA under DDP (the reference is the adapters
     switched off), full weights under FSDP2 (generation on gathered weights; rank 0 evaluates
-    alone, the other rank waits)."""
+    alone, the other rank waits). Every reward reaches ``stop_at_eval_reward: -1``: rank 0's
+    verdict at step 2's evaluation ends both ranks' runs there, of max_steps 4."""
     manifest = tmp_path / "m.yaml"
     manifest.write_text(GRPO.replace("MODEL", model))
     out = tmp_path / "run"
     _launch(engine, manifest, out)
     rows = _rows(out)
-    assert [r["step"] for r in rows] == [0, 1, 2]  # the baseline evaluation, then each step
+    assert [r["step"] for r in rows] == [0, 1, 2]  # the baseline evaluation, each step, the stop at 2
     assert rows[0]["engine"].startswith(f"accelerate {'DDP' if engine == 'ddp' else 'FSDP2'}, 2 processes")
     assert all("algo/kl" in r for r in rows[1:]), rows[1]
     assert "eval/reward" in rows[2]

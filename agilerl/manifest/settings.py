@@ -180,6 +180,11 @@ class TrainingSettings(_Strict):
     evaluation_interval: int = Field(
         10, ge=0, description="Evaluate every N steps (and at the end); 0 never."
     )
+    stop_at_eval_reward: float | None = Field(
+        None,
+        description="End the run after an evaluation whose eval/reward reaches this (a solved task "
+        "needs no more steps); it ends as at max_steps, saved. Rollout algorithms only; null: run to max_steps.",
+    )
     eval_episodes: int = Field(
         8, ge=1, le=MAX_EVAL_EPISODES,
         description="Greedy episodes per evaluation of an env without a held-out split.",
@@ -305,6 +310,16 @@ class TrainingSettings(_Strict):
             raise ValueError(
                 f"max_staleness={self.max_staleness} applies to rollout_mode: async only (sync training "
                 "is always on-policy); set rollout_mode: async or remove max_staleness"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _stop_needs_evaluations(self) -> TrainingSettings:
+        """A target that is never evaluated would silently never stop the run."""
+        if self.stop_at_eval_reward is not None and self.evaluation_interval == 0:
+            raise ValueError(
+                f"stop_at_eval_reward={self.stop_at_eval_reward} is checked at evaluations, and "
+                "evaluation_interval is 0 (never); set evaluation_interval or remove stop_at_eval_reward"
             )
         return self
 

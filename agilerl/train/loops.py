@@ -170,6 +170,11 @@ def train_llm_dataset(
             "training.rollout_mode: async applies to rollout envs (the model generates); a dataset "
             "env's batches are read, not generated: remove rollout_mode (or set it to sync)."
         )
+    if settings.stop_at_eval_reward is not None:
+        raise InvalidArgument(
+            f"training.stop_at_eval_reward ({settings.stop_at_eval_reward}) needs an eval/reward: a "
+            f"dataset env's evaluation is the {type(algo).__name__} loss on held-out rows; remove stop_at_eval_reward."
+        )
     trainer = Trainer(model, tokenizer, algo, settings, resume_from, show_progress)
     batches = _dataset_batches(
         dataset, trainer.world, skip=trainer.step * settings.gradient_accumulation_steps

@@ -158,11 +158,17 @@ class Trainer:
                         metrics.update(self._push_weights())
                         metrics["time/step_s"] = time.perf_counter() - t0
                         last = self._unlogged = merge_over_ranks(self.accelerator, metrics)
+                        solved = False
                         if self._due(settings.evaluation_interval):
                             last.update(run_agreed(self.accelerator, evaluate))  # rank 0's failure is everyone's
+                            solved = self._reached_target(last)
                         self._log_step(header)
                         header = {}
                         bar.update(self.step, last)
+                        if solved:
+                            bar.log(f"eval reward reached stop_at_eval_reward {settings.stop_at_eval_reward}: "
+                                    f"stopping at step {self.step}")  # rank 0's reward: others hold none
+                            break
                         if self._checkpoint_due():
                             checkpoint = self._save()
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every rank got it, so all save together
@@ -237,6 +243,20 @@ class Trainer:
         t0 = time.perf_counter()
         self.versioned.publish(self.step, hf_weights(self.model))
         return {"time/weight_sync_s": time.perf_counter() - t0}
+
+    def _reached_target(self, metrics: dict[str, float]) -> bool:
+        """Whether this evaluation reached ``stop_at_eval_reward``: rank 0 evaluates, so its
+        verdict is every rank's (one small broadcast), and all stop at the same step."""
+        target = self.settings.stop_at_eval_reward
+        if target is None:
+            return False
+        reached = self.world.is_main and metrics.get("eval/reward", float("-inf")) >= target
+        if self.accelerator.num_processes == 1:
+            return reached
+        import torch
+
+        flags = self.accelerator.gather(torch.tensor([float(reached)], device=self.accelerator.device))
+        return bool(flags.cpu().tolist()[0])
 
     def _due(self, interval: int) -> bool:
         return interval > 0 and (self.step % interval == 0 or self.step == self.settings.max_steps)
