@@ -196,12 +196,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Iterator[Any]:
-    """Two fixtures of modules that build without tests/extra_venvs.py's locks take them here:
-    ``openenv_python`` (tests/test_remote_openenv.py) waits for, or does, the locked build of its
-    venv, so that its own finds the venv complete; ``side_python`` (tests/test_openenv_native.py)
-    installs this checkout editable, so it holds the source lock."""
-    if fixturedef.argname == "openenv_python":
-        VENVS["openenv"].ensure()
+    """``side_python`` (tests/test_openenv_native.py) installs this checkout editable into
+    ``.venv-openenv``, so it holds the source lock."""
     if fixturedef.argname == "side_python":
         with locked(SOURCE):
             return (yield)

@@ -87,7 +87,35 @@ class ExtraVenv:
         return self.path / "bin" / "python"
 
     def ready(self) -> bool:
-        return self.python.exists() and self._probe(check=False).returncode == 0
+        """Complete: the probe passed, now or since nothing it depends on changed (the stamp; the
+        probe's imports cost seconds of CPU in every worker that asks: vllm's 6 s)."""
+        if not self.python.exists():
+            return False
+        if self._stamp.is_file() and self._stamp.read_text() == self._fingerprint():
+            return True
+        if self._probe(check=False).returncode != 0:
+            return False
+        self._stamp.write_text(self._fingerprint())
+        return True
+
+    @property
+    def _stamp(self) -> Path:
+        return self.path / "agilerl-probed"  # beside site-packages, so writing it changes no folder the fingerprint reads
+
+    def _fingerprint(self) -> str:
+        """What the probe's verdict depends on: the probe, this checkout's metadata (its editable
+        installs' entry points), and the folders that installs and uninstalls change (a folder's
+        mtime moves when an entry is added or removed): the venv's site-packages and, for a venv that
+        sees the suite, the suite's own and the ``.pth`` that adds them."""
+        folders = list(self.path.glob("lib/python*/site-packages"))
+        lines = [self.probe, hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()]
+        if self.sees_suite:
+            from agilerl.registry.testing import site_dirs
+
+            folders += [Path(folder) for folder in site_dirs()]
+            lines += [pth.read_text() for pth in self.path.glob("lib/python*/site-packages/agilerl-suite-site-packages.pth")]
+        lines += [f"{folder} {folder.stat().st_mtime_ns}" for folder in folders if folder.is_dir()]
+        return "\n".join(lines) + "\n"
 
     def _probe(self, *, check: bool) -> subprocess.CompletedProcess[bytes]:
         """Run the probe from inside the venv's folder: from the checkout, ``python -c`` would import
@@ -132,6 +160,7 @@ class ExtraVenv:
             else:
                 subprocess.run(command, check=True)
         self._probe(check=True)
+        self._stamp.write_text(self._fingerprint())
         print(f"created {self.path} in {time.monotonic() - start:.0f} s", file=sys.__stderr__, flush=True)
 
 

@@ -14,16 +14,6 @@ from tests import extra_venvs
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_openenv_venv_is_built_as_its_fixture_would_build_it():
-    """tests/test_remote_openenv.py's ``openenv_python`` builds the venv too when it finds it
-    incomplete: both install the same release, and count the same imports as complete."""
-    from tests import test_remote_openenv
-
-    assert extra_venvs.OPENENV_REQUIREMENT == test_remote_openenv.OPENENV_REQUIREMENT
-    assert extra_venvs.VENVS["openenv"].path == test_remote_openenv.VENV
-    assert extra_venvs.VENVS["openenv"].probe == "import openenv.core, fastmcp, uvicorn"
-
-
 def test_two_processes_ensuring_one_venv_build_it_once(tmp_path: Path):
     """Both start while the venv is missing; the second waits for the first's build, then finds it done."""
     builds = tmp_path / "builds.txt"
@@ -85,3 +75,19 @@ def test_a_suite_run_from_a_virtualenv_gives_its_extra_venv_that_virtualenvs_pac
     """)
     built = subprocess.run([str(suite_python), "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-2000:]
+
+
+def test_a_probed_venv_is_probed_again_only_after_an_install_changes_it(tmp_path: Path):
+    """The probe (vllm's imports: 6 s of CPU) runs once; a stamp stands for it until a package is
+    installed or removed in the venv, or its probe changes."""
+    runs = tmp_path / "probes.txt"
+    probe = f"open({str(runs)!r}, 'a').write('probe\\n')"
+    venv = extra_venvs.ExtraVenv("stamped", probe, lambda python: [], root=tmp_path, with_pip=False)
+    venv.ensure()
+    venv.ensure()
+    assert runs.read_text() == "probe\n"  # the build's; the second ensure trusted the stamp
+    (next(venv.path.glob("lib/python*/site-packages")) / "installed_later.py").write_text("")
+    venv.ensure()
+    assert runs.read_text() == "probe\n" * 2
+    failing = extra_venvs.ExtraVenv("stamped", "raise SystemExit(1)", lambda python: [], root=tmp_path, with_pip=False)
+    assert not failing.ready()  # a changed probe is run, not trusted

@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,15 +19,12 @@ import pytest
 
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.hosting import resolve_env
+from tests.extra_venvs import VENVS
 from tests.test_remote_server import (
     assert_all_closed_once,
     fresh_env_class,
     wait_for_health,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".venv-openenv"
-OPENENV_REQUIREMENT = "openenv-core==0.3.0"
 
 OPENENV_SERVER = textwrap.dedent('''
 import sys, uvicorn
@@ -107,20 +102,8 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 @pytest.fixture(scope="session")
 def openenv_python() -> Path:
-    """The venv's python, with openenv-core installed (from pip's configured indexes)."""
-    python = VENV / "bin" / "python"
-    probe = [str(python), "-c", "import openenv.core, fastmcp, uvicorn"]
-    if python.exists() and subprocess.run(probe, check=False, capture_output=True).returncode == 0:
-        return python
-    start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", OPENENV_REQUIREMENT],
-        check=True,
-    )
-    print(f"\ncreated {VENV} with {OPENENV_REQUIREMENT} in {time.monotonic() - start:.0f} s", file=sys.__stderr__)
-    subprocess.run(probe, check=True)
-    return python
+    """``.venv-openenv``'s python: openenv-core, from pip's configured indexes (tests/extra_venvs.py)."""
+    return VENVS["openenv"].ensure()
 
 
 def _free_port() -> int:
