@@ -1,5 +1,5 @@
-"""vLLM generates from the harness's image prompts, colocated (tests/vllm_vision_check.py, in
-.venv-vllm) and served (a real ``vllm serve`` replica driven from this process), and the trainer
+"""vLLM generates from the harness's image prompts, colocated and served (a real ``vllm serve``
+replica), driven by tests/vllm_vision_check.py in .venv-vllm, and the trainer
 scores every sample with vLLM's own log-probs, within the text path's tolerance.
 
 vLLM expands an image's placeholder itself: it is given each image turn's ids as the chat template
@@ -30,43 +30,10 @@ from tests.vllm_serve import VLLMServe
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
-def _check(vllm_venv: Path, out: Path, *mode: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [str(vllm_venv), str(ROOT / "tests" / "vllm_vision_check.py"), str(out), *mode],
-        capture_output=True, text=True, env=vllm_env(), cwd=ROOT, timeout=900, check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return json.loads(out.read_text())
-
-
-def _max_gap(case: dict[str, Any]) -> float:
-    assert len(case["vllm"]) == len(case["trainer"]) == len(case["ids"]) > 0
-    return max(abs(a - b) for a, b in zip(case["vllm"], case["trainer"]))
-
-
-def test_vllm_expands_the_harness_image_prompts_as_the_processor_and_the_trainer_scores_its_samples(
-    vllm_venv: Path, tmp_path: Path
-) -> None:
-    report = _check(vllm_venv, tmp_path / "report.json")
-    image, text = report["image"], report["text"]
-    assert image["images"] == 4 and len(image["ids"]) == 12  # three turns, four pictures of three sizes
-    assert image["expanded_as_the_processor"] == [True] * 3
-    assert _max_gap(text) < LOGPROB_TOLERANCE  # the control: a text prompt
-    assert _max_gap(image) < LOGPROB_TOLERANCE
-
-
-def test_the_colocated_backend_pushes_the_weights_and_samples_every_image_turn_on_policy(
-    vllm_venv: Path, tmp_path: Path
-) -> None:
-    backend = _check(vllm_venv, tmp_path / "backend.json", "backend")["backend"]
-    assert backend["images"] == 4 and len(backend["ids"]) == 9
-    assert _max_gap(backend) < LOGPROB_TOLERANCE  # the engine started from placeholder weights: the push reached it
-
-
 @pytest.fixture(scope="module")
-def idefics3_replica(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def replica(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServe]:
     """``vllm serve`` of a tiny Idefics3 (seed 1: the trainer's weights must replace it) with its
-    processor, the token-in route on (``--enable-scale-out``)."""
+    processor, the token-in route on (``--enable-scale-out``); started, not waited for."""
     from tests.vision_models import idefics3_processor, tiny_idefics3
 
     folder = tmp_path_factory.mktemp("vllm-vision")
@@ -79,18 +46,56 @@ def idefics3_replica(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) 
         "--served-model-name", "tiny-idefics3", env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
     try:
-        yield server.wait_healthy()
+        yield server
     finally:
         server.stop()
 
 
-def test_the_served_backend_carries_every_image_turn_and_samples_on_policy(
-    vllm_venv: Path, idefics3_replica: str, tmp_path: Path
+@pytest.fixture(scope="module")
+def report(vllm_venv: Path, replica: VLLMServe, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """tests/vllm_vision_check.py's report: one process, one colocated engine, and the replica
+    (booting meanwhile) for the served backend."""
+    folder = tmp_path_factory.mktemp("vision-report")
+    result = subprocess.run(
+        [str(vllm_venv), str(ROOT / "tests" / "vllm_vision_check.py"), str(folder / "report.json"), replica.url,
+         str(folder / "weights")],
+        capture_output=True, text=True, env=vllm_env(), cwd=ROOT, timeout=900, check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:] + replica.log.read_text()[-2000:]
+    return json.loads((folder / "report.json").read_text())
+
+
+def _max_gap(case: dict[str, Any]) -> float:
+    assert len(case["vllm"]) == len(case["trainer"]) == len(case["ids"]) > 0
+    return max(abs(a - b) for a, b in zip(case["vllm"], case["trainer"]))
+
+
+def test_vllm_expands_the_harness_image_prompts_as_the_processor_and_the_trainer_scores_its_samples(
+    report: dict[str, Any],
 ) -> None:
-    served = _check(vllm_venv, tmp_path / "served.json", "served", idefics3_replica, str(tmp_path / "weights"))["served"]
+    image, text = report["image"], report["text"]
+    assert image["images"] == 4 and len(image["ids"]) == 12  # three turns, four pictures of three sizes
+    assert image["expanded_as_the_processor"] == [True] * 3
+    assert _max_gap(text) < LOGPROB_TOLERANCE  # the control: a text prompt
+    assert _max_gap(image) < LOGPROB_TOLERANCE
+
+
+def test_the_colocated_backend_pushes_the_weights_and_samples_every_image_turn_on_policy(report: dict[str, Any]) -> None:
+    backend = report["backend"]
+    assert backend["images"] == 4 and len(backend["ids"]) == 9
+    assert _max_gap(backend) < LOGPROB_TOLERANCE  # the engine started from placeholder weights: the push reached it
+
+
+def test_the_served_backend_carries_every_image_turn_and_samples_on_policy(report: dict[str, Any]) -> None:
+    served = report["served"]
     assert served["images"] == [4, 4] and len(served["ids"]) == 2 * 3 * 4  # a group of two, three turns each
     # the replica started from other weights: it samples the pushed ones, with the images
     assert _max_gap(served) < LOGPROB_TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def idefics3_replica(replica: VLLMServe) -> str:
+    return replica.wait_healthy()
 
 
 def _prompt_tokens(url: str) -> float:

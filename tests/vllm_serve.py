@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 START_TIMEOUT_S = 600  # engines starting at once on a busy 2-core host
@@ -21,6 +22,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(url: str, timeout_s: float = START_TIMEOUT_S, alive: Callable[[], bool] = lambda: True) -> None:
+    """Polls ``url``'s ``/health`` until it answers; AssertionError once ``alive()`` is false or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).close()
+            return
+        except OSError:
+            if not alive():
+                raise AssertionError(f"vllm serve at {url} exited before it answered") from None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"vllm serve at {url} did not answer within {timeout_s:.0f} s") from None
+            time.sleep(0.5)
 
 
 class VLLMServe:
@@ -44,16 +60,11 @@ class VLLMServe:
 
     def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> str:
         """Polls ``/health`` until it answers; fails with the server's log if it exits or never does."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=2).close()
-                return self.url
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    state = f"exited with {self.process.returncode}" if self.process.poll() is not None else "timed out"
-                    raise AssertionError(f"vllm serve at {self.url} did not start ({state}):\n{self.log.read_text()[-4000:]}") from None
-                time.sleep(0.5)
+        try:
+            wait_healthy(self.url, timeout_s, alive=lambda: self.process.poll() is None)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{self.log.read_text()[-4000:]}") from None
+        return self.url
 
     def stop(self) -> None:
         self.process.terminate()

@@ -6,14 +6,17 @@ without torchvision, which this host cannot install; Idefics3, SmolVLM's archite
 runs. So: a tiny Idefics3 and its processor (tests/vision_models.py) saved to a folder, and a
 three-turn ``AlbumEnv`` episode (four pictures of three sizes, two in one turn) on every engine.
 
-- default: ``vllm.LLM`` on that folder, prompted by ``engine_prompt`` as the colocated backend
-  does; a text-only prompt on the same engine is the control.
-- ``backend``: the colocated backend (``VLLMPolicy``) itself, in its own process (vLLM's parallel
-  state is process-wide): placeholder weights, the trainer's pushed.
-- ``served URL WEIGHTS_DIR``: the served backend (``VLLMServerPolicy``) on a ``vllm serve`` replica
-  of this venv, the trainer's weights pushed through ``WEIGHTS_DIR``. The trainer runs here, not in
-  the test's venv: the replica's image processor must be the trainer's (transformers 5.19's and
-  5.25's resize a 24x40 picture one grey level apart, and the log-probs then differ by ~1.5e-4).
+One process (vLLM's parallel state is process-wide: one colocated engine in it), three checks:
+
+- the colocated backend (``VLLMPolicy``) starts from placeholder weights and takes the trainer's;
+  its engine, prompted by ``engine_prompt`` as the backend prompts it, must expand each turn's
+  ids as the processor does; a text-only prompt on the same engine is the control;
+- the backend itself generates every turn of the album episode;
+- the served backend (``VLLMServerPolicy``) on a ``vllm serve`` replica of this venv (argv[2],
+  waited for here: it boots while the checks above run), the trainer's weights pushed through
+  argv[3]. The trainer runs here, not in the test's venv: the replica's image processor must be
+  the trainer's (transformers 5.19's and 5.25's resize a 24x40 picture one grey level apart, and
+  the log-probs then differ by ~1.5e-4).
 
 Writes a JSON report to argv[1]: per case the sampled ids, vLLM's log-probs, the trainer's, and
 whether vLLM's expanded prompt ids were the harness's on every turn.
@@ -23,47 +26,48 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.vision_models import idefics3_processor, tiny_idefics3
+    from agilerl.generation.media import attach_processor
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.vllm.policy import VLLMPolicy
+    from tests.vision_models import AlbumEnv, idefics3_processor, tiny_idefics3
 
     processor = idefics3_processor()
     model = tiny_idefics3(processor).eval()
-    if sys.argv[2:] == ["backend"]:
-        Path(sys.argv[1]).write_text(json.dumps({"backend": _backend(model, processor)}))
-        return
-    if sys.argv[2:3] == ["served"]:
-        Path(sys.argv[1]).write_text(json.dumps({"served": _served(model, processor, *sys.argv[3:5])}))
-        return
+    policy = VLLMPolicy(model, attach_processor(processor), max_model_len=512, dtype="float32", gpu_memory_utilization=0.1)
+    report = _expansion(policy, model, processor)
+    report["backend"] = _episode(AlbumEnv(), model, processor, _one(policy, SamplingParams(max_new_tokens=3)), turns=3)
+    report["served"] = _served(model, processor, *sys.argv[2:4])
+    Path(sys.argv[1]).write_text(json.dumps(report))
+
+
+def _expansion(policy: Any, model: Any, processor: Any) -> dict[str, Any]:
+    """The album episode and the text control, each turn sent to the backend's engine as the
+    backend sends it; whether the engine's expanded prompt was the harness's, turn by turn."""
     import vllm
 
     from agilerl.generation.vllm.policy import engine_prompt
     from tests.vision_models import AlbumEnv
 
-    folder = tempfile.mkdtemp()
-    model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    llm = vllm.LLM(model=folder, enforce_eager=True, max_model_len=512, dtype="float32", seed=0,
-                   limit_mm_per_prompt={"image": 4}, gpu_memory_utilization=0.1)
     params = vllm.SamplingParams(max_tokens=4, temperature=1.0, logprobs=0, seed=0, ignore_eos=True)
     expanded: list[bool] = []
 
     def generate(prompt: Any) -> tuple[list[int], list[float]]:
-        result = llm.generate([engine_prompt(prompt)], params, use_tqdm=False)[0]
+        result = policy.llm.generate([engine_prompt(prompt)], params, use_tqdm=False)[0]
         expanded.append(list(result.prompt_token_ids) == list(prompt))
         completion = result.outputs[0]
         ids = list(completion.token_ids)
         return ids, [step[token].logprob for step, token in zip(completion.logprobs, ids)]
 
-    report = {"image": _episode(AlbumEnv(), model, processor, generate, turns=3), "text": None}
+    report = {"image": _episode(AlbumEnv(), model, processor, generate, turns=3)}
     report["image"]["expanded_as_the_processor"] = list(expanded)
     report["text"] = _episode(_TextEnv(), model, processor, generate, turns=1)
-    Path(sys.argv[1]).write_text(json.dumps(report))
+    return report
 
 
 def _episode(env: Any, model: Any, processor: Any, generate: Any, turns: int) -> dict[str, Any]:
@@ -91,23 +95,12 @@ def _episode(env: Any, model: Any, processor: Any, generate: Any, turns: int) ->
             "images": 0 if trajectory.media is None else trajectory.media.num_images}
 
 
-def _backend(model: Any, processor: Any) -> dict[str, Any]:
-    """The colocated backend (VLLMPolicy) on the same model: it starts from placeholder weights,
-    takes the trainer's, and generates every turn of the album episode."""
-    from agilerl.generation.policy import SamplingParams
-    from agilerl.generation.media import attach_processor
-    from agilerl.generation.vllm.policy import VLLMPolicy
-    from tests.vision_models import AlbumEnv
-
-    tokenizer = attach_processor(processor)
-    policy = VLLMPolicy(model, tokenizer, max_model_len=512, dtype="float32", gpu_memory_utilization=0.1)
-    return _episode(AlbumEnv(), model, processor, _one(policy, SamplingParams(max_new_tokens=3)), turns=3)
-
-
 def _served(model: Any, processor: Any, url: str, weights_dir: str) -> dict[str, Any]:
     """The served backend (VLLMServerPolicy) on ``url``: it pushes the trainer's weights, and the
     collector runs a group of two album episodes on it, three turns each."""
     import torch
+
+    from tests.vllm_serve import wait_healthy
 
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.generation.policy import SamplingParams
@@ -117,6 +110,7 @@ def _served(model: Any, processor: Any, url: str, weights_dir: str) -> dict[str,
     from agilerl.train.logprobs import policy_logprobs
     from tests.vision_models import AlbumEnv
 
+    wait_healthy(url)
     tokenizer = attach_processor(processor)
     policy = VLLMServerPolicy([url], tokenizer, weights_dir=weights_dir, max_model_len=512, initial_weights=model)
     try:
