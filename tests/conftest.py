@@ -142,7 +142,7 @@ FILE_SECONDS = {
     "tests/test_vllm.py": 68, "tests/test_async_train.py": 60, "tests/test_vision_vllm.py": 57,
     "tests/test_env_fleet_ray.py": 52, "tests/test_rubrics_openenv.py": 52, "tests/test_vllm_server.py": 51,
     "tests/test_openenv_native.py": 49, "tests/test_agents.py": 49, "tests/test_reliability_openenv.py": 46,
-    "tests/test_tools_learning.py": 42, "tests/test_async_vllm.py": 40, "tests/test_train_learning.py": 32,
+    "tests/test_tools_learning.py": 42, "tests/test_train_learning.py": 32,
     "tests/test_eval_openai.py": 40, "tests/test_vision_learning.py": 25, "tests/test_vision_openenv.py": 24,
     "plugins/agilerl-env-verifiers/tests/test_verifiers_plugin.py": 23,
     "tests/test_reliability_train.py": 21, "tests/test_openenv_layouts.py": 20, "tests/test_faults_checkpoint.py": 20,

@@ -2,8 +2,8 @@
 
 vLLM needs transformers<5.20, so it lives in its own venv, ``<repo>/.venv-vllm`` (built by
 tests/extra_venvs.py on first use, about 2 minutes, in the background while other tests run;
-reused after). One engine serves the whole module: the checks run in that venv
-(``tests/vllm_checks.py``, one process) and write a report these tests read.
+reused after). One engine serves the whole module, async training on it included: the checks
+run in that venv (``tests/vllm_checks.py``, one process) and write a report these tests read.
 
 Tolerance for old log-probs against the trainer's recompute, fp32: 1e-4. Both sides compute the
 same fp32 logits with different kernels (vLLM's CPU attention and fused ops against
@@ -108,6 +108,16 @@ def test_grpo_with_vllm_trains_as_with_transformers(report):
     assert all(s is not None and s >= 0 for s in vllm["weight_sync_s"])  # pushed and timed every step
     assert set(hf["weight_sync_s"]) == {None}
     assert report["after_training_engine_matches_trainer"]
+
+
+def test_async_grpo_keeps_the_bound_and_ends_on_the_trained_weights(report):
+    """The engine keeps generating during the update and takes each step's weights between two of
+    its generate calls."""
+    run = report["async"]
+    assert run["steps"] == [1, 2, 3, 4]
+    assert all(s <= 1 for s in run["staleness_max"])
+    assert all(s is not None for s in run["weight_sync_s"])  # pushed every step, between generations
+    assert run["engine_matches_trainer"]
 
 
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
