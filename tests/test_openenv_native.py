@@ -376,44 +376,46 @@ HOST = '''
     import json, subprocess, sys, urllib.request
     from openenv.core.generic_client import GenericEnvClient
 
-    server = subprocess.Popen([sys.executable, "-m", "agilerl", "serve", sys.argv[1], "--port", "0"],
-                              stdout=subprocess.PIPE, text=True)
+    cases = json.loads(sys.argv[1])  # [[entrypoint, actions], ...]: the servers start at once
+    servers = [subprocess.Popen([sys.executable, "-m", "agilerl", "serve", entrypoint, "--port", "0"],
+                                stdout=subprocess.PIPE, text=True) for entrypoint, _ in cases]
+    seen = []
     try:
-        line = next(l for l in server.stdout if l.startswith("serving "))
-        url = line.split(" at ")[1].split()[0]
-        schema = json.load(urllib.request.urlopen(url + "/schema"))
-        with GenericEnvClient(base_url=url).sync() as client:
-            first = client.reset(seed=5)
-            steps = [client.step(action) for action in json.loads(sys.argv[2])]
-            state = client.state()
+        for server, (_, actions) in zip(servers, cases):
+            line = next(l for l in server.stdout if l.startswith("serving "))
+            url = line.split(" at ")[1].split()[0]
+            schema = json.load(urllib.request.urlopen(url + "/schema"))
+            with GenericEnvClient(base_url=url).sync() as client:
+                first = client.reset(seed=5)
+                steps = [client.step(action) for action in actions]
+                state = client.state()
+            seen.append({
+                "schema": sorted(schema["action"]["properties"]),
+                "reset": first.observation, "steps": [[s.observation, s.reward, s.done] for s in steps],
+                "state": state,
+            })
     finally:
-        server.terminate()
-        server.wait(30)
-    print(json.dumps({
-        "schema": sorted(schema["action"]["properties"]),
-        "reset": first.observation, "steps": [[s.observation, s.reward, s.done] for s in steps],
-        "state": state,
-    }, default=str))
+        for server in servers:
+            server.terminate()
+            server.wait(30)
+    print(json.dumps(seen, default=str))
 '''
 
 
 def test_an_openenv_env_is_hosted_with_its_own_fields(side_python: Path, envs_dir: Path) -> None:
     """`agilerl serve` of an OpenEnv class: openenv's GenericEnvClient speaks the env's own fields."""
     (envs_dir / "host.py").write_text(textwrap.dedent(HOST))
-
-    def host(entrypoint: str, actions: list[dict[str, object]]) -> dict[str, object]:
-        done = subprocess.run([str(side_python), "host.py", entrypoint, json.dumps(actions)], cwd=envs_dir,
-                              capture_output=True, text=True, timeout=180)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-    word = host("envs.py:WordEnv", [{"word": "fig"}, {"word": "kiwi"}])
+    cases = [["envs.py:WordEnv", [{"word": "fig"}, {"word": "kiwi"}]],
+             ["envs.py:CalcEnv", [{"type": "call_tool", "tool_name": "run", "arguments": {"code": "6*7"}}]]]
+    hosted = subprocess.run([str(side_python), "host.py", json.dumps(cases)], cwd=envs_dir,
+                            capture_output=True, text=True, timeout=180)
+    assert hosted.returncode == 0, hosted.stderr[-3000:]
+    word, calc = json.loads(hosted.stdout.strip().splitlines()[-1])
     assert word["schema"] == ["metadata", "word"]
     assert word["reset"] == {"message": "Guess a fruit (seed 5).", "letters": 0}
     assert word["steps"] == [[{"message": "no, not fig", "letters": 3}, 0.0, False],
                              [{"message": "yes", "letters": 4}, 1.0, True]]
     assert word["state"] == {"episode_id": None, "step_count": 2}
-    calc = host("envs.py:CalcEnv", [{"type": "call_tool", "tool_name": "run", "arguments": {"code": "6*7"}}])
     (observation, reward, done), = calc["steps"]
     assert (observation["tool_name"], observation["error"], reward, done) == ("run", None, None, False)
     assert observation["result"]["data"] == "42"
