@@ -138,15 +138,14 @@ last, so that both workers finish together."""
 
 
 FILE_SECONDS = {
-    "tests/test_train_distributed.py": 91, "tests/test_bench.py": 89, "tests/test_tools_vllm.py": 50,
-    "tests/test_vllm.py": 68, "tests/test_async_train.py": 60, "tests/test_vision_vllm.py": 57,
-    "tests/test_env_fleet_ray.py": 52, "tests/test_rubrics_openenv.py": 52, "tests/test_vllm_server.py": 51,
-    "tests/test_openenv_native.py": 49, "tests/test_agents.py": 49, "tests/test_reliability_openenv.py": 46,
-    "tests/test_tools_learning.py": 42, "tests/test_train_learning.py": 32,
-    "tests/test_eval_openai.py": 40, "tests/test_vision_learning.py": 25, "tests/test_vision_openenv.py": 24,
-    "plugins/agilerl-env-verifiers/tests/test_verifiers_plugin.py": 23,
-    "tests/test_reliability_train.py": 21, "tests/test_openenv_layouts.py": 20, "tests/test_faults_checkpoint.py": 20,
-    "tests/test_light_install.py": 19, "tests/test_train.py": 18, "tests/test_tools_openenv.py": 16,
+    "tests/test_bench.py": 118, "tests/test_train_distributed.py": 116, "tests/test_vllm.py": 95,
+    "tests/test_vllm_server.py": 94, "tests/test_env_fleet_ray.py": 77, "tests/test_async_train.py": 68,
+    "tests/test_tools_learning.py": 64, "tests/test_agents.py": 54, "tests/test_openenv_native.py": 50,
+    "tests/test_reliability_openenv.py": 48, "tests/test_rubrics_openenv.py": 39, "tests/test_tools_vllm.py": 37,
+    "tests/test_reliability_train.py": 37, "tests/test_train_learning.py": 36, "tests/test_vision_vllm.py": 34,
+    "tests/test_eval_openai.py": 31, "plugins/agilerl-env-verifiers/tests/test_verifiers_plugin.py": 26,
+    "tests/test_vision_learning.py": 25, "tests/test_vision_openenv.py": 23, "tests/test_openenv_layouts.py": 23,
+    "tests/test_light_install.py": 22, "tests/test_faults_checkpoint.py": 22, "tests/test_train.py": 20,
 }
 """About how many seconds the slowest files' tests take on two quiet cores (``pytest --durations=0``
 summed per file). Within each group of ``pytest_collection_modifyitems`` the longest files start
