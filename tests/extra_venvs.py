@@ -100,7 +100,7 @@ class ExtraVenv:
 
     @property
     def _stamp(self) -> Path:
-        return self.path / "agilerl-probed"  # beside site-packages, so writing it changes no folder the fingerprint reads
+        return self.path / "agilerl-probed"  # in the venv's root: writing it changes no folder the fingerprint reads
 
     def _fingerprint(self) -> str:
         """What the probe's verdict depends on: the probe, this checkout's metadata (its editable

@@ -28,11 +28,16 @@ from tests.test_vllm import (
     assert_engines_hold_the_trained_weights,
     launch_two_ranks,
 )
-from tests.vllm_checks import Recorder, agent_calls_are_what_vllm_generated
+from tests.vllm_checks import (
+    GUESS_PROMPT,
+    MAX_MODEL_LEN,
+    Recorder,
+    agent_calls_are_what_vllm_generated,
+    train_on_guess,
+)
 from tests.vllm_serve import VLLMServe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the first use builds the venv
-MAX_MODEL_LEN = 256
 
 
 def _tiny(seed: int) -> tuple[Any, Any]:
@@ -301,35 +306,24 @@ def test_a_completion_whose_connection_was_reset_is_sent_once_more(chatml_tokeni
 def test_async_grpo_on_the_replicas_pushes_between_generations(replicas, tmp_path):
     """The server backend (disk pushes) in async mode: the bound holds, a push every step, and the
     replicas end on the trained weights. Last: it replaces whatever the tests before left."""
-    from agilerl.builtins.guess import GuessEnv
-    from agilerl.manifest.settings import TrainingSettings
-    from agilerl.rollout.collector import RolloutCollector
     from agilerl.generation.policy import SamplingParams, TransformersPolicy
     from agilerl.generation.vllm.server import VLLMServerPolicy
-    from agilerl.train.loops import train_llm_rollout
+    from agilerl.manifest.settings import TrainingSettings
     from agilerl.train.metrics import read_metrics
 
     model, tokenizer = _tiny(seed=0)
     policy = VLLMServerPolicy(replicas, tokenizer, weights_dir=tmp_path / "weights", max_model_len=MAX_MODEL_LEN,
                               initial_weights=model)
     try:
-        def factory() -> GuessEnv:
-            env = GuessEnv(low=1, high=10, target=7)
-            env.system_prompt = "Reply with one number."
-            return env
-
         training = TrainingSettings(
             batch_size=2, group_size=4, max_steps=3, lr=3e-3, max_new_tokens=3, evaluation_interval=0, seed=0,
             output_dir=str(tmp_path / "run"), rollout_mode="async", max_staleness=1,
         )
-        with RolloutCollector(factory, tokenizer, batch_size=2, group_size=4, max_turns=2, seed=0,
-                              sampling=SamplingParams(max_new_tokens=3)) as collector:
-            train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False,
-                              generation=policy, max_model_len=MAX_MODEL_LEN)
+        train_on_guess(model, tokenizer, training, policy)
         rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "train/reward" in r]
         assert [r["step"] for r in rows] == [1, 2, 3]
         assert all(r["rollout/staleness_max"] <= 1 and r["time/weight_sync_s"] is not None for r in rows)
-        prompt = tokenizer.encode("<|im_start|>user\nReply with one number.<|im_end|>\n<|im_start|>assistant\n")
+        prompt = tokenizer.encode(GUESS_PROMPT)
         greedy = SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,))
         expected = TransformersPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN).generate([prompt], greedy)[0]
         assert policy.generate([prompt], greedy)[0].token_ids == expected.token_ids

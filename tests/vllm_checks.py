@@ -25,6 +25,31 @@ def tiny(seed: int = 0):
     return build_tiny_model(tokenizer, num_heads=2, seed=seed), tokenizer
 
 
+GUESS_PROMPT = "<|im_start|>user\nReply with one number.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def guess_env():
+    """examples/guess/manifest.yaml's env."""
+    from agilerl.builtins.guess import GuessEnv
+
+    env = GuessEnv(low=1, high=10, target=7)
+    env.system_prompt = "Reply with one number."
+    return env
+
+
+def train_on_guess(model, tokenizer, training, policy=None):
+    """GRPO on :func:`guess_env` through the real collector and trainer, ``policy`` generating
+    (the trainer's own model when None); the batch and group are ``training``'s."""
+    from agilerl.generation.policy import SamplingParams
+    from agilerl.rollout.collector import RolloutCollector
+    from agilerl.train.loops import train_llm_rollout
+
+    with RolloutCollector(guess_env, tokenizer, batch_size=training.batch_size, group_size=training.group_size,
+                          max_turns=3, seed=0, sampling=SamplingParams(max_new_tokens=3)) as collector:
+        train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False,
+                          generation=policy, max_model_len=MAX_MODEL_LEN)
+
+
 class Recorder:
     """The policy, with every (prompt, generation) it produced kept."""
 
@@ -145,12 +170,9 @@ def generation_follows_pushed_weights(policy, tokenizer, prompt, greedy, report)
 
 def grpo_runs(policy, out_dir, report, steps):
     """The guess example's GRPO, ``steps`` steps, on each backend from the same initial model."""
-    from agilerl.builtins.guess import GuessEnv
-    from agilerl.manifest.settings import TrainingSettings
-    from agilerl.rollout.collector import RolloutCollector
-    from agilerl.generation.policy import SamplingParams
+    from agilerl.generation.policy import SamplingParams, TransformersPolicy
     from agilerl.generation.weights import hf_weights
-    from agilerl.train.loops import train_llm_rollout
+    from agilerl.manifest.settings import TrainingSettings
     from agilerl.train.metrics import read_metrics
 
     for backend in ("transformers", "vllm"):
@@ -161,19 +183,8 @@ def grpo_runs(policy, out_dir, report, steps):
             batch_size=8, group_size=8, max_steps=steps, lr=3e-3, max_new_tokens=3, evaluation_interval=steps,
             eval_episodes=1, seed=0, output_dir=os.path.join(out_dir, backend),
         )
-
-        def factory() -> GuessEnv:  # examples/guess/manifest.yaml's env
-            env = GuessEnv(low=1, high=10, target=7)
-            env.system_prompt = "Reply with one number."
-            return env
-
         t0 = time.perf_counter()
-        with RolloutCollector(factory, tokenizer, batch_size=8, group_size=8, max_turns=3, seed=0,
-                              sampling=SamplingParams(max_new_tokens=3)) as collector:
-            train_llm_rollout(
-                model, tokenizer, collector, "grpo", training, show_progress=False,
-                generation=policy if backend == "vllm" else None, max_model_len=MAX_MODEL_LEN,
-            )
+        train_on_guess(model, tokenizer, training, policy if backend == "vllm" else None)
         rows = [r for r in read_metrics(os.path.join(out_dir, backend, "metrics.jsonl")) if "train/reward" in r]
         report[f"grpo_{backend}"] = {
             "seconds": time.perf_counter() - t0,
@@ -184,25 +195,19 @@ def grpo_runs(policy, out_dir, report, steps):
             "ratio_keys": sorted(k for k in rows[0] if k.startswith("algo/")),
         }
         if backend == "vllm":  # the engine holds the trained weights: greedy output is the trainer's
-            from agilerl.generation.policy import SamplingParams as SP, TransformersPolicy
-
-            prompt = tokenizer.encode("<|im_start|>user\nReply with one number.<|im_end|>\n<|im_start|>assistant\n")
-            g = SP(temperature=0, max_new_tokens=8)
+            prompt, greedy = tokenizer.encode(GUESS_PROMPT), SamplingParams(temperature=0, max_new_tokens=8)
             report["after_training_engine_matches_trainer"] = (
-                policy.generate([prompt], g)[0].token_ids
-                == TransformersPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN).generate([prompt], g)[0].token_ids
+                policy.generate([prompt], greedy)[0].token_ids
+                == TransformersPolicy(model, tokenizer, max_model_len=MAX_MODEL_LEN).generate([prompt], greedy)[0].token_ids
             )
 
 
 def async_grpo_runs(policy, out_dir, report, steps):
     """GRPO in async mode on this engine (from a fresh model's weights): the engine generates during
     the update, takes each step's weights between two generate calls, and ends on the trained ones."""
-    from agilerl.builtins.guess import GuessEnv
     from agilerl.generation.policy import SamplingParams, TransformersPolicy
     from agilerl.generation.weights import hf_weights
     from agilerl.manifest.settings import TrainingSettings
-    from agilerl.rollout.collector import RolloutCollector
-    from agilerl.train.loops import train_llm_rollout
     from agilerl.train.metrics import read_metrics
 
     model, tokenizer = tiny(seed=0)
@@ -212,19 +217,9 @@ def async_grpo_runs(policy, out_dir, report, steps):
         batch_size=4, group_size=4, max_steps=steps, lr=3e-3, max_new_tokens=3, evaluation_interval=0,
         seed=0, output_dir=out, rollout_mode="async", max_staleness=1,
     )
-
-    def factory() -> GuessEnv:
-        env = GuessEnv(low=1, high=10, target=7)
-        env.system_prompt = "Reply with one number."
-        return env
-
-    with RolloutCollector(factory, tokenizer, batch_size=4, group_size=4, max_turns=3, seed=0,
-                          sampling=SamplingParams(max_new_tokens=3)) as collector:
-        train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False,
-                          generation=policy, max_model_len=MAX_MODEL_LEN)
+    train_on_guess(model, tokenizer, training, policy)
     rows = [r for r in read_metrics(os.path.join(out, "metrics.jsonl")) if "train/reward" in r]
-    prompt = tokenizer.encode("<|im_start|>user\nReply with one number.<|im_end|>\n<|im_start|>assistant\n")
-    greedy = SamplingParams(temperature=0, max_new_tokens=8)
+    prompt, greedy = tokenizer.encode(GUESS_PROMPT), SamplingParams(temperature=0, max_new_tokens=8)
     report["async"] = {
         "steps": [r["step"] for r in rows],
         "staleness_max": [r["rollout/staleness_max"] for r in rows],

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from vllm_checks import MAX_MODEL_LEN, tiny
+from vllm_checks import GUESS_PROMPT, MAX_MODEL_LEN, tiny, train_on_guess
 
 STEPS = 2
 
@@ -39,12 +39,9 @@ def engines_against(engines, weights, tokenizer, prompt, greedy):
 
 
 def main(out_dir: str, urls: list[str]) -> None:
-    from agilerl.builtins.guess import GuessEnv
-    from agilerl.manifest.settings import TrainingSettings
-    from agilerl.rollout.collector import RolloutCollector
     from agilerl.generation.policy import SamplingParams
     from agilerl.generation.weights import hf_weights
-    from agilerl.train.loops import train_llm_rollout
+    from agilerl.manifest.settings import TrainingSettings
 
     model, tokenizer = tiny(seed=0)
     initial = hf_weights(model)
@@ -63,19 +60,10 @@ def main(out_dir: str, urls: list[str]) -> None:
         batch_size=4, group_size=4, max_steps=STEPS, lr=3e-3, max_new_tokens=3, evaluation_interval=STEPS,
         eval_episodes=1, seed=0, output_dir=os.path.join(out_dir, "run"),
     )
-
-    def factory() -> GuessEnv:
-        env = GuessEnv(low=1, high=10, target=7)
-        env.system_prompt = "Reply with one number."
-        return env
-
-    with RolloutCollector(factory, tokenizer, batch_size=4, group_size=4, max_turns=3, seed=0,
-                          sampling=SamplingParams(max_new_tokens=3)) as collector:
-        train_llm_rollout(model, tokenizer, collector, "grpo", training, show_progress=False,
-                          generation=policy, max_model_len=MAX_MODEL_LEN)
+    train_on_guess(model, tokenizer, training, policy)
     trained = hf_weights(model)  # gathered whole on every rank (a collective under FSDP2)
     rank = int(os.environ["RANK"])
-    prompt = tokenizer.encode("<|im_start|>user\nReply with one number.<|im_end|>\n<|im_start|>assistant\n")
+    prompt = tokenizer.encode(GUESS_PROMPT)
     greedy = SamplingParams(temperature=0, max_new_tokens=8)
     report = {
         "sharded": type(next(model.parameters())).__name__ == "DTensor",
