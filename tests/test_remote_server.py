@@ -27,6 +27,7 @@ import pytest
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.hosting import resolve_env
 from agilerl.errors import AgileRLError, RemoteEnvError, RemoteEnvTimeout
+from tests.health import wait_healthy
 
 
 class CountedEnv:
@@ -76,16 +77,11 @@ def wait_until(predicate: Any, timeout: float = 15.0) -> None:
 def wait_for_health(url: str, proc: subprocess.Popen[Any], log: Path | None = None) -> None:
     """Return once a server process answers ``GET /health``; fail if it exits or stays silent
     for 60 s (with the tail of its ``log``)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text()[-3000:] if log is not None else ""
-                raise AssertionError(f"the server at {url} did not start\n{tail}") from None
-            time.sleep(0.1)
+    try:
+        wait_healthy(url, 60, alive=lambda: proc.poll() is None, poll_s=0.1)
+    except AssertionError as exc:
+        tail = log.read_text()[-3000:] if log is not None else ""
+        raise AssertionError(f"{exc}\n{tail}") from None
 
 
 def assert_all_closed_once(server: Any, env_cls: type[CountedEnv], built: int | None = None) -> None:

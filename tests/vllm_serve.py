@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
+
+from tests.health import wait_healthy
 
 START_TIMEOUT_S = 600  # engines starting at once on a busy 2-core host
 
@@ -22,21 +21,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_healthy(url: str, timeout_s: float = START_TIMEOUT_S, alive: Callable[[], bool] = lambda: True) -> None:
-    """Polls ``url``'s ``/health`` until it answers; AssertionError once ``alive()`` is false or the time is up."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).close()
-            return
-        except OSError:
-            if not alive():
-                raise AssertionError(f"vllm serve at {url} exited before it answered") from None
-            if time.monotonic() > deadline:
-                raise AssertionError(f"vllm serve at {url} did not answer within {timeout_s:.0f} s") from None
-            time.sleep(0.5)
 
 
 class VLLMServe:
@@ -63,7 +47,9 @@ class VLLMServe:
         try:
             wait_healthy(self.url, timeout_s, alive=lambda: self.process.poll() is None)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}:\n{self.log.read_text()[-4000:]}") from None
+            code = self.process.poll()
+            raise AssertionError(f"vllm serve: {exc}{'' if code is None else f' (exit code {code})'}:\n"
+                                 f"{self.log.read_text()[-4000:]}") from None
         return self.url
 
     def stop(self) -> None:

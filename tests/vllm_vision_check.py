@@ -100,7 +100,7 @@ def _served(model: Any, processor: Any, url: str, weights_dir: str) -> dict[str,
     collector runs a group of two album episodes on it, three turns each."""
     import torch
 
-    from tests.vllm_serve import wait_healthy
+    from tests.health import wait_healthy
 
     from agilerl.rollout.collector import RolloutCollector
     from agilerl.generation.policy import SamplingParams
@@ -110,7 +110,7 @@ def _served(model: Any, processor: Any, url: str, weights_dir: str) -> dict[str,
     from agilerl.train.logprobs import policy_logprobs
     from tests.vision_models import AlbumEnv
 
-    wait_healthy(url)
+    wait_healthy(url, timeout_s=600)
     tokenizer = attach_processor(processor)
     policy = VLLMServerPolicy([url], tokenizer, weights_dir=weights_dir, max_model_len=512, initial_weights=model)
     try:
