@@ -50,6 +50,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENENV_PYTHON = ROOT / ".venv-openenv" / "bin" / "python"
@@ -255,23 +256,37 @@ def _command(name: str, port: int, max_sessions: int, mcp_dir: Path) -> list[str
     return commands[name]
 
 
+PORT_TAKEN = ("another process is using that port", "address already in use")  # agilerl serve's, uvicorn's and aiohttp's words
+PORT_TRIES = 3
+
+
 def _start(names: tuple[str, ...], max_sessions: int, mcp_dir: Path) -> dict[str, tuple[subprocess.Popen, str]]:
-    """Start every server at once (the openenv venv's imports take seconds), then wait for each."""
+    """Start every server at once (the openenv venv's imports take seconds), then wait for each.
+    A port is free when picked, but another process may take it while the server imports: a server
+    that exits for that reason starts again on another port (up to ``PORT_TRIES`` times)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(mcp_dir), os.environ.get("PYTHONPATH")]))}
-    started = {}
-    for name in names:
+
+    def launch(name: str) -> tuple[subprocess.Popen, str, IO[bytes]]:
         port = _free_port()
         log = tempfile.TemporaryFile()  # a pipe could fill up and stall the server
         own = {**env, "PYTHONPATH": os.pathsep.join([*_BEFORE, env["PYTHONPATH"]])} if name == "agilerl-before" else env
         proc = subprocess.Popen(_pin() + _command(name, port, max_sessions, mcp_dir), stdout=subprocess.DEVNULL,
                                 stderr=log, env=own, cwd=mcp_dir)
-        started[name] = (proc, f"http://127.0.0.1:{port}", log)
+        return proc, f"http://127.0.0.1:{port}", log
+
+    started = {name: launch(name) for name in names}
     deadline = time.monotonic() + 120
-    for name, (proc, url, log) in started.items():
+    for name in names:
+        tries = 1
         while True:
+            proc, url, log = started[name]
             if proc.poll() is not None:
                 log.seek(0)
-                raise RuntimeError(f"{name} server exited: {log.read().decode()[-2000:]}")
+                error = log.read().decode()[-2000:]
+                if tries < PORT_TRIES and any(words in error.lower() for words in PORT_TAKEN):
+                    started[name], tries = launch(name), tries + 1
+                    continue
+                raise RuntimeError(f"{name} server exited: {error}")
             try:
                 urllib.request.urlopen(url + "/health", timeout=1).read()
                 break

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
+import urllib.request
 import sys
 from pathlib import Path
 
@@ -137,3 +138,29 @@ def test_viewer_reports_the_index_against_a_full_parse_and_the_page_size() -> No
         r"^page: \d+\.\d MB, 400 of 400 records embedded, built in \d+\.\d+ s$",
         r"^browser: (the page rendered in .*: \d+\.\d+x|no Chromium on PATH, not measured)$",
     )
+
+
+def test_ws_server_starts_a_server_again_on_another_port_when_its_own_was_taken_meanwhile(tmp_path) -> None:
+    """The port a server is given is free when picked; another process may bind it while the
+    server imports (it failed a suite run): that server starts again on a new port."""
+    import socket
+
+    spec = importlib.util.spec_from_file_location("ws_server_bench", ROOT / "bench" / "ws_server.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        free, ports = bench._free_port, iter([port])
+        bench._free_port = lambda: next(ports, None) or free()  # the first server's port is already taken
+        started = bench._start(("agilerl", "aiohttp-echo"), 4, tmp_path)
+    try:
+        urls = {name: url for name, (_, url) in started.items()}
+        assert not urls["agilerl"].endswith(f":{port}")
+        for url in urls.values():
+            urllib.request.urlopen(url + "/health", timeout=10).close()
+    finally:
+        for proc, _ in started.values():
+            proc.terminate()
+            proc.wait(timeout=30)
