@@ -1,8 +1,8 @@
 """Agent programs as environments: the policy served as an OpenAI-compatible endpoint, each
 episode's calls recorded as exact tokens and split into samples where history is rewritten.
 
-The names below import on first use (the endpoint pulls in aiohttp): ``agilerl.agents.metrics``
-stays light for the trainer."""
+The names below import on first use (the endpoint pulls in the chat renderer and the tool
+parsers): ``agilerl.agents.metrics`` stays light for the trainer."""
 
 from __future__ import annotations
 

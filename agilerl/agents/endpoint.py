@@ -4,10 +4,10 @@
 (SSE). Each episode gets its own API key; a call is routed to its episode by that key, so any
 other key (or one whose episode has ended) gets 401. Every call generates with the run's policy
 and sampling settings; a request's ``max_tokens`` is honoured up to ``max_new_tokens`` and the
-other sampling fields the run overrides are named once in a warning. Calls of all live
-episodes wait in one queue in front of ``policy.generate``: one thread generates every call
-waiting in one batch while the next ones queue (``_Batcher``); a ``VersionedPolicy`` stamps
-each token with its weights' version. The episode's bookkeeping (``agilerl.agents.episodes``)
+other sampling fields the run overrides are named once in a warning. Each connection is served
+on a thread of its own (``agilerl.agents.http_server``). Calls of all live episodes that wait
+meanwhile are generated in one batch, by the first waiting call's own thread (``_Batcher``); a
+``VersionedPolicy`` stamps each token with its weights' version. The episode's bookkeeping (``agilerl.agents.episodes``)
 records the exact tokens of every call.
 
 What the endpoint refuses: a body over ``max_request_bytes`` (413), more than
@@ -18,17 +18,14 @@ processor) sees ``image_url`` parts (``data:`` URLs) through its processor.
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import json
 import logging
-import queue
 import secrets
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agilerl.agents.episodes import CallPlan, Episode, normalize_messages
 from agilerl.chat import ChatRenderer
-from agilerl.concurrency import LoopThread
+from agilerl.agents.http_server import HTTPServer, Request, Response
 from agilerl.errors import AgileRLError, AgileRLWarning, InvalidArgument
 from agilerl.generation.policy import Generation, Policy, SamplingParams
 from agilerl.tools.calls import ToolSet
@@ -90,6 +87,13 @@ class _Route:
     params: SamplingParams
 
 
+_ROUTES = {
+    "/v1/models": ("GET", "_models"),
+    "/v1/chat/completions": ("POST", "_chat"),
+    "/v1/completions": ("POST", "_completions"),
+}
+
+
 class _Refused(Exception):
     def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
         super().__init__(message)
@@ -141,10 +145,11 @@ class AgentEndpoint:
         not the programs' (they got a 500)."""
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._id_prefix = secrets.token_hex(6)  # ids unique across endpoints, counted within one
         self._batcher = _Batcher(self._idle_episodes, batch_wait_s)
-        self._thread = LoopThread("agilerl-agent-endpoint")
-        self._runner, port = self._thread.run(self._start())
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self._server = HTTPServer(self._handle, name="agilerl-agent-endpoint", max_body_bytes=max_request_bytes)
+        self.base_url = f"http://127.0.0.1:{self._server.port}/v1"
 
     # -- episodes ---------------------------------------------------------------------------------
 
@@ -158,6 +163,9 @@ class AgentEndpoint:
             self._routes[key] = _Route(episode, policy, params)
         return episode
 
+    def _new_id(self, kind: str) -> str:
+        return f"{kind}{self._id_prefix}{next(self._ids):08x}"
+
     def _idle_episodes(self) -> int:
         """Live episodes with no call waiting or generating (their programs are between calls)."""
         return sum(1 for route in tuple(self._routes.values()) if route.episode.in_flight == 0)
@@ -169,30 +177,25 @@ class AgentEndpoint:
 
     def close(self) -> None:
         """Stop serving (idempotent)."""
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            try:
-                self._thread.run(runner.cleanup())
-            finally:
-                self._thread.stop()
-                self._batcher.close()
+        self._server.close()
 
     # -- the server -------------------------------------------------------------------------------
 
-    async def _start(self) -> tuple[Any, int]:
-        from aiohttp import web
+    def _handle(self, request: Request) -> Response:
+        """Route one request (on its connection's thread, see ``agilerl.agents.http_server``)."""
+        route = _ROUTES.get(request.path)
+        if route is None:
+            return _error(_Refused(404, f"no route {request.path!r}: the endpoint serves /v1/chat/completions, "
+                                   "/v1/completions and /v1/models", "not_found"))
+        method, name = route
+        if request.method != method:
+            response = _error(_Refused(405, f"{request.path} takes {method}, not {request.method}", "method_not_allowed"))
+            response.headers["Allow"] = method
+            return response
+        return getattr(self, name)(request)
 
-        app = web.Application(client_max_size=self.max_request_bytes)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        runner = web.AppRunner(app, shutdown_timeout=1, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        return runner, runner.addresses[0][1]
-
-    def _route(self, request: Any) -> _Route:
-        header = request.headers.get("Authorization", "")
+    def _route(self, request: Request) -> _Route:
+        header = request.headers.get("authorization", "")
         key = header[7:].strip() if header.lower().startswith("bearer ") else ""
         route = self._routes.get(key)
         if route is None:
@@ -200,67 +203,69 @@ class AgentEndpoint:
                            "valid while its episode runs", "invalid_api_key")
         return route
 
-    async def _models(self, request: Any) -> Any:
-        from aiohttp import web
-
+    def _models(self, request: Request) -> Response:
         try:
             self._route(request)
         except _Refused as exc:
             return _error(exc)
-        return web.json_response({"object": "list", "data": [
+        return Response.json({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agilerl"}
         ]})
 
-    async def _chat(self, request: Any) -> Any:
-        return await self._serve(request, ChatRequest, self._plan_chat, self._chat_reply)
+    def _chat(self, request: Request) -> Response:
+        return self._serve(request, ChatRequest, self._plan_chat, self._chat_reply)
 
-    async def _completions(self, request: Any) -> Any:
-        return await self._serve(request, CompletionRequest, self._plan_text, self._text_reply)
+    def _completions(self, request: Request) -> Response:
+        return self._serve(request, CompletionRequest, self._plan_text, self._text_reply)
 
-    async def _serve(self, request: Any, model: type[_Request], plan_of: Callable[..., Any], reply_of: Callable[..., Any]) -> Any:
-        """One call: authenticate, parse, plan the prompt, generate off the loop, record, answer."""
-        from aiohttp import web
-
+    def _serve(self, request: Request, model: type[_Request], plan_of: Callable[..., Any], reply_of: Callable[..., Any]) -> Response:
+        """One call: authenticate, parse, plan the prompt, generate, record, answer. The
+        bookkeeping (planning, recording, the reply) holds the endpoint's lock; generating does not."""
         try:
             route = self._route(request)
             try:
-                body = model.model_validate(await request.json())
-            except (ValidationError, ValueError) as exc:
+                body = model.model_validate_json(request.body)
+            except ValidationError as exc:
                 raise _Refused(400, f"invalid request body: {exc}") from None
             episode = route.episode
-            if episode.in_flight >= self.max_concurrent_calls:
-                raise _Refused(429, f"this episode already has {episode.in_flight} calls running "
-                               f"(max_concurrent_calls {self.max_concurrent_calls})", "rate_limit_exceeded")
-            try:
-                episode.check_budget()
-                plan = plan_of(route, body)
-            except AgileRLError as exc:  # what the request asked for cannot be rendered or shown
-                raise _Refused(400, str(exc)) from None
-            self._warn_overrides(body, route.params)
+            with self._lock:
+                if episode.in_flight >= self.max_concurrent_calls:
+                    raise _Refused(429, f"this episode already has {episode.in_flight} calls running "
+                                   f"(max_concurrent_calls {self.max_concurrent_calls})", "rate_limit_exceeded")
+                try:
+                    episode.check_budget()
+                    plan = plan_of(route, body)
+                except AgileRLError as exc:  # what the request asked for cannot be rendered or shown
+                    raise _Refused(400, str(exc)) from None
+                self._warn_overrides(body, route.params)
+                episode.in_flight += 1
         except _Refused as exc:
             return _error(exc)
-        episode.in_flight += 1
         try:
             t0 = time.perf_counter()
             limit = min(body.token_limit or route.params.max_new_tokens, route.params.max_new_tokens)
-            generation = await asyncio.wrap_future(self._batcher.submit(route, plan.prompt, limit))
-            generation = episode.cut_at_placeholder(plan, generation)
-            reply, payload = reply_of(body, plan, generation)
-            episode.record(plan, generation, reply, time.perf_counter() - t0)
+            generation = self._batcher.generate(route, plan.prompt, limit)
+            with self._lock:
+                generation = episode.cut_at_placeholder(plan, generation)
+                reply, payload = reply_of(body, plan, generation)
+                episode.record(plan, generation, reply, time.perf_counter() - t0)
         except Exception as exc:  # the run's generator failed: the program sees a 500; the run is told
             self.generation_error = self.generation_error or exc
             log.warning("agent call of episode %s failed: %s", episode.id, exc, exc_info=True)
             return _error(_Refused(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error"))
         finally:
-            episode.in_flight -= 1
+            with self._lock:
+                episode.in_flight -= 1
         if body.stream:
-            return await _stream(request, payload, chat=isinstance(body, ChatRequest),
-                                 usage=bool((body.stream_options or {}).get("include_usage")))
-        return web.json_response(payload)
+            return _stream(payload, chat=isinstance(body, ChatRequest),
+                           usage=bool((body.stream_options or {}).get("include_usage")))
+        return Response.json(payload)
 
     def _warn_overrides(self, body: _Request, params: SamplingParams) -> None:
         """Name, once each, the sampling fields a request sent that the run's settings decide."""
-        extra = body.model_extra or {}
+        extra = body.model_extra
+        if not extra:
+            return
         given = [k for k in _OVERRIDDEN if extra.get(k) is not None and k not in self._warned
                  and not (k == "temperature" and extra[k] == params.temperature)
                  and not (k == "top_p" and extra[k] == params.top_p)]
@@ -277,9 +282,8 @@ class AgentEndpoint:
     # -- chat ------------------------------------------------------------------------------------
 
     def _plan_chat(self, route: _Route, body: ChatRequest) -> CallPlan:
-        messages = normalize_messages(body.messages)
         calls_end = self.tool_parser.calls_end if self.tool_parser is not None else None
-        return route.episode.plan_chat(messages, body.tools, calls_end)
+        return route.episode.plan_chat(body.messages, body.tools, calls_end)
 
     def _chat_reply(self, body: ChatRequest, plan: CallPlan, generation: Generation) -> tuple[dict[str, Any], dict[str, Any]]:
         ids = generation.token_ids
@@ -291,7 +295,7 @@ class AgentEndpoint:
                 if call.name is None or call.status in ("malformed", "unclosed"):
                     continue
                 tool_calls.append({
-                    "id": call.id or f"call_{uuid.uuid4().hex[:24]}",
+                    "id": call.id or self._new_id("call_"),
                     "type": "function",
                     "function": {"name": call.name, "arguments": json.dumps(call.arguments or {})},
                 })
@@ -304,7 +308,7 @@ class AgentEndpoint:
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if body.logprobs:
             choice["logprobs"] = {"content": self._token_logprobs(generation)}
-        payload = _envelope("chat.completion", self.model_name, choice, len(plan.prompt_ids), len(ids))
+        payload = _envelope(self._new_id("chatcmpl-"), "chat.completion", self.model_name, choice, len(plan.prompt_ids), len(ids))
         return normalize_messages([message])[0], payload
 
     # -- completions -----------------------------------------------------------------------------
@@ -329,7 +333,7 @@ class AgentEndpoint:
                 "top_logprobs": None,
                 "text_offset": None,
             }
-        payload = _envelope("text_completion", self.model_name, choice, len(plan.prompt_ids), len(ids))
+        payload = _envelope(self._new_id("cmpl-"), "text_completion", self.model_name, choice, len(plan.prompt_ids), len(ids))
         return text, payload
 
     def _token_logprobs(self, generation: Generation) -> list[dict[str, Any]]:
@@ -342,14 +346,30 @@ class AgentEndpoint:
         ]
 
 
-_Call = tuple[_Route, Sequence[int], int, "Future[Generation]"]
-"""A call waiting for the batcher: its route, prompt, token limit and where its completion goes."""
+@dataclass(eq=False)
+class _Call:
+    """A call waiting for its batch: its route, prompt and token limit; then its outcome."""
+
+    route: _Route
+    prompt: Sequence[int]
+    limit: int
+    since: float
+    generation: Generation | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+    def outcome(self) -> Generation:
+        if self.error is not None:
+            raise self.error
+        assert self.generation is not None
+        return self.generation
 
 
 class _Batcher:
-    """The batching queue in front of ``policy.generate``: one thread takes every call waiting
-    and generates them in one batch per policy and sampling settings, while the next calls queue
-    up (as the collector batches the turns of its live episodes).
+    """The batching in front of ``policy.generate``: calls of all live episodes that wait meanwhile
+    are generated in one batch per policy and sampling settings, one batch at a time (as the
+    collector batches the turns of its live episodes). The first waiting call's own thread
+    generates the batch (no hand-off to a generating thread and back); the others wait for it.
 
     Programs answer a finished batch at slightly different moments, so a batch started on the
     first call back would leave the rest waiting a whole generate call for the next one. A batch
@@ -359,59 +379,59 @@ class _Batcher:
     def __init__(self, idle_episodes: Callable[[], int], wait_s: float) -> None:
         self._idle_episodes = idle_episodes
         self._wait_s = wait_s
-        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name="agilerl-agent-batcher", daemon=True)
-        self._thread.start()
+        self._cond = threading.Condition()
+        self._waiting: list[_Call] = []
+        self._busy = False  # a thread is gathering or generating a batch
 
-    def submit(self, route: _Route, prompt: Sequence[int], limit: int) -> Future[Generation]:
-        future: Future[Generation] = Future()
-        self._queue.put((route, prompt, limit, future))
-        return future
-
-    def close(self) -> None:
-        self._queue.put(None)
-
-    def _work(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            calls = [first]
-            deadline = time.monotonic() + self._wait_s
-            while True:  # everything waiting joins this batch; live episodes about to call are waited for
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self._idle_episodes() == 0:
-                        break
-                    try:
-                        item = self._queue.get(timeout=min(left, 0.001))
-                    except queue.Empty:
-                        continue
-                if item is None:
-                    self._queue.put(None)  # stop after this batch
-                    break
-                calls.append(item)
-            batches: dict[tuple[int, SamplingParams], list[_Call]] = {}
-            for call in calls:
-                batches.setdefault((id(call[0].policy), call[0].params), []).append(call)
-            for batch in batches.values():
-                self._generate(batch)
-
-    @staticmethod
-    def _generate(batch: list[_Call]) -> None:
-        route = batch[0][0]
+    def generate(self, route: _Route, prompt: Sequence[int], limit: int) -> Generation:
+        call = _Call(route, prompt, limit, time.monotonic())
+        with self._cond:
+            self._waiting.append(call)
+            if self._busy:
+                self._cond.notify_all()  # a gathering batch may now have every live episode's call
+                while self._busy and not call.done:
+                    self._cond.wait()  # the running batch ends (its own bound: the generator's)
+                if call.done:
+                    return call.outcome()
+            self._busy = True
+            deadline = self._waiting[0].since + self._wait_s
+            while self._idle_episodes() > 0 and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            calls, self._waiting = self._waiting, []
         try:
-            generations = route.policy.generate([prompt for _, prompt, _, _ in batch], route.params)
-            if len(generations) != len(batch):
-                raise ValueError(f"{type(route.policy).__name__}.generate returned {len(generations)} completions for {len(batch)} prompts")
-        except BaseException as exc:  # noqa: BLE001 - every call of the batch gets the error
-            for *_, future in batch:
-                future.set_exception(exc)
-            return
-        for (call_route, _, limit, future), generation in zip(batch, generations):
-            future.set_result(_cut(call_route, generation, limit))
+            batches: dict[tuple[int, SamplingParams], list[_Call]] = {}
+            for each in calls:
+                batches.setdefault((id(each.route.policy), each.route.params), []).append(each)
+            for batch in batches.values():
+                _generate(batch)
+                if len(batch) < len(calls):  # other batches follow: these calls go on meanwhile
+                    with self._cond:
+                        for each in batch:
+                            each.done = True
+                        self._cond.notify_all()
+        finally:
+            with self._cond:
+                for each in calls:
+                    if each.generation is None and each.error is None:  # an error outside generate: never a hang
+                        each.error = RuntimeError("the batch ended before generating this call")
+                    each.done = True
+                self._busy = False
+                self._cond.notify_all()
+        return call.outcome()
+
+
+def _generate(batch: list[_Call]) -> None:
+    route = batch[0].route
+    try:
+        generations = route.policy.generate([each.prompt for each in batch], route.params)
+        if len(generations) != len(batch):
+            raise ValueError(f"{type(route.policy).__name__}.generate returned {len(generations)} completions for {len(batch)} prompts")
+    except BaseException as exc:  # noqa: BLE001 - every call of the batch gets the error
+        for each in batch:
+            each.error = exc
+        return
+    for each, generation in zip(batch, generations):
+        each.generation = _cut(each.route, generation, each.limit)
 
 
 def _cut(route: _Route, generation: Generation, limit: int) -> Generation:
@@ -435,9 +455,9 @@ def _finish(generation: Generation) -> str:
     return "stop" if generation.finish_reason == "stop" else "length"
 
 
-def _envelope(kind: str, model: str, choice: dict[str, Any], prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def _envelope(id_: str, kind: str, model: str, choice: dict[str, Any], prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {
-        "id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex,
+        "id": id_,
         "object": kind,
         "created": int(time.time()),
         "model": model,
@@ -447,21 +467,14 @@ def _envelope(kind: str, model: str, choice: dict[str, Any], prompt_tokens: int,
     }
 
 
-def _error(exc: _Refused) -> Any:
-    from aiohttp import web
-
+def _error(exc: _Refused) -> Response:
     kind = "authentication_error" if exc.status == 401 else "invalid_request_error" if exc.status < 500 else "server_error"
-    return web.json_response(
-        {"error": {"message": str(exc), "type": kind, "param": None, "code": exc.code}}, status=exc.status
-    )
+    return Response.json({"error": {"message": str(exc), "type": kind, "param": None, "code": exc.code}}, exc.status)
 
 
-async def _stream(request: Any, payload: dict[str, Any], *, chat: bool, usage: bool) -> Any:
-    """The finished call as server-sent events: the whole reply in one delta, then its finish."""
-    from aiohttp import web
-
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
+def _stream(payload: dict[str, Any], *, chat: bool, usage: bool) -> Response:
+    """The finished call as server-sent events: the whole reply in one delta, then its finish
+    (sent in one response body: the call has ended when it is answered)."""
     choice = payload["choices"][0]
     head = {k: payload[k] for k in ("id", "created", "model")}
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -479,8 +492,5 @@ async def _stream(request: Any, payload: dict[str, Any], *, chat: bool, usage: b
     events = [{**head, "object": kind, "choices": [c]} for c in chunks]
     if usage:
         events.append({**head, "object": kind, "choices": [], "usage": payload["usage"]})
-    for event in events:
-        await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
+    body = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events) + b"data: [DONE]\n\n"
+    return Response(200, body, "text/event-stream", {"Cache-Control": "no-cache"})

@@ -74,12 +74,13 @@ def _arguments(value: Any) -> Any:
     return value
 
 
-def normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+def normalize_messages(messages: Sequence[Any], start: int = 0) -> list[dict[str, Any]]:
     """Messages as the chat template takes them and as calls are compared: role, text content,
     tool calls (arguments as mappings) and the tool call a result answers; the rest a client adds
-    (``refusal: null``, ``annotations``) is dropped."""
+    (``refusal: null``, ``annotations``) is dropped. ``start``: the first one's index in the
+    request (for errors)."""
     out = []
-    for i, message in enumerate(messages):
+    for i, message in enumerate(messages, start):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidArgument(f"messages[{i}] must be an object with a string 'role'")
         item: dict[str, Any] = {"role": message["role"], "content": _content(message.get("content"))}
@@ -141,8 +142,8 @@ class CallPlan:
 class Episode:
     """The calls of one program's episode, kept as samples (see the module doc).
 
-    Calls come from the endpoint's loop thread; the lock keeps a concurrent reader (the episode's
-    end) consistent.
+    Calls come from the endpoint's connection threads; the lock keeps them and a concurrent reader
+    (the episode's end) consistent.
     """
 
     def __init__(
@@ -162,17 +163,21 @@ class Episode:
         self.last_chat: list[dict[str, Any]] | None = None
         """The latest chat call's messages plus its reply: the final conversation, for rubrics."""
         self._samples: list[_Sample] = []
+        self._sent: tuple[list[Any], list[dict[str, Any]]] = ([], [])
+        """The last chat call's messages as sent, and normalized: a program resends its history."""
         self._turn = 0
         self._closed = False
         self._lock = threading.Lock()
 
     # -- planning a call ----------------------------------------------------------------------
 
-    def plan_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, calls_end: str | None) -> CallPlan:
-        """The prompt of a chat call: the sample it extends plus its new messages, or a fresh render."""
+    def plan_chat(self, sent: list[Any], tools: list[dict[str, Any]] | None, calls_end: str | None) -> CallPlan:
+        """The prompt of a chat call (its messages as the program ``sent`` them): the sample it
+        extends plus its new messages, or a fresh render."""
         key = json.dumps(tools, sort_keys=True) if tools else ""
         renderer = self.renderer.with_tools(tools or None)
         with self._lock:
+            messages = self._normalized(sent)
             best = None
             for sample in self._samples:
                 history = sample.history
@@ -182,7 +187,7 @@ class Episode:
                     and (best is None or len(history) > len(best.history))
                 ):
                     best = sample
-            if self.vision is None and _images(messages):
+            if self.vision is None and any(isinstance(m["content"], list) for m in messages):  # parts: an image
                 raise InvalidArgument("image_url parts need a vision policy (a model with a processor)")
             if best is None:
                 if self.vision is None:
@@ -202,6 +207,19 @@ class Episode:
                 renderer, traj.token_ids, self.vision.tokens(text, _images(new), media, f"episode {self.id}")
             )
             return CallPlan(traj.token_ids + tail, best, len(traj.token_ids), messages, key, media)
+
+    def _normalized(self, sent: list[Any]) -> list[dict[str, Any]]:
+        """``normalize_messages(sent)``, reusing the last call's work for the messages it resent
+        unchanged (a program resends its whole history each call: only the new ones are read)."""
+        last, done = self._sent
+        same = 0
+        for old, new in zip(last, sent):
+            if old != new:
+                break
+            same += 1
+        messages = done[:same] + normalize_messages(sent[same:], same)
+        self._sent = (sent, messages)
+        return messages
 
     def _shown(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Messages as the template shows them to a vision policy: each image a template image
