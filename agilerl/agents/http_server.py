@@ -74,7 +74,7 @@ class HTTPServer:
         name: str,
         max_body_bytes: int,
         port: int = 0,
-        max_connections: int = 256,
+        max_connections: int = 1024,
         timeout_s: float = 75.0,
     ) -> None:
         self.handler = handler
@@ -200,9 +200,12 @@ class HTTPServer:
         """The header lines, up to the blank line: at once when they are buffered whole (a
         client's request arrives in one piece), else line by line."""
         buffered = reader.peek(0)  # type: ignore[attr-defined]
+        if buffered.startswith(b"\r\n"):  # no headers at all
+            reader.read(2)
+            return {}
         end = buffered.find(b"\r\n\r\n", 0, MAX_HEADERS * MAX_LINE)
-        if end >= 0 and b"\n" not in buffered[: end].replace(b"\r\n", b""):
-            lines = buffered[:end].split(b"\r\n") if end else []
+        if end >= 0 and b"\n" not in buffered[:end].replace(b"\r\n", b""):
+            lines = buffered[:end].split(b"\r\n")
             reader.read(end + 4)
             if len(lines) > MAX_HEADERS:
                 raise _Refused(431, f"more than {MAX_HEADERS} headers")
