@@ -257,6 +257,48 @@ def test_the_endpoint_bounds_request_size_and_calls_per_episode(chatml_tokenizer
         endpoint.close()
 
 
+class _BatchSizes:
+    """A scripted policy that keeps the size of every batch it is given."""
+
+    def __init__(self, tokenizer) -> None:
+        self.inner = ScriptedPolicy(tokenizer, "ok")
+        self.sizes: list[int] = []
+
+    def generate(self, prompts, params) -> list[Generation]:
+        self.sizes.append(len(prompts))
+        return self.inner.generate(prompts, params)
+
+
+def test_calls_of_live_episodes_that_keep_arriving_are_one_batch(chatml_tokenizer):
+    # five programs call 80 ms apart: 320 ms from first to last, past the 250 ms wait, yet each
+    # within it of the one before (as programs answered by one batch come back one by one)
+    endpoint = AgentEndpoint(chatml_tokenizer, batch_wait_s=0.25)
+    policy = _BatchSizes(chatml_tokenizer)
+    episodes = [endpoint.open_episode(f"e{i}", policy, SamplingParams()) for i in range(5)]
+    url = endpoint.base_url + "/chat/completions"
+    start = threading.Barrier(5)
+    statuses: list[int] = []
+
+    def program(i: int) -> None:
+        messages = [{"role": "user", "content": f"hi {i}"}]
+        for _ in range(2):
+            start.wait(30)
+            time.sleep(0.08 * i)
+            status, body = _post(url, {"messages": messages}, episodes[i].key)
+            statuses.append(status)
+            messages += [body["choices"][0]["message"], {"role": "user", "content": "more"}]
+
+    try:
+        threads = [threading.Thread(target=program, args=(i,)) for i in range(5)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        endpoint.close()
+    assert statuses == [200] * 10 and policy.sizes == [5, 5]
+
+
 def test_completions_extend_their_text_as_one_sample_and_honour_max_tokens(chatml_tokenizer):
     endpoint = AgentEndpoint(chatml_tokenizer)
     try:

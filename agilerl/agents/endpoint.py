@@ -353,7 +353,6 @@ class _Call:
     route: _Route
     prompt: Sequence[int]
     limit: int
-    since: float
     generation: Generation | None = None
     error: BaseException | None = None
     done: bool = False
@@ -371,10 +370,11 @@ class _Batcher:
     collector batches the turns of its live episodes). The first waiting call's own thread
     generates the batch (no hand-off to a generating thread and back); the others wait for it.
 
-    Programs answer a finished batch at slightly different moments, so a batch started on the
-    first call back would leave the rest waiting a whole generate call for the next one. A batch
-    therefore waits for every live episode to have a call waiting, or ``wait_s`` after its first
-    call, whichever comes first (one live episode: no wait)."""
+    Programs answer a finished batch at slightly different moments (and their answers go out one
+    by one), so a batch started on the first call back would leave the rest waiting a whole
+    generate call for the next one, and the two halves would then alternate for good. A batch
+    therefore waits for every live episode to have a call waiting, or until no call came for
+    ``wait_s`` (at most ``4 * wait_s`` in all), whichever comes first (one live episode: no wait)."""
 
     def __init__(self, idle_episodes: Callable[[], int], wait_s: float) -> None:
         self._idle_episodes = idle_episodes
@@ -384,7 +384,7 @@ class _Batcher:
         self._busy = False  # a thread is gathering or generating a batch
 
     def generate(self, route: _Route, prompt: Sequence[int], limit: int) -> Generation:
-        call = _Call(route, prompt, limit, time.monotonic())
+        call = _Call(route, prompt, limit)
         with self._cond:
             self._waiting.append(call)
             if self._busy:
@@ -394,9 +394,12 @@ class _Batcher:
                 if call.done:
                     return call.outcome()
             self._busy = True
-            deadline = self._waiting[0].since + self._wait_s
+            start = time.monotonic()
+            deadline, waiting = start + self._wait_s, len(self._waiting)
             while self._idle_episodes() > 0 and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
+                if len(self._waiting) > waiting:  # calls still coming in: give the rest as long again
+                    deadline, waiting = min(time.monotonic() + self._wait_s, start + 4 * self._wait_s), len(self._waiting)
             calls, self._waiting = self._waiting, []
         try:
             batches: dict[tuple[int, SamplingParams], list[_Call]] = {}
