@@ -133,7 +133,12 @@ class HTTPServer:
                 _shut(connection)
                 continue
             count += 1
-            threading.Thread(target=self._serve, args=(connection,), name=f"{self.name}-{count}", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(connection,), name=f"{self.name}-{count}", daemon=True).start()
+            except RuntimeError:  # no thread to be had (the process's limit): this connection only
+                with self._lock:
+                    self._connections.discard(connection)
+                _shut(connection)
 
     def _serve(self, connection: socket.socket) -> None:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
