@@ -175,7 +175,8 @@ def test_close_ends_open_connections_and_a_handler_still_running_finishes():
 def test_the_endpoint_names_its_routes_and_methods(chatml_tokenizer):
     endpoint = AgentEndpoint(chatml_tokenizer)
     try:
-        sock, buffer = socket.create_connection(("127.0.0.1", int(endpoint.base_url.rsplit(":", 1)[1].split("/")[0])), timeout=10), bytearray()
+        port = int(endpoint.base_url.rsplit(":", 1)[1].split("/")[0])
+        sock, buffer = socket.create_connection(("127.0.0.1", port), timeout=10), bytearray()
         sock.sendall(b"GET /v1/nothing HTTP/1.1\r\n\r\n")
         status, _, payload = _response(sock, buffer)
         assert status == 404 and "/v1/chat/completions" in json.loads(payload)["error"]["message"]

@@ -7,7 +7,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,32 +20,33 @@ from agilerl.errors import CollectionError, EnvUnavailable
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.rollout.assigner import TaskAssigner
 from agilerl.rollout.collector import RolloutCollector
-from agilerl.generation.policy import SamplingParams, ScriptedPolicy
+from agilerl.generation.policy import ScriptedPolicy
 from agilerl.train.batch import collate_trajectories
+from tests.health import start_server
 from tests.test_remote_server import wait_for_health
 
 
 class ServeProcess:
-    """``agilerl serve ENTRYPOINT`` on a fixed loopback port, which can be SIGKILLed and started again."""
+    """``agilerl serve ENTRYPOINT`` on a loopback port, which can be SIGKILLed and started again on
+    that port (the first start binds a free one itself: ``url`` is set then)."""
 
     def __init__(self, log: Path, entrypoint: str = "guess", env: dict[str, str] | None = None) -> None:
         self.entrypoint, self.env = entrypoint, env
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = ""
         self.log = log
         self.proc: subprocess.Popen[Any] | None = None
         self.restarted = threading.Event()
         self._restart: threading.Thread | None = None
 
     def start(self) -> None:
+        serve = [sys.executable, "-m", "agilerl", "serve", self.entrypoint]
+        if not self.url:
+            url_file = self.log.with_suffix(".url")
+            self.proc, self.url = start_server([*serve, "--port", "0", "--port-file", str(url_file)], url_file, self.log, env=self.env)
+            return
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agilerl", "serve", self.entrypoint, "--port", str(self.port)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self.env,
+                [*serve, "--port", self.url.rsplit(":", 1)[1]], stdout=out, stderr=subprocess.STDOUT, env=self.env
             )
         wait_for_health(self.url, self.proc, self.log)
 

@@ -18,10 +18,10 @@ import yaml
 
 from agilerl.assembly.env_factory import make_env_factory
 from agilerl.concurrency import LoopThread, run_in_threads, WorkerThreads
-from agilerl.data.judge import JUDGE_STATS, JudgeEndpoint
+from agilerl.data.judge import JUDGE_STATS
 from agilerl.data.judges import GroupJudge, LLMJudge, parse_score, parse_scores
 from agilerl.data.rubric import Rubric
-from agilerl.errors import EnvUnavailable, JudgeFailed, JudgeUnavailable, ManifestError, RubricError
+from agilerl.errors import EnvUnavailable, JudgeUnavailable, ManifestError, RubricError
 from agilerl.manifest.spec import load_manifest
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.generation.policy import ScriptedPolicy
@@ -55,9 +55,8 @@ class JudgeStub:
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        port = free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", port).start()
-        return f"http://127.0.0.1:{port}"
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
 
     async def _chat(self, request):
         from aiohttp import web

@@ -22,6 +22,7 @@ from agilerl.concurrency import shared_loop
 from agilerl.remote.observations import default_text, make_observation_reader, text_from_field
 from agilerl.remote.hosting import resolve_env
 from agilerl.errors import AgileRLError, ObservationError, RemoteEnvError
+from tests.health import start_server
 from tests.loopback import LoopbackServer
 from tests.test_remote_server import (
     assert_all_closed_once,
@@ -307,20 +308,16 @@ def test_a_crashed_server_ends_the_episode_and_the_next_reset_reconnects(tmp_pat
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    serve = [sys.executable, "-m", "agilerl", "serve", "tests.test_remote_server:CountedEnv", "--port", str(port)]
+    serve = [sys.executable, "-m", "agilerl", "serve", "tests.test_remote_server:CountedEnv"]
+    root = Path(__file__).resolve().parent.parent  # where `tests.` imports
+    url_file = tmp_path / "serve.url"
+    first, url = start_server([*serve, "--port", "0", "--port-file", str(url_file)], url_file, tmp_path / "serve.log", cwd=root)
 
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(  # from the repo root, where `tests.` imports
-            serve, cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+    def start() -> subprocess.Popen[bytes]:  # again, on the same address
+        proc = subprocess.Popen([*serve, "--port", url.rsplit(":", 1)[1]], cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_health(url, proc)
         return proc
 
-    first = start()
     client = RemoteEnvClient(url, retry_budget_s=30)
     try:
         assert client.reset(seed=1)[0] == "start 1"

@@ -9,7 +9,6 @@ client run as subprocesses of that venv's python.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import textwrap
 from collections.abc import Iterator
@@ -20,14 +19,14 @@ import pytest
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.remote.hosting import resolve_env
 from tests.extra_venvs import VENVS
+from tests.health import ASGI_ON_A_FREE_PORT, start_server
 from tests.test_remote_server import (
     assert_all_closed_once,
     fresh_env_class,
-    wait_for_health,
 )
 
-OPENENV_SERVER = textwrap.dedent('''
-import sys, uvicorn
+OPENENV_SERVER = ASGI_ON_A_FREE_PORT + textwrap.dedent('''
+import sys
 from fastmcp import FastMCP
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
@@ -91,12 +90,12 @@ class CalcEnv(MCPEnvironment):
         return self._state
 
 
-kind, port = sys.argv[1], int(sys.argv[2])
+kind, url_file = sys.argv[1], sys.argv[2]
 if kind == "text":
     app = create_app(ShoutEnv, MessageAction, ShoutObservation, max_concurrent_envs=8)
 else:
     app = create_app(CalcEnv, CallToolAction, CallToolObservation, max_concurrent_envs=8)
-uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+serve(app, url_file)
 ''')
 
 
@@ -104,12 +103,6 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 def openenv_python() -> Path:
     """``.venv-openenv``'s python: openenv-core, from pip's configured indexes (tests/extra_venvs.py)."""
     return VENVS["openenv"].ensure()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -120,12 +113,9 @@ def openenv_server(openenv_python: Path, tmp_path: Path) -> Iterator[object]:
     script.write_text(OPENENV_SERVER)
 
     def start(kind: str) -> str:
-        port = _free_port()
-        log = (tmp_path / f"{kind}.log").open("wb")
-        proc = subprocess.Popen([str(openenv_python), str(script), kind, str(port)], stdout=log, stderr=log)
+        url_file = tmp_path / f"{kind}.url"
+        proc, url = start_server([str(openenv_python), str(script), kind, str(url_file)], url_file, tmp_path / f"{kind}.log")
         procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        wait_for_health(url, proc, tmp_path / f"{kind}.log")
         return url
 
     yield start

@@ -5,8 +5,6 @@ nested ``screenshot`` and Atari's flat ``screen`` with ``screen_shape`` become i
 from __future__ import annotations
 
 import hashlib
-import socket
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -14,9 +12,9 @@ import numpy as np
 import pytest
 
 from agilerl.remote.client import RemoteEnvClient
+from tests.health import ASGI_ON_A_FREE_PORT, start_server
 from tests.test_openenv_native import run_script, side_python  # noqa: F401 - the side venv fixture
 from tests.test_remote_openenv import openenv_python  # noqa: F401
-from tests.test_remote_server import wait_for_health
 
 ENVS = textwrap.dedent('''
     from typing import List, Optional
@@ -120,10 +118,9 @@ def test_openenv_image_fields_become_images_in_process(side_python: Path, envs_d
     assert seen["AtariEnv"]["images"] == [_frame_sha(2)] and "screen" not in seen["AtariEnv"]["text"]
 
 
-OPENENV_SERVER = (
-    "import sys, uvicorn, envs; from openenv.core.env_server.http_server import create_app; "
-    "app = create_app(getattr(envs, sys.argv[1]), getattr(envs, sys.argv[2]), getattr(envs, sys.argv[3])); "
-    "uvicorn.run(app, host='127.0.0.1', port=int(sys.argv[4]), log_level='warning')"
+OPENENV_SERVER = ASGI_ON_A_FREE_PORT + (
+    "import sys, envs; from openenv.core.env_server.http_server import create_app\n"
+    "serve(create_app(getattr(envs, sys.argv[1]), getattr(envs, sys.argv[2]), getattr(envs, sys.argv[3])), sys.argv[4])\n"
 )
 SERVED = {  # env: (its Action and Observation classes, image field, action field, what the step shows)
     "BrowserEnv": ("ClickAction", "BrowserObservation", "screenshot", "command", "clicked go"),
@@ -139,19 +136,13 @@ def test_served_openenv_image_fields_reach_the_client_as_the_same_pixels(
     """BrowserGym's nested screenshot and Atari's flat screen, served by ``agilerl serve`` and by
     OpenEnv's own server: the client reads the field (``image_field``) into the env's pixels."""
     action_cls, observation_cls, image_field, action_field, shown = SERVED[env]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+    url_file = envs_dir / "serve.url"
     if server == "agilerl serve":
-        command = [str(side_python), "-m", "agilerl", "serve", f"envs.py:{env}", "--port", str(port)]
+        command = [str(side_python), "-m", "agilerl", "serve", f"envs.py:{env}", "--port", "0", "--port-file", str(url_file)]
     else:
-        command = [str(side_python), "-c", OPENENV_SERVER, env, action_cls, observation_cls, str(port)]
-    log = envs_dir / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=envs_dir, stdout=out, stderr=subprocess.STDOUT)
+        command = [str(side_python), "-c", OPENENV_SERVER, env, action_cls, observation_cls, str(url_file)]
+    process, url = start_server(command, url_file, envs_dir / "serve.log", cwd=envs_dir)
     try:
-        wait_for_health(url, process, log)
         with RemoteEnvClient(url, image_field=image_field, action_field=action_field) as client:
             prompt, _ = client.reset(seed=2)
             observation, _, terminated, _, _ = client.step("1" if env == "AtariEnv" else "go")

@@ -4,8 +4,6 @@ through AutoProcessor, and training over ``env_url`` sees the pixels in-process 
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from agilerl.rollout.collector import RolloutCollector
 from agilerl.generation.policy import SamplingParams, ScriptedPolicy, TransformersPolicy
 from agilerl.train.batch import collate_trajectories
 from agilerl.train.logprobs import policy_logprobs
-from tests.test_remote_server import wait_for_health
+from tests.health import start_server
 
 pytestmark = pytest.mark.slow
 
@@ -104,18 +102,12 @@ def test_training_over_env_url_sees_the_pixels_in_process_training_sees(tmp_path
 
     model, tokenizer = tiny_vlm_and_tokenizer()
     config = '{"noise": 40, "num_colors": 4, "max_turns": 2}'
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "agilerl", "serve", "colors", "--env-config", config, "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT,
-        )
+    url_file = tmp_path / "serve.url"
+    server, url = start_server(
+        [sys.executable, "-m", "agilerl", "serve", "colors", "--env-config", config, "--port", "0", "--port-file", str(url_file)],
+        url_file, tmp_path / "serve.log",
+    )
     try:
-        wait_for_health(url, server, log)
         policy = ScriptedPolicy(tokenizer, "7")
         runs = {}
         from agilerl.remote.client import RemoteEnvClient

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -56,11 +57,24 @@ def report(vllm_venv: Path, replica: VLLMServe, tmp_path_factory: pytest.TempPat
     """tests/vllm_vision_check.py's report: one process, one colocated engine, and the replica
     (booting meanwhile) for the served backend."""
     folder = tmp_path_factory.mktemp("vision-report")
+    url_file = folder / "replica-url"
+
+    def announce() -> None:  # the replica's URL once it answers (a port taken meanwhile moves it)
+        try:
+            url = replica.wait_healthy()
+        except AssertionError as exc:
+            url = f"failed: {exc}"
+        (folder / "url.tmp").write_text(url)
+        (folder / "url.tmp").replace(url_file)
+
+    announcer = threading.Thread(target=announce, daemon=True)
+    announcer.start()
     result = subprocess.run(
-        [str(vllm_venv), str(ROOT / "tests" / "vllm_vision_check.py"), str(folder / "report.json"), replica.url,
+        [str(vllm_venv), str(ROOT / "tests" / "vllm_vision_check.py"), str(folder / "report.json"), str(url_file),
          str(folder / "weights")],
         capture_output=True, text=True, env=vllm_env(), cwd=ROOT, timeout=900, check=False,
     )
+    announcer.join(60)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:] + replica.log.read_text()[-2000:]
     return json.loads((folder / "report.json").read_text())
 

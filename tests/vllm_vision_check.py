@@ -12,9 +12,9 @@ One process (vLLM's parallel state is process-wide: one colocated engine in it),
   its engine, prompted by ``engine_prompt`` as the backend prompts it, must expand each turn's
   ids as the processor does; a text-only prompt on the same engine is the control;
 - the backend itself generates every turn of the album episode;
-- the served backend (``VLLMServerPolicy``) on a ``vllm serve`` replica of this venv (argv[2],
-  waited for here: it boots while the checks above run), the trainer's weights pushed through
-  argv[3]. The trainer runs here, not in the test's venv: the replica's image processor must be
+- the served backend (``VLLMServerPolicy``) on a ``vllm serve`` replica of this venv (its URL
+  written to the file argv[2] by the test once it answers: it boots while the checks above run),
+  the trainer's weights pushed through argv[3]. The trainer runs here, not in the test's venv: the replica's image processor must be
   the trainer's (transformers 5.19's and 5.25's resize a 24x40 picture one grey level apart, and
   the log-probs then differ by ~1.5e-4).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +96,10 @@ def _episode(env: Any, model: Any, processor: Any, generate: Any, turns: int) ->
             "images": 0 if trajectory.media is None else trajectory.media.num_images}
 
 
-def _served(model: Any, processor: Any, url: str, weights_dir: str) -> dict[str, Any]:
-    """The served backend (VLLMServerPolicy) on ``url``: it pushes the trainer's weights, and the
-    collector runs a group of two album episodes on it, three turns each."""
+def _served(model: Any, processor: Any, url_file: str, weights_dir: str) -> dict[str, Any]:
+    """The served backend (VLLMServerPolicy) on the replica whose URL the test writes to
+    ``url_file`` once it answers (it may have restarted on another port meanwhile): it pushes the
+    trainer's weights, and the collector runs a group of two album episodes on it, three turns each."""
     import torch
 
     from tests.health import wait_healthy
@@ -110,7 +112,13 @@ def _served(model: Any, processor: Any, url: str, weights_dir: str) -> dict[str,
     from agilerl.train.logprobs import policy_logprobs
     from tests.vision_models import AlbumEnv
 
-    wait_healthy(url, timeout_s=600)
+    deadline = time.monotonic() + 600
+    while not Path(url_file).is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    url = Path(url_file).read_text()
+    if not url.startswith("http"):
+        raise AssertionError(f"the replica did not come up: {url}")
+    wait_healthy(url, timeout_s=60)
     tokenizer = attach_processor(processor)
     policy = VLLMServerPolicy([url], tokenizer, weights_dir=weights_dir, max_model_len=512, initial_weights=model)
     try:

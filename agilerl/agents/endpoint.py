@@ -7,8 +7,8 @@ and sampling settings; a request's ``max_tokens`` is honoured up to ``max_new_to
 other sampling fields the run overrides are named once in a warning. Each connection is served
 on a thread of its own (``agilerl.agents.http_server``). Calls of all live episodes that wait
 meanwhile are generated in one batch, by the first waiting call's own thread (``_Batcher``); a
-``VersionedPolicy`` stamps each token with its weights' version. The episode's bookkeeping (``agilerl.agents.episodes``)
-records the exact tokens of every call.
+``VersionedPolicy`` stamps each token with its weights' version. The episode's bookkeeping
+(``agilerl.agents.episodes``) records the exact tokens of every call.
 
 What the endpoint refuses: a body over ``max_request_bytes`` (413), more than
 ``max_concurrent_calls`` calls of one episode at once (429), ``n`` other than 1 and image parts
@@ -32,8 +32,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agilerl.agents.episodes import CallPlan, Episode, normalize_messages
-from agilerl.chat import ChatRenderer
 from agilerl.agents.http_server import HTTPServer, Request, Response
+from agilerl.chat import ChatRenderer
 from agilerl.errors import AgileRLError, AgileRLWarning, InvalidArgument
 from agilerl.generation.policy import Generation, Policy, SamplingParams
 from agilerl.tools.calls import ToolSet

@@ -240,7 +240,9 @@ class HTTPServer:
             headers[name] = value
         return headers
 
-    def _body(self, headers: dict[str, str], reader: IO[bytes], connection: socket.socket, *, expects_continue: bool) -> bytes | None:
+    def _body(
+        self, headers: dict[str, str], reader: IO[bytes], connection: socket.socket, *, expects_continue: bool
+    ) -> bytes | None:
         chunked = headers.get("transfer-encoding")
         length = headers.get("content-length")
         if chunked is not None:
@@ -294,7 +296,10 @@ class HTTPServer:
 
 def _head(response: Response, persist: str | None) -> bytes:
     """The status line and headers (as few as a client needs: it parses each, on every call)."""
-    head = f"HTTP/1.1 {response.status} {_phrase(response.status)}\r\nContent-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
+    head = (
+        f"HTTP/1.1 {response.status} {_phrase(response.status)}\r\n"
+        f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
+    )
     if persist is not None:
         head += f"Connection: {persist}\r\n"
     for name, value in response.headers.items():
@@ -304,7 +309,8 @@ def _head(response: Response, persist: str | None) -> bytes:
 
 def _plain(status: int, message: str) -> bytes:
     """An error answer that closes the connection."""
-    response = Response.json({"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error"}}, status)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    response = Response.json({"error": {"message": message, "type": kind}}, status)
     return _head(response, "close") + response.body
 
 
