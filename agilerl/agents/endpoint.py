@@ -308,7 +308,8 @@ class AgentEndpoint:
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if body.logprobs:
             choice["logprobs"] = {"content": self._token_logprobs(generation)}
-        payload = _envelope(self._new_id("chatcmpl-"), "chat.completion", self.model_name, choice, len(plan.prompt_ids), len(ids))
+        payload = _envelope(self._new_id("chatcmpl-"), "chat.completion", self.model_name, choice,
+                            len(plan.prompt_ids), len(ids))
         return normalize_messages([message])[0], payload
 
     # -- completions -----------------------------------------------------------------------------
@@ -333,7 +334,8 @@ class AgentEndpoint:
                 "top_logprobs": None,
                 "text_offset": None,
             }
-        payload = _envelope(self._new_id("cmpl-"), "text_completion", self.model_name, choice, len(plan.prompt_ids), len(ids))
+        payload = _envelope(self._new_id("cmpl-"), "text_completion", self.model_name, choice,
+                            len(plan.prompt_ids), len(ids))
         return text, payload
 
     def _token_logprobs(self, generation: Generation) -> list[dict[str, Any]]:
