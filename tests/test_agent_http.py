@@ -107,6 +107,9 @@ def test_chunked_bodies_and_expect_100_continue_are_read(server):
     (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc", 400),
     (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400),
     (b"POST / HTTP/1.1\r\nContent-Length: -3\r\n\r\n", 400),
+    ("POST / HTTP/1.1\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"), 400),  # a digit to str.isdigit
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n", 400),
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
 ])

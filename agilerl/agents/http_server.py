@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 MAX_LINE = 16 * 1024
 """Bytes in the request line or one header line."""
 MAX_HEADERS = 100
+_DECIMAL = re.compile(r"[0-9]{1,18}")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+"""What Content-Length and a chunk size may be (Python's int() would also take '+5', '1_0', '0x5', '²')."""
 
 
 @dataclass
@@ -252,16 +256,17 @@ class HTTPServer:
                 raise _Refused(501, f"Transfer-Encoding {chunked[:40]!r}: only chunked is read")
         elif length is None:
             return b""
-        elif not length.isdigit():
+        elif not _DECIMAL.fullmatch(length):
             raise _Refused(400, f"Content-Length {length[:40]!r} is not a byte count")
         elif int(length) > self.max_body_bytes:
             raise _Refused(413, f"the body ({length} bytes) is larger than max_request_bytes {self.max_body_bytes}")
         if expects_continue and headers.get("expect", "").lower() == "100-continue":
             connection.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if chunked is None:
-            body = reader.read(int(length))  # type: ignore[arg-type]
-            return body if len(body) == int(length) else None  # type: ignore[arg-type]
-        return self._chunks(reader)
+        if length is None:
+            return self._chunks(reader)
+        size = int(length)
+        body = reader.read(size)
+        return body if len(body) == size else None
 
     def _chunks(self, reader: IO[bytes]) -> bytes | None:
         parts: list[bytes] = []
@@ -270,14 +275,14 @@ class HTTPServer:
             line = reader.readline(MAX_LINE + 1)
             if not line:
                 return None
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise _Refused(400, f"malformed chunk size line {line[:40]!r}") from None
+            digits = line.split(b";", 1)[0].strip()
+            if not _HEX.fullmatch(digits):
+                raise _Refused(400, f"malformed chunk size line {line[:40]!r}")
+            size = int(digits, 16)
             if size == 0:
                 break
             total += size
-            if size < 0 or total > self.max_body_bytes:
+            if total > self.max_body_bytes:
                 raise _Refused(413, f"the chunked body is larger than max_request_bytes {self.max_body_bytes}")
             data = reader.read(size + 2)
             if len(data) < size + 2:
