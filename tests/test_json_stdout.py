@@ -96,3 +96,35 @@ def test_with_stdout_closed_the_json_goes_nowhere_not_to_stderr(tmp_path):
                           text=True, timeout=300, cwd=tmp_path, preexec_fn=lambda: os.close(1))
     assert done.returncode == 0, done.stderr
     assert '"name"' not in done.stderr
+
+
+def test_a_thread_left_running_never_writes_to_stdout_as_the_guard_is_left(tmp_path):
+    """The moment between leaving the guard and seeing the thread left running: a write made
+    right as the guard is left (the plugin thread's write in CI) goes to stderr, not after the JSON."""
+    script = """
+import os, threading
+from agilerl.cli.json_output import json_only_stdout, print_json
+from agilerl.stdout_guard import StdoutToStderr
+
+go, done = threading.Event(), threading.Event()
+
+def chatter():
+    while go.wait():
+        go.clear()
+        os.write(1, b'chatter\\n')
+        done.set()
+
+leave = StdoutToStderr.__exit__
+def leave_then_chatter(self, *exc):
+    leave(self, *exc)
+    go.set()
+    assert done.wait(10)
+
+StdoutToStderr.__exit__ = leave_then_chatter
+with json_only_stdout():
+    threading.Thread(target=chatter, daemon=True).start()
+    print_json({"ok": True})
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"ok": True} and "chatter" in done.stderr

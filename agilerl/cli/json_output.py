@@ -8,7 +8,6 @@ thread) goes to stderr. The JSON, written with :func:`print_json`, goes to the r
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -26,8 +25,9 @@ _running = False  # inside json_only_stdout (where a None _json_out means stdout
 @contextmanager
 def json_only_stdout() -> Iterator[None]:
     """Run a ``--json`` command with stdout sent to stderr (the module's docstring). A thread the
-    command leaves running (an env's, a plugin's) may still write: fd 1 then stays on stderr for
-    the rest of the process, so nothing lands after the JSON."""
+    command leaves running (an env's, a plugin's) may still write: it is handed to the guard
+    before the guard is left, so fd 1 stays on stderr for the rest of the process and nothing
+    lands after the JSON, not even in the moment between leaving the guard and looking."""
     global _json_out, _running
     before = set(threading.enumerate())
     with StdoutToStderr() as guard:
@@ -41,11 +41,7 @@ def json_only_stdout() -> Iterator[None]:
             except (OSError, ValueError):  # a broken pipe (| head): the JSON's reader has gone
                 pass
             _json_out, _running = None, False
-    if any(thread.is_alive() for thread in set(threading.enumerate()) - before):
-        try:
-            os.dup2(2, 1)
-        except OSError:  # no fd 2 to point at: nothing better to do
-            pass
+            guard.left_running([thread for thread in set(threading.enumerate()) - before if thread.is_alive()])
 
 
 def print_json(value: Any) -> None:
