@@ -108,8 +108,11 @@ class HTTPServer:
             pass
         self._accepting.join(timeout=5)
         self._listener.close()
-        for connection in connections:
-            _shut(connection)
+        for connection in connections:  # its own thread closes it: a descriptor closed here could be reused under it
+            try:
+                connection.shutdown(socket.SHUT_RDWR)  # wakes that thread, blocked reading it
+            except OSError:  # it has ended already
+                pass
 
     # -- connections ------------------------------------------------------------------------------
 
@@ -145,10 +148,11 @@ class HTTPServer:
                 _shut(connection)
 
     def _serve(self, connection: socket.socket) -> None:
-        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection.settimeout(self.timeout_s)
-        reader = connection.makefile("rb")
+        reader: IO[bytes] | None = None
         try:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connection.settimeout(self.timeout_s)
+            reader = connection.makefile("rb")
             while not self._closed:
                 line = reader.readline(MAX_LINE + 1)
                 if not line:
@@ -173,7 +177,8 @@ class HTTPServer:
         finally:
             with self._lock:
                 self._connections.discard(connection)
-            reader.close()
+            if reader is not None:
+                reader.close()
             _shut(connection)
 
     def _read(self, line: bytes, reader: IO[bytes], connection: socket.socket) -> tuple[Request | None, str | None]:
