@@ -9,8 +9,12 @@ the endpoint costs: HTTP, JSON, the request model, matching the conversation, re
 messages, parsing, recording. The two runs alternate (which goes first, too), and the medians
 are compared. On this busy 2-core host the generate calls themselves run slower beside the
 program processes, so a second measure, for one program, takes each call's latency less that
-call's own generate time, in the same run. And a floor: one program's calls against a scripted
-policy (no model), the endpoint's own work per call, median and best. Goal: <= 5% of a call at the tiny model's
+call's own generate time, in the same run; and splits it, in the same run, into the transport
+(the same program's same calls against a bare socket that makes the same generate calls and
+answers canned bytes: the least any HTTP server can cost this client on this host) and the
+endpoint's own part (the rest: its HTTP server, the request model, planning, batching, the reply
+and the record). And a floor: one program's calls against a scripted policy (no model), the
+endpoint's own work per call, median and best. Goal: <= 5% of a call at the tiny model's
 generation time.
 
     python bench/agent_calls.py [--calls 8] [--repeats 3] [--max-new-tokens 8] [--programs 1 16]
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -120,6 +125,52 @@ def through_endpoint(
     return wall, extra, prompts
 
 
+_CANNED = json.dumps({
+    "id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "one two three"}, "finish_reason": "stop", "logprobs": None}],
+    "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+}).encode()
+_CANNED_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(_CANNED), _CANNED)
+
+
+def through_raw_socket(policy: VersionedPolicy, params: SamplingParams, prompts: list[list[int]]) -> float:
+    """The transport alone, the least any HTTP server can do, same run: one program's calls
+    against a bare socket that reads each request, makes the same generate call (the same prompt
+    ids) and answers canned bytes of a chat completion's shape (no HTTP server, no request model,
+    no planning, batching or record). The median of a call's latency less its own generate."""
+    timed, listener = _Timed(policy), socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buffer = b""
+        with connection:
+            for prompt in prompts:
+                while b"\r\n\r\n" not in buffer:
+                    buffer += connection.recv(65536)
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                while len(buffer) < length:
+                    buffer += connection.recv(65536)
+                buffer = buffer[length:]
+                timed.generate([prompt], params)
+                connection.sendall(_CANNED_RESPONSE)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _PROGRAM, str(len(prompts))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
+                 "OPENAI_API_KEY": "k", "AGILERL_EPISODE": "e0"},
+        )
+        report = json.loads(proc.communicate("go\n", timeout=600)[0])
+        server.join(timeout=60)
+    finally:
+        listener.close()
+    return statistics.median(a - b for a, b in zip(report["latencies"], timed.seconds))
+
+
 def floor(tokenizer: Any, calls: int) -> list[float]:
     """One program's call latencies against a scripted policy (no model): the endpoint alone."""
     import http.client
@@ -177,7 +228,7 @@ def main() -> None:
     print(f"floor: the endpoint alone (a scripted policy), per call: median {statistics.median(alone) * 1000:.2f} ms, "
           f"best {min(alone) * 1000:.2f} ms")
     for programs in args.programs:
-        endpoint_s, direct_s, extra_s = [], [], []
+        endpoint_s, direct_s, extra_s, bare_s = [], [], [], []
         for repeat in range(args.repeats):
             if repeat % 2:  # the baseline first every other time (its prompts from the last run)
                 direct_s.append(direct(policy, params, prompts) / args.calls)
@@ -185,6 +236,7 @@ def main() -> None:
             endpoint_s.append(wall / args.calls)
             if extra is not None:
                 extra_s.append(extra)
+                bare_s.append(through_raw_socket(policy, params, prompts[0]))
             if not repeat % 2:
                 direct_s.append(direct(policy, params, prompts) / args.calls)
         e, d = statistics.median(endpoint_s), statistics.median(direct_s)
@@ -197,6 +249,9 @@ def main() -> None:
             x = statistics.median(extra_s)
             print(f"programs {programs:>2}: a call's latency less its own generate, same run: {x * 1000:.2f} ms = "
                   f"{x / d:.1%} of a direct call")
+            b = statistics.median(bare_s)
+            print(f"programs {programs:>2}: of which the transport alone (the same calls on a bare socket, same run): "
+                  f"{b * 1000:.2f} ms = {b / d:.1%}; the endpoint's own: {(x - b) * 1000:.2f} ms = {(x - b) / d:.1%}")
 
 
 if __name__ == "__main__":

@@ -74,6 +74,8 @@ def test_agent_calls_reports_the_endpoint_overhead_against_direct_calls() -> Non
     assert_lines(out, r"^floor: the endpoint alone .* median \d+\.\d+ ms, best \d+\.\d+ ms$")
     for programs in (1, 2):
         assert_lines(out, rf"^programs +{programs}: per call .* direct \d+\.\d ms, through the endpoint \d+\.\d ms: overhead .*%")
+    assert_lines(out, r"^programs +1: a call's latency less its own generate, same run: -?\d+\.\d+ ms",
+                 r"^programs +1: of which the transport alone .*: -?\d+\.\d+ ms = .*; the endpoint's own: -?\d+\.\d+ ms")
 
 
 def test_plugin_discovery_reports_cold_starts_against_python_and_pluggy() -> None:
