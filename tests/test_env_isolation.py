@@ -8,9 +8,7 @@ import base64
 import hashlib
 import importlib.metadata
 import signal
-import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from agilerl.fleet.factory import replica_spec
 from agilerl.fleet.isolation import agilerl_requirement, prepare_env, prepared_envs
 from agilerl.manifest.spec import load_manifest, parse_env_spec
 from agilerl.registry.install import installed_constraints
+from tests.health import start_server
 from tests.signals import as_from_a_terminal
 
 pytestmark = pytest.mark.timeout(600)
@@ -179,18 +178,13 @@ def test_resolve_env_and_agilerl_serve_serve_from_the_venv(env_index, tmp_path):
         process = server.replica.handle
     assert process.poll() is not None  # stopped with the server
 
-    port_file = tmp_path / "url"
-    serve = subprocess.Popen(
+    serve, url = start_server(
         [sys.executable, "-m", "agilerl", "serve", "agilerl_env_pinb:PinEnv", "--isolation", "venv",
-         "--env-package", "agilerl-env-pinb", "--port", "0", "--port-file", str(port_file)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=as_from_a_terminal,
+         "--env-package", "agilerl-env-pinb", "--port", "0", "--port-file", str(tmp_path / "url")],
+        tmp_path / "url", tmp_path / "serve.log", timeout_s=300, preexec_fn=as_from_a_terminal,
     )
     try:
-        deadline = time.monotonic() + 300
-        while not port_file.exists() and serve.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert port_file.exists(), serve.stdout.read() if serve.poll() is not None else "no URL in time"
-        client = RemoteEnvClient(port_file.read_text())
+        client = RemoteEnvClient(url)
         assert client.reset(seed=0)[0] == "fsspec 2026.7.0"  # the serve process became the venv's
         client.close()
         serve.send_signal(signal.SIGTERM)
