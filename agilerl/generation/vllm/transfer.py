@@ -10,7 +10,6 @@ and ``VLLM_SERVER_DEV_MODE=1``; the trainer needs vllm importable (vLLM's traine
 from __future__ import annotations
 
 import itertools
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +20,7 @@ from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
 from agilerl.errors import EndpointError
 from agilerl.generation.vllm import gloo as vllm_gloo
+from agilerl.ports import free_port
 
 __all__ = ["PushedWeights", "ReplicaClients", "WeightTransfer"]
 
@@ -100,7 +100,7 @@ class WeightTransfer:
         self.source = PushedWeights()
         host = address or vllm_gloo.local_address_towards(urlsplit(base_urls[0]).hostname or "127.0.0.1")
         self.engine = WeightTransferTrainerFactory.trainer_init(
-            init_info(master_address=host, master_port=_free_port(host), world_size=1 + sum(sizes), rank=0),
+            init_info(master_address=host, master_port=free_port(host), world_size=1 + sum(sizes), rank=0),
             client=self.client, source=self.source,
         )
 
@@ -117,8 +117,3 @@ class WeightTransfer:
         self.engine.shutdown()
         self.client.shutdown_weight_transfer_engine()
 
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
