@@ -20,7 +20,6 @@ import asyncio
 import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from agilerl.generation.policy import SamplingParams, ScriptedPolicy
 from agilerl.rollout.harness import RolloutHarness
 from agilerl.remote.client import RemoteEnvClient
 from agilerl.concurrency import WorkerThreads
+from agilerl.ports import free_port
 
 TURNS = 5
 LATENCY_S = float(os.environ.get("BENCH_LATENCY_MS", "20")) / 1000  # the server process reads it too
@@ -171,9 +171,7 @@ def bench_sequential(tokenizer: Any, slots: tuple[int, int]) -> float:
 def env_server(sessions: int, *, bare: bool = False) -> Iterator[str]:
     """``agilerl serve`` of ``SleepyEnv`` in its own process (as a real env server runs), or
     with ``bare`` bench/ws_server.py's echo server, sleeping as long before each step's answer."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # outside the ephemeral range: nothing takes it while the server imports
     if bare:
         command = [sys.executable, str(Path(__file__).resolve().with_name("ws_server.py")), "--echo-server",
                    str(port), "--echo-step-latency-ms", str(LATENCY_S * 1000)]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -54,11 +53,8 @@ class Endpoint:
         app.router.add_post("/v1/chat/completions", chat)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        await web.TCPSite(self.runner, "127.0.0.1", port).start()
-        return f"http://127.0.0.1:{port}/v1"
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()  # bound here: no port picked for later
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
 
     def close(self) -> None:
         self.loop.run(self.runner.cleanup())

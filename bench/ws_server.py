@@ -42,7 +42,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -213,9 +212,11 @@ def echo_server(port: int, step_latency_s: float = 0.0, loop: str = "asyncio") -
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # imported here, as every agilerl import in this file: `agilerl serve` loads this file's envs,
+    # and agilerl-before's older checkout may have no agilerl.ports
+    from agilerl.ports import free_port
+
+    return free_port()
 
 
 def _raise_priority() -> list[str]:

@@ -528,8 +528,9 @@ print(json.dumps({"reward": float(any(c.isdigit() for c in first["content"] + se
 
 @pytest.mark.slow
 def test_agent_programs_train_under_ddp_on_two_ranks(tmp_path):
-    import socket
     import subprocess
+
+    from agilerl.ports import free_port
 
     _program(tmp_path, URLLIB_AGENT)
     (tmp_path / "m.yaml").write_text(
@@ -537,9 +538,7 @@ def test_agent_programs_train_under_ddp_on_two_ranks(tmp_path):
         "algorithm: {name: grpo}\ntraining: {batch_size: 2, group_size: 2, max_steps: 2, max_new_tokens: 3, "
         "evaluation_interval: 0, seed: 0}\n"
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # outside the ephemeral range: nothing takes it while accelerate starts
     out = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",

@@ -8,7 +8,6 @@ random tiny model still answers in the judge's format."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from agilerl.data.rubric import Rubric
 from agilerl.errors import EndpointError
 from agilerl.generation.openai_policy import MessageTokenizer, OpenAIChatPolicy
 from agilerl.generation.policy import SamplingParams
+from agilerl.ports import free_port
 from agilerl.train.metrics import judge_metrics
 from tests.vllm_serve import VLLMServe
 
@@ -228,9 +228,7 @@ def test_a_refused_request_is_one_line_naming_the_fix_and_exit_2(server, args, m
 
 
 def test_an_unreachable_endpoint_names_the_url():
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     policy = OpenAIChatPolicy(f"http://127.0.0.1:{port}/v1", "tiny", retries=0)
     prompt = MessageTokenizer().apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True)
     with pytest.raises(EndpointError, match=f"cannot reach http://127.0.0.1:{port}/v1/chat/completions"):

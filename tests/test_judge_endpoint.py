@@ -26,7 +26,7 @@ from agilerl.manifest.spec import load_manifest
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.generation.policy import ScriptedPolicy
 from agilerl.train.metrics import judge_metrics
-from tests.vllm_serve import free_port
+from agilerl.ports import free_port
 
 KEY = "sk-sentinel-7f3a9c"  # must never be seen anywhere but the Authorization header
 KEY_ENV = "AGILERL_TEST_JUDGE_KEY"

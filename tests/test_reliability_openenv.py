@@ -312,16 +312,15 @@ def test_serve_and_env_check_take_every_adapter_option_as_a_flag() -> None:
 
 
 ON_OPENENV = TEXT_STEPS + textwrap.dedent('''
-    import socket, subprocess, sys, time, urllib.request
+    import subprocess, sys, time, urllib.request
+    from agilerl.ports import free_port
 
     SERVER = ("import sys, uvicorn, layouts; from openenv.core.env_server.http_server import create_app; "
               "app = create_app(getattr(layouts, sys.argv[1]), getattr(layouts, sys.argv[2]), layouts.Echo); "
               "uvicorn.run(app, host='127.0.0.1', port=int(sys.argv[3]), log_level='warning')")
 
     def serve(env, action):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()  # outside the ephemeral range: nothing takes it while the server imports
         proc = subprocess.Popen([sys.executable, "-c", SERVER, env, action, str(port)])
         return proc, f"http://127.0.0.1:{port}"
 

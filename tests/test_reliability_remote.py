@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -22,6 +21,7 @@ from agilerl.remote.client import MAX_METADATA_BYTES, RemoteEnvClient
 from agilerl.remote.hosting import resolve_env
 from agilerl.rollout.collector import RolloutCollector
 from agilerl.generation.policy import ScriptedPolicy
+from agilerl.ports import free_port
 from tests.loopback import LoopbackServer
 
 WsReply = Callable[[dict[str, Any], int], str | None]
@@ -29,12 +29,6 @@ WsReply = Callable[[dict[str, Any], int], str | None]
 ``FREEZE``: read nothing more either, pings included, as a peer whose host froze)."""
 
 FREEZE = "<freeze>"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -228,7 +222,7 @@ def test_the_first_metadata_rides_out_a_blip_at_start(chatml_tokenizer: Any) -> 
     """No server on the port for 1.5 s, then one: building a collector (whose first act is the
     first env's ``GET /metadata``) waits for it within retry_budget_s instead of failing at once
     (issue 34.7)."""
-    port = _free_port()
+    port = free_port()
     servers: list[Any] = []
 
     def later() -> None:

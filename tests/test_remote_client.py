@@ -22,6 +22,7 @@ from agilerl.concurrency import shared_loop
 from agilerl.remote.observations import default_text, make_observation_reader, text_from_field
 from agilerl.remote.hosting import resolve_env
 from agilerl.errors import AgileRLError, ObservationError, RemoteEnvError
+from agilerl.ports import free_port
 from tests.health import start_server
 from tests.loopback import LoopbackServer
 from tests.test_remote_server import (
@@ -214,9 +215,7 @@ def _hanging_up_listener() -> Iterator[tuple[int, list[float]]]:
 
 
 def test_unreachable_server_fails_with_a_clear_error() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     with pytest.raises(RemoteEnvError, match=r"could not start an episode .* within retry_budget_s=0.3"):
         RemoteEnvClient(f"127.0.0.1:{port}", retry_budget_s=0.3).reset()
     # /metadata rides out an outage within the same budget (issue 34.7), then names the URL
@@ -228,9 +227,7 @@ def test_replicas_spread_sessions_and_skip_full_or_dead_ones() -> None:
     env_a, env_b = fresh_env_class(), fresh_env_class()
     url_a, server_a = resolve_env(env_a, max_concurrent_envs=2)
     url_b, server_b = resolve_env(env_b, max_concurrent_envs=2)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with server_a, server_b:
         clients = [RemoteEnvClient([dead, url_a, url_b], retry_budget_s=10) for _ in range(4)]
         for client in clients:

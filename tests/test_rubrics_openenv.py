@@ -143,7 +143,7 @@ def test_openenv_rubrics_are_entries_of_a_composite_and_take_a_config(side_pytho
 
 def test_openenv_llm_judge_on_a_loopback_endpoint_is_a_part(side_python, folder):  # noqa: F811
     out = run_script(side_python, SCORE + textwrap.dedent('''
-        import asyncio, socket
+        import asyncio
         from aiohttp import web
         from agilerl.concurrency import LoopThread
         from openenv.core.llm_client import OpenAIClient
@@ -162,10 +162,8 @@ def test_openenv_llm_judge_on_a_loopback_endpoint_is_a_part(side_python, folder)
             app.router.add_post("/v1/chat/completions", chat)
             runner = web.AppRunner(app)
             await runner.setup()
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-            await web.TCPSite(runner, "127.0.0.1", port).start()
-            return port
+            await web.TCPSite(runner, "127.0.0.1", 0).start()  # bound here: no port picked for later
+            return runner.addresses[0][1]
 
         server = LoopThread("stub")
         port = server.run(start())

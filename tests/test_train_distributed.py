@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from agilerl.ports import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LR = 1e-5
@@ -40,23 +41,17 @@ algorithm: {{name: dpo, beta: 0.1}}
 training: {{batch_size: BATCH, max_steps: 2, lr: {LR}, evaluation_interval: 2, seed: 0}}
 """
 
-GRPO = f"""
+GRPO = """
 environment:
   env_type: rollout
   entrypoint: guess
-  env_config: {{low: 1, high: 10, target: 7, system_prompt: Reply with one number.}}
+  env_config: {low: 1, high: 10, target: 7, system_prompt: Reply with one number.}
   max_turns: 3
 model: MODEL
-algorithm: {{name: grpo, beta: 0.1}}
-training: {{batch_size: 2, group_size: 2, max_steps: 4, max_new_tokens: 3, lr: 1.0e-2,
-           evaluation_interval: 2, eval_episodes: 1, stop_at_eval_reward: -1.0, seed: 0}}
+algorithm: {name: grpo, beta: 0.1}
+training: {batch_size: 2, group_size: 2, max_steps: 4, max_new_tokens: 3, lr: 1.0e-2,
+           evaluation_interval: 2, eval_episodes: 1, stop_at_eval_reward: -1.0, seed: 0}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch(engine: str, manifest: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -69,7 +64,7 @@ def _accelerate_launch(engine: str, program: list[str], *, ok: bool = True) -> s
     flags = ["--multi_gpu"] if engine == "ddp" else ["--use_fsdp", "--fsdp_version", "2"]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), *program]
+           "--main_process_port", str(free_port()), *program]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert (result.returncode == 0) == ok, result.stderr[-4000:]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from agilerl.ports import free_port
 from tests.extra_venvs import VENVS
 from tests.vllm_checks import ASYNC_STEPS
 
@@ -139,9 +139,7 @@ def launch_two_ranks(
 ) -> subprocess.CompletedProcess[str]:
     """tests/vllm_ranks_check.py under ``accelerate launch``, two ranks, DDP or FSDP2; it must succeed."""
     flags = ["--multi_gpu"] if engine == "ddp" else ["--use_fsdp", "--fsdp_version", "2"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # outside the ephemeral range: nothing takes it while accelerate starts
     result = subprocess.run(
         [str(python), "-m", "accelerate.commands.launch", *flags, "--num_processes", "2", "--num_machines", "1",
          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),

@@ -8,20 +8,14 @@ seconds of imports and engine set-up) overlaps whatever the test does meanwhile.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
+from agilerl.ports import free_port
 from tests.health import wait_healthy
 
 START_TIMEOUT_S = 600  # engines starting at once on a busy 2-core host
 PORT_TRIES = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VLLMServe:
