@@ -10,7 +10,8 @@ Nested and concurrent uses share one redirection (a count under a lock); the las
 fd 1 back. Where a thread is left running past its caller (a plugin past its deadline, an
 env's), fd 1 stays on stderr for the rest of the process, as that thread may still write to it,
 and ``sys.stdout`` then sends the left threads' writes to stderr, everyone else's to a copy of
-the real stdout.
+the real stdout. A ``--json`` command that leaves threads running keeps fd 1 and ``sys.stdout``
+on stderr once it is left (``keep_fd_1_on_stderr``): its JSON has been written.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class StdoutToStderr:
     _saved_fd: int | None = None
     _saved_stdout: Any = None
     _left: set[threading.Thread] = set()
+    _keep = False  # the last one out leaves fd 1 on stderr (keep_fd_1_on_stderr)
 
     def __enter__(self) -> StdoutToStderr:
         cls = type(self)
@@ -70,6 +72,15 @@ class StdoutToStderr:
         with type(self)._lock:
             type(self)._left.update(threads)
 
+    def keep_fd_1_on_stderr(self) -> None:
+        """When the last guard is left, fd 1 stays a copy of stderr for the rest of the process,
+        and ``sys.stdout`` is put back (so its writes go there too): for a ``--json`` command that
+        leaves threads running, so nothing lands after its JSON, not even as the guard is left.
+        Unlike ``left_running``, nothing is remembered past that exit: a later guard (a caller
+        that runs commands in process) puts its own fd 1 back."""
+        with type(self)._lock:
+            type(self)._keep = True
+
     def __exit__(self, *exc: object) -> None:
         cls = type(self)
         with cls._lock:
@@ -79,6 +90,12 @@ class StdoutToStderr:
             _flush(sys.stderr)
             stdout, saved = cls._saved_stdout, cls._saved_fd
             cls._left = {thread for thread in cls._left if thread.is_alive()}
+            if cls._keep:
+                cls._keep = False
+                if saved is not None:
+                    os.close(saved)
+                sys.stdout = stdout
+                return
             if not cls._left:
                 if saved is not None:
                     os.dup2(saved, 1)

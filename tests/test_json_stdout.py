@@ -128,3 +128,27 @@ with json_only_stdout():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"ok": True} and "chatter" in done.stderr
+
+
+def test_a_thread_left_by_one_json_command_does_not_hold_fd_1_for_later_guards(tmp_path):
+    """A caller that runs commands in process (a test, a notebook) and puts its own fd 1 back
+    after a --json command that left a thread: a later guard puts fd 1 back too, as if no
+    command had run before (the left thread is not remembered)."""
+    script = """
+import os, threading
+from agilerl.cli.json_output import json_only_stdout, print_json
+from agilerl.stdout_guard import StdoutToStderr
+
+mine = os.dup(1)
+with json_only_stdout():
+    threading.Thread(target=threading.Event().wait, daemon=True).start()  # alive to the end
+    print_json({"ok": True})
+os.write(1, b'to stderr\\n')
+os.dup2(mine, 1)  # the caller's own fd 1 back
+with StdoutToStderr():
+    os.write(1, b'inside\\n')
+os.write(1, b'after\\n')
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("}\nafter\n") and "to stderr" in done.stderr and "inside" in done.stderr

@@ -25,9 +25,9 @@ _running = False  # inside json_only_stdout (where a None _json_out means stdout
 @contextmanager
 def json_only_stdout() -> Iterator[None]:
     """Run a ``--json`` command with stdout sent to stderr (the module's docstring). A thread the
-    command leaves running (an env's, a plugin's) may still write: it is handed to the guard
-    before the guard is left, so fd 1 stays on stderr for the rest of the process and nothing
-    lands after the JSON, not even in the moment between leaving the guard and looking."""
+    command leaves running (an env's, a plugin's) may still write: the guard is told so before it
+    is left, so fd 1 stays on stderr for the rest of the process and nothing lands after the
+    JSON, not even in the moment between leaving the guard and looking."""
     global _json_out, _running
     before = set(threading.enumerate())
     with StdoutToStderr() as guard:
@@ -41,7 +41,8 @@ def json_only_stdout() -> Iterator[None]:
             except (OSError, ValueError):  # a broken pipe (| head): the JSON's reader has gone
                 pass
             _json_out, _running = None, False
-            guard.left_running([thread for thread in set(threading.enumerate()) - before if thread.is_alive()])
+            if any(thread.is_alive() for thread in set(threading.enumerate()) - before):
+                guard.keep_fd_1_on_stderr()
 
 
 def print_json(value: Any) -> None:
