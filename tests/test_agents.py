@@ -319,6 +319,52 @@ def test_completions_extend_their_text_as_one_sample_and_honour_max_tokens(chatm
         endpoint.close()
 
 
+def test_completions_take_token_ids_and_return_them_exactly_as_trained(chatml_tokenizer):
+    """Token in, token out (vLLM's prompt of ids and ``return_token_ids``): a program that keeps
+    tokens sends back the ids it was given, plus its own, and the sample grows by exactly those."""
+    endpoint = AgentEndpoint(chatml_tokenizer)
+    try:
+        episode = endpoint.open_episode("e1", VersionedPolicy(ScriptedPolicy(chatml_tokenizer, " one two")), SamplingParams())
+        url = endpoint.base_url + "/completions"
+        prompt = chatml_tokenizer.encode("Count:", add_special_tokens=False)
+        status, first = _post(url, {"prompt": prompt, "return_token_ids": True}, episode.key)
+        choice = first["choices"][0]
+        assert status == 200 and choice["prompt_token_ids"] == prompt and choice["token_ids"]
+        mine = chatml_tokenizer.encode(" and", add_special_tokens=False)
+        again = choice["prompt_token_ids"] + choice["token_ids"] + mine
+        request = urllib.request.Request(url, data=json.dumps({"prompt": [again], "return_token_ids": True, "stream": True}).encode(),
+                                         headers={"Authorization": f"Bearer {episode.key}"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            events = [json.loads(line[6:]) for line in response.read().decode().splitlines() if line.startswith("data: {")]
+        second = events[0]["choices"][0]  # streamed: the ids come with the first chunk
+        assert second["prompt_token_ids"] == again and "".join(e["choices"][0]["text"] for e in events) == second["text"]
+        (sample,) = episode.trajectories()  # one sample: the ids extend the first call's exactly
+        assert sample.token_ids == again + second["token_ids"]
+        assert _spans(sample) == [choice["token_ids"], second["token_ids"]]
+        chat = endpoint.open_episode("e2", VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "hi")), SamplingParams())
+        status, reply = _post(endpoint.base_url + "/chat/completions",
+                              {"messages": [{"role": "user", "content": "hello"}], "return_token_ids": True}, chat.key)
+        (sample,) = chat.trajectories()
+        assert status == 200 and reply["prompt_token_ids"] + reply["choices"][0]["token_ids"] == sample.token_ids
+    finally:
+        endpoint.close()
+
+
+@pytest.mark.parametrize("prompt, says", [
+    ("", "the prompt is empty"), ([], "the prompt is empty"), ([[]], "the prompt is empty"),
+    ([5, 10**9], "token id 1000000000 is not in the tokenizer's vocabulary"), ([-1], "token id -1"),
+])
+def test_a_prompt_the_model_cannot_take_is_a_400_and_the_run_goes_on(chatml_tokenizer, prompt, says):
+    endpoint = AgentEndpoint(chatml_tokenizer)
+    try:
+        episode = endpoint.open_episode("e1", VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "ok")), SamplingParams())
+        status, body = _post(endpoint.base_url + "/completions", {"prompt": prompt}, episode.key)
+        assert status == 400 and says in body["error"]["message"]
+        assert endpoint.generation_error is None and episode.calls == 0  # not the model's fault: no stop
+    finally:
+        endpoint.close()
+
+
 def test_crashing_hanging_and_silent_programs_cost_only_their_own_episode(chatml_tokenizer, tmp_path, agent_log, caplog):
     rows = [{"mode": "ok"}, {"mode": "crash"}, {"mode": "hang"}, {"mode": "silent"}]
     agent = CommandAgent(_program(tmp_path, ROW_AGENT))

@@ -56,6 +56,9 @@ class _Request(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     n: int = Field(1, ge=1, le=1, description="One completion per call: a sample is one stream of tokens.")
+    return_token_ids: bool = False
+    """vLLM's field: the answer also carries the prompt's and the completion's token ids, exactly
+    the ids the run trains on (a program that keeps tokens sends them back as a completions prompt)."""
 
     @property
     def token_limit(self) -> int | None:
@@ -72,9 +75,9 @@ class ChatRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    """A ``/v1/completions`` body."""
+    """A ``/v1/completions`` body: the prompt as text, or as token ids (as vLLM takes them)."""
 
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
 
 
@@ -139,6 +142,7 @@ class AgentEndpoint:
         self.tool_parser = None if tool_parser is None else resolve_tool_parser(tool_parser, tokenizer)
         self.max_request_bytes = max_request_bytes
         self.max_concurrent_calls = max_concurrent_calls
+        self._vocab = len(tokenizer)
         self._routes: dict[str, _Route] = {}
         self.generation_error: BaseException | None = None
         """The first error the policy (or the bookkeeping) raised on a call: the run's to report,
@@ -235,6 +239,8 @@ class AgentEndpoint:
                 try:
                     episode.check_budget()
                     plan = plan_of(route, body)
+                    if not plan.prompt_ids:
+                        raise InvalidArgument("the prompt is empty: there is nothing to generate from")
                 except AgileRLError as exc:  # what the request asked for cannot be rendered or shown
                     raise _Refused(400, str(exc)) from None
                 self._warn_overrides(body, route.params)
@@ -308,24 +314,39 @@ class AgentEndpoint:
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if body.logprobs:
             choice["logprobs"] = {"content": self._token_logprobs(generation)}
+        if body.return_token_ids:
+            choice["token_ids"] = list(ids)
         payload = _envelope(self._new_id("chatcmpl-"), "chat.completion", self.model_name, choice,
                             len(plan.prompt_ids), len(ids))
+        if body.return_token_ids:
+            payload["prompt_token_ids"] = list(plan.prompt_ids)
         return normalize_messages([message])[0], payload
 
     # -- completions -----------------------------------------------------------------------------
 
     def _plan_text(self, route: _Route, body: CompletionRequest) -> CallPlan:
         prompt = body.prompt
-        if isinstance(prompt, list):
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:
                 raise InvalidArgument("one prompt per call: a sample is one stream of tokens")
             prompt = prompt[0]
-        return route.episode.plan_text(prompt)
+        if isinstance(prompt, str):
+            return route.episode.plan_text(prompt)
+        if self.vision is not None:
+            raise InvalidArgument("a prompt of token ids cannot show images: send a vision policy text or chat messages")
+        bad = next((t for t in prompt if not 0 <= t < self._vocab), None)
+        if bad is not None:
+            raise InvalidArgument(f"prompt token id {bad} is not in the tokenizer's vocabulary (ids 0 to {self._vocab - 1})")
+        return route.episode.plan_tokens(prompt)
 
-    def _text_reply(self, body: CompletionRequest, plan: CallPlan, generation: Generation) -> tuple[str, dict[str, Any]]:
+    def _text_reply(
+        self, body: CompletionRequest, plan: CallPlan, generation: Generation
+    ) -> tuple[str | tuple[int, ...], dict[str, Any]]:
         ids = generation.token_ids
         text = self.renderer.decode(list(ids))
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": _finish(generation), "logprobs": None}
+        if body.return_token_ids:
+            choice["prompt_token_ids"], choice["token_ids"] = list(plan.prompt_ids), list(ids)
         if body.logprobs is not None:
             tokens = self._token_logprobs(generation)
             choice["logprobs"] = {
@@ -336,7 +357,7 @@ class AgentEndpoint:
             }
         payload = _envelope(self._new_id("cmpl-"), "text_completion", self.model_name, choice,
                             len(plan.prompt_ids), len(ids))
-        return text, payload
+        return (tuple(ids) if isinstance(plan.history, tuple) else text), payload  # what the next prompt extends
 
     def _token_logprobs(self, generation: Generation) -> list[dict[str, Any]]:
         """OpenAI's per-token log-probs (the sampled token's; no alternatives)."""
@@ -494,7 +515,12 @@ def _stream(payload: dict[str, Any], *, chat: bool, usage: bool) -> Response:
     else:
         chunks.append({"index": 0, "text": choice["text"], "logprobs": choice["logprobs"], "finish_reason": None})
         chunks.append({"index": 0, "text": "", "logprobs": None, "finish_reason": choice["finish_reason"]})
+    for key in ("prompt_token_ids", "token_ids"):  # return_token_ids: with the first chunk, as vLLM sends them
+        if key in choice:
+            chunks[0][key] = choice[key]
     events = [{**head, "object": kind, "choices": [c]} for c in chunks]
+    if "prompt_token_ids" in payload:
+        events[0]["prompt_token_ids"] = payload["prompt_token_ids"]
     if usage:
         events.append({**head, "object": kind, "choices": [], "usage": payload["usage"]})
     body = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events) + b"data: [DONE]\n\n"

@@ -105,13 +105,18 @@ def normalize_messages(messages: Sequence[Any], start: int = 0) -> list[dict[str
     return out
 
 
+History = list[Any] | str | tuple[int, ...]
+"""What a sample's next call must begin with: chat messages, text, or token ids."""
+
+
 @dataclass
 class _Sample:
     """One training sample being built: its token stream and the conversation it holds."""
 
     trajectory: Trajectory
-    history: list[Any]
-    """The messages (chat) of its last call plus the reply, or its text so far (completions)."""
+    history: History
+    """The messages (chat) of its last call plus the reply, its text so far (completions), or its
+    token ids so far (completions sent as token ids)."""
     tools: str = ""
     ended: bool = False
     """The model sampled an image placeholder: the sample takes no further call."""
@@ -128,7 +133,7 @@ class CallPlan:
     """The sample it extends (None: it starts one)."""
     base_len: int = 0
     """The extended sample's length when the call was planned."""
-    history: list[Any] = field(default_factory=list)
+    history: History = field(default_factory=list)
     tools: str = ""
     media: VisionMedia | None = None
     """The sample's images with this call's (a vision policy), handed to the policy with the prompt."""
@@ -259,17 +264,34 @@ class Episode:
                 if isinstance(text, str) and prompt.startswith(text) and (best is None or len(text) > len(best.history)):
                     best = sample
             if best is None:
-                return CallPlan(self.renderer.encode(prompt), None, history=prompt)  # type: ignore[arg-type]
+                return CallPlan(self.renderer.encode(prompt), None, history=prompt)
             traj = best.trajectory
             rest = prompt[len(best.history) :]
             ids = self.renderer.encode(rest) if rest else []
-            return CallPlan(traj.token_ids + ids, best, len(traj.token_ids), prompt)  # type: ignore[arg-type]
+            return CallPlan(traj.token_ids + ids, best, len(traj.token_ids), prompt)
+
+    def plan_tokens(self, ids: list[int]) -> CallPlan:
+        """The prompt of a completions call sent as token ids: exactly those ids. It extends the
+        sample whose tokens (prompts and completions, as generated) begin it, whatever made that
+        sample; else it starts one."""
+        with self._lock:
+            best = None
+            for sample in self._samples:
+                tokens = sample.trajectory.token_ids
+                if (
+                    not sample.ended and len(tokens) <= len(ids) and ids[: len(tokens)] == tokens
+                    and (best is None or len(tokens) > len(best.trajectory.token_ids))
+                ):
+                    best = sample
+            if best is None:
+                return CallPlan(list(ids), None, history=tuple(ids))
+            return CallPlan(list(ids), best, len(best.trajectory.token_ids), tuple(ids))
 
     # -- recording a call ---------------------------------------------------------------------
 
     def record(self, plan: CallPlan, generation: Generation, reply: Any, elapsed_s: float) -> None:
         """Append a finished call's completion to its sample (``reply``: the assistant message, or
-        the completion's text, that the program was given)."""
+        the completion's text, that the program was given; its ids for a prompt of token ids)."""
         ids = list(generation.token_ids)
         with self._lock:
             if self._closed:  # a call still generating when its episode ended: not trained on
