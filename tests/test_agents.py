@@ -629,14 +629,14 @@ def test_calls_of_live_episodes_made_while_one_generates_share_the_next_batch(ch
         endpoint.close()
 
 
-def _png_url(color: tuple[int, int, int]) -> str:
+def _png_url(color: tuple[int, int, int], size: tuple[int, int] = (32, 32)) -> str:
     import base64
     import io
 
     from PIL import Image
 
     buffer = io.BytesIO()
-    Image.new("RGB", (32, 32), color).save(buffer, format="PNG")
+    Image.new("RGB", size, color).save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
@@ -676,6 +676,12 @@ def test_a_vision_policy_sees_image_url_parts_and_each_sample_keeps_its_images(c
                                                              {"role": "user", "content": "go on"}])
         cut, fresh = sampled.trajectories()
         assert cut.media.ended and cut.token_ids[-1] in placeholders and not fresh.media.ended
+        # an image the processor refuses (Qwen2-VL: an aspect ratio past 200) is the request's fault
+        thin = endpoint.open_episode("e4", TransformersPolicy(model, tokenizer), greedy)
+        status, body = _post(endpoint.base_url + "/chat/completions", {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": _png_url((0, 0, 0), (1, 500))}}]}]}, thin.key)
+        assert status == 400 and "processor refused the image (1x500)" in body["error"]["message"]
+        assert endpoint.generation_error is None
     finally:
         endpoint.close()
     text_model = AgentEndpoint(chatml_tokenizer)

@@ -159,9 +159,13 @@ class VisionTurns:
         self.limits.check_count(media.num_images + len(images), where)
         if not images:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        out = self.processor(
-            text=[text], images=[image.pil() for image in images], add_special_tokens=False, return_tensors="pt"
-        )
+        try:
+            out = self.processor(
+                text=[text], images=[image.pil() for image in images], add_special_tokens=False, return_tensors="pt"
+            )
+        except ValueError as exc:  # an image the processor takes no part of (Qwen2-VL: an aspect ratio past 200)
+            sizes = ", ".join(f"{image.width}x{image.height}" for image in images)
+            raise EnvProtocolError(f"{where}: the model's processor refused the image ({sizes}): {exc}") from exc
         ids = out["input_ids"][0].tolist()
         media.images.extend(images)
         media.chunks.append({key: value for key, value in out.items() if key not in _TEXT_KEYS and hasattr(value, "ndim")})
