@@ -213,6 +213,24 @@ def test_tool_calls_come_back_as_openai_tool_calls_and_results_go_through_the_te
         assert chatml_tokenizer.decode(sample.token_ids[first_end:second_start]) == (
             "\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n"  # the model's own <|im_end|> kept
         )
+        # a call the parser cannot read comes back as the text the model wrote (as vLLM answers
+        # it), never as a call with made-up arguments; a call to an unknown tool is the program's
+        for written, calls in (('<tool_call>\n{"name": "add", "arguments": {"a": 1\n</tool_call>', None),
+                               ('<tool_call>\n{"name": "add", "arguments": "a=1"}\n</tool_call>', None),
+                               ('<tool_call>\n{"name": "sub", "arguments": {"a": 1}}\n</tool_call>', "sub")):
+            broken = endpoint.open_episode(written, VersionedPolicy(ScriptedPolicy(chatml_tokenizer, written)), stops)
+            answer = openai.OpenAI(base_url=endpoint.base_url, api_key=broken.key).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "1 + 2?"}], tools=tools).choices[0]
+            if calls is None:
+                assert answer.message.tool_calls is None and answer.message.content == written
+                assert answer.finish_reason == "stop"
+            else:
+                assert [c.function.name for c in answer.message.tool_calls] == [calls]
+        # malformed tools are the request's 400, before generating (after, the error stopped the run)
+        status, body = _post(endpoint.base_url + "/chat/completions",
+                             {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, broken.key)
+        assert status == 400 and "invalid tools: tools[0].function must be an object" in body["error"]["message"]
+        assert endpoint.generation_error is None
     finally:
         endpoint.close()
 

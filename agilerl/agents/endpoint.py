@@ -46,6 +46,10 @@ _OVERRIDDEN = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "presen
                "frequency_penalty", "repetition_penalty", "logit_bias", "reasoning_effort")
 """Sampling fields a request may send that the run's own settings decide."""
 
+_UNREADABLE = ("invalid_json", "unclosed", "missing_name")
+"""Call statuses with no name or arguments to hand a program: the completion is answered as text
+(a call to an unknown tool, or one that breaks its schema, is the program's to answer)."""
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -143,6 +147,7 @@ class AgentEndpoint:
         self.max_request_bytes = max_request_bytes
         self.max_concurrent_calls = max_concurrent_calls
         self._vocab = len(tokenizer)
+        self._toolsets: dict[str, ToolSet] = {}
         self._routes: dict[str, _Route] = {}
         self.generation_error: BaseException | None = None
         """The first error the policy (or the bookkeeping) raised on a call: the run's to report,
@@ -288,24 +293,40 @@ class AgentEndpoint:
     # -- chat ------------------------------------------------------------------------------------
 
     def _plan_chat(self, route: _Route, body: ChatRequest) -> CallPlan:
+        self._toolset(body.tools)  # checked before anything renders or generates
         calls_end = self.tool_parser.calls_end if self.tool_parser is not None else None
         return route.episode.plan_chat(body.messages, body.tools, calls_end)
+
+    def _toolset(self, tools: list[dict[str, Any]] | None) -> ToolSet:
+        """A request's tools, checked: a malformed one is the request's 400 at planning, never an
+        error after generating (which would stop the run). Memoised: a program sends the same
+        tools on every call (called under the endpoint's lock)."""
+        key = json.dumps(tools, sort_keys=True) if tools else ""
+        toolset = self._toolsets.get(key)
+        if toolset is None:
+            try:
+                toolset = ToolSet(tools)
+            except AgileRLError as exc:
+                raise InvalidArgument(f"invalid tools: {exc}") from None
+            if len(self._toolsets) >= 64:
+                self._toolsets.clear()
+            self._toolsets[key] = toolset
+        return toolset
 
     def _chat_reply(self, body: ChatRequest, plan: CallPlan, generation: Generation) -> tuple[dict[str, Any], dict[str, Any]]:
         ids = generation.token_ids
         tool_calls: list[dict[str, Any]] = []
+        parsed = None
         if self.tool_parser is not None and body.tools and body.tool_choice != "none":
-            parsed = self.tool_parser.parse(ids, ToolSet(body.tools))
+            parsed = self.tool_parser.parse(ids, self._toolset(body.tools))
+        if parsed is not None and all(call.name is not None and call.status not in _UNREADABLE for call in parsed.calls):
             content = parsed.content
-            for call in parsed.calls:
-                if call.name is None or call.status in ("malformed", "unclosed"):
-                    continue
-                tool_calls.append({
-                    "id": call.id or self._new_id("call_"),
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": json.dumps(call.arguments or {})},
-                })
-        else:
+            tool_calls = [
+                {"id": call.id or self._new_id("call_"), "type": "function",
+                 "function": {"name": call.name, "arguments": json.dumps(call.arguments or {})}}
+                for call in parsed.calls
+            ]
+        else:  # no tools; or a call that cannot be read: the text as written, as vLLM answers it
             content = self.renderer.decode(_without_stop(ids, self.renderer.end_of_turn_id))
         message: dict[str, Any] = {"role": "assistant", "content": content if content or not tool_calls else None}
         if tool_calls:
