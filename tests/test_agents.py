@@ -18,6 +18,7 @@ import pytest
 
 from agilerl.agents import AgentCollector, AgentEndpoint, CommandAgent, FunctionAgent
 from agilerl.agents.metrics import agent_metrics
+from agilerl.agents.programs import reward_of
 from agilerl.chat import ChatRenderer
 from agilerl.data.rubric import Rubric
 from agilerl.errors import CollectionError
@@ -790,3 +791,15 @@ def test_the_next_prompt_holds_the_ids_the_model_generated_not_its_text_re_encod
         assert _spans(sample)[0] == spelled + [endpoint.renderer.end_of_turn_id]
     finally:
         endpoint.close()
+
+
+@pytest.mark.parametrize("value, says", [
+    (float("nan"), "the reward must be a finite number, got nan"), (float("inf"), "got inf"), (True, "got True"),
+    ("1.0", "got '1.0'"), ({"reward": 1.0, "components": {"a": float("nan")}}, "finite numbers"),
+    ({"reward": 1.0, "components": {"a": False}}, "finite numbers"), ({"reward": 1.0, "components": [1]}, "finite numbers"),
+])
+def test_a_reward_that_is_not_a_finite_number_is_refused_naming_where(value, says):
+    assert reward_of(2, "here") == (2.0, {}) and reward_of({"reward": 1, "components": {"a": 3}}, "here") == (1.0, {"a": 3.0})
+    with pytest.raises(ValueError, match="^its line: ") as raised:
+        reward_of(value, "its line")
+    assert says in str(raised.value)

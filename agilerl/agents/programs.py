@@ -61,14 +61,18 @@ def reward_of(value: Any, where: str) -> tuple[float, dict[str, float]] | None:
         return None
     if isinstance(value, dict):
         components = value.get("components") or {}
-        if not isinstance(components, dict) or not all(isinstance(v, (int, float)) for v in components.values()):
-            raise ValueError(f"{where}: 'components' must map names to numbers, got {components!r}")
+        if not isinstance(components, dict) or not all(_finite(v) for v in components.values()):
+            raise ValueError(f"{where}: 'components' must map names to finite numbers, got {components!r:.200}")
         value, parts = value.get("reward"), {str(k): float(v) for k, v in components.items()}
     else:
         parts = {}
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{where}: the reward must be a finite number, got {value!r}")
+    if not _finite(value):
+        raise ValueError(f"{where}: the reward must be a finite number, got {value!r:.200}")
     return float(value), parts
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 class CommandAgent(AgentRunner):
