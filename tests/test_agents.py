@@ -803,3 +803,23 @@ def test_a_reward_that_is_not_a_finite_number_is_refused_naming_where(value, say
     with pytest.raises(ValueError, match="^its line: ") as raised:
         reward_of(value, "its line")
     assert says in str(raised.value)
+
+
+def test_a_task_past_what_an_environment_variable_holds_comes_in_its_file(tmp_path):
+    """Linux refuses to start a program with a variable past 128 KiB (a long-context task would
+    fail every episode with E2BIG): every program gets the task's file, and the variable too while
+    it fits."""
+    reads = CommandAgent(_program(tmp_path, """
+        import json, os
+        task = json.load(open(os.environ["AGILERL_TASK_FILE"]))
+        same = os.environ.get("AGILERL_TASK") in (None, json.dumps(task))
+        print(json.dumps({"reward": len(task["text"]) if same else -1, "components": {"in_env": int("AGILERL_TASK" in os.environ)}}))
+    """, "reads.py"))
+    assumes = CommandAgent(_program(tmp_path, "import json, os; json.loads(os.environ['AGILERL_TASK'])", "assumes.py"))
+    run = lambda agent, size: agent.run({"text": "x" * size}, "http://127.0.0.1:9/v1", "k", "e", 60, threading.Event())
+    small, big = run(reads, 10), run(reads, 200_000)
+    assert (small.reward, small.components) == (10.0, {"in_env": 1.0})
+    assert (big.reward, big.components) == (200_000.0, {"in_env": 0.0})
+    failed = run(assumes, 200_000)
+    assert "exit code 1" in failed.failure and "read the file AGILERL_TASK_FILE names" in failed.failure
+    assert "KeyError" in failed.stderr_tail

@@ -1,7 +1,9 @@
 """Running an agent for one episode: a program (``agent_command``) or a Python function (``agent``).
 
 A program gets ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (its episode's key), ``AGILERL_TASK`` (the
-task as JSON) and ``AGILERL_EPISODE``; its reward is its last stdout line, ``{"reward": r}``
+task as JSON; a task past ``TASK_ENV_BYTES`` only in the file ``AGILERL_TASK_FILE`` names, which
+every program gets: Linux refuses to start a program with an environment variable past 128 KiB)
+and ``AGILERL_EPISODE``; its reward is its last stdout line, ``{"reward": r}``
 (optionally with ``"components"``). It runs in a process group of its own, killed whole at the
 episode's end, so nothing it started outlives the episode. Its output goes to files, not pipes:
 a grandchild holding a pipe open cannot stall the episode, and only the tail is read.
@@ -31,6 +33,8 @@ from typing import Any
 __all__ = ["AgentOutcome", "AgentRunner", "CommandAgent", "FunctionAgent", "reward_of"]
 
 _TAIL_BYTES = 4096
+TASK_ENV_BYTES = 64 * 1024
+"""The largest task (its JSON) given in ``AGILERL_TASK`` too; each variable holds at most 128 KiB."""
 
 
 @dataclass
@@ -90,14 +94,24 @@ class CommandAgent(AgentRunner):
 
     def run(self, task: Any, base_url: str, api_key: str, episode_id: str, timeout_s: float,
             cancel: threading.Event) -> AgentOutcome:
-        env = {
-            **os.environ,
-            "OPENAI_BASE_URL": base_url,
-            "OPENAI_API_KEY": api_key,
-            "AGILERL_TASK": json.dumps(task, default=str),
-            "AGILERL_EPISODE": episode_id,
-        }
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        task_json = json.dumps(task, default=str)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile(
+            "w", prefix="agilerl-task-", suffix=".json", encoding="utf-8"
+        ) as task_file:
+            task_file.write(task_json)
+            task_file.flush()
+            env = {
+                **os.environ,
+                "OPENAI_BASE_URL": base_url,
+                "OPENAI_API_KEY": api_key,
+                "AGILERL_TASK_FILE": task_file.name,
+                "AGILERL_EPISODE": episode_id,
+            }
+            in_env = len(task_json.encode()) <= TASK_ENV_BYTES
+            if in_env:
+                env["AGILERL_TASK"] = task_json
+            else:
+                env.pop("AGILERL_TASK", None)  # not the trainer's own, if it has one
             try:
                 proc = subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=self.cwd,
@@ -124,6 +138,9 @@ class CommandAgent(AgentRunner):
             tail = _tail(err)
             if failure is None and proc.returncode != 0:
                 failure = f"exit code {proc.returncode}"
+                if not in_env:
+                    failure += (f" (its task's JSON, {len(task_json.encode()):,} bytes, is past the {TASK_ENV_BYTES:,} "
+                                "that AGILERL_TASK holds: read the file AGILERL_TASK_FILE names)")
             if failure is not None:
                 return AgentOutcome(failure=failure, stderr_tail=tail)
             line = _last_line(out)

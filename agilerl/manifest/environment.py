@@ -410,8 +410,8 @@ class AgentSpec(EnvironmentSpec):
         None,
         min_length=1,
         description="The program run once per episode, as argv, in the manifest's folder (a leading python "
-        "is the trainer's interpreter); it gets OPENAI_BASE_URL, OPENAI_API_KEY, AGILERL_TASK and "
-        "AGILERL_EPISODE, and prints {\"reward\": r} last.",
+        "is the trainer's interpreter); it gets OPENAI_BASE_URL, OPENAI_API_KEY, AGILERL_TASK (and "
+        "AGILERL_TASK_FILE) and AGILERL_EPISODE, and prints {\"reward\": r} last.",
     )
     agent: str | None = Field(
         None,
