@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from agilerl.agents.metrics import agent_metrics
 from agilerl.agents.programs import reward_of
 from agilerl.chat import ChatRenderer
 from agilerl.data.rubric import Rubric
-from agilerl.errors import CollectionError
+from agilerl.errors import AgileRLWarning, CollectionError
 from agilerl.generation.policy import Generation, SamplingParams, ScriptedPolicy, TransformersPolicy
 from agilerl.generation.versioned import VersionedPolicy
 
@@ -800,6 +801,7 @@ def test_the_next_prompt_holds_the_ids_the_model_generated_not_its_text_re_encod
 ])
 def test_a_reward_that_is_not_a_finite_number_is_refused_naming_where(value, says):
     assert reward_of(2, "here") == (2.0, {}) and reward_of({"reward": 1, "components": {"a": 3}}, "here") == (1.0, {"a": 3.0})
+    assert reward_of(None, "here") is None and reward_of({"reward": None}, "here") is None  # none: the rubrics score it
     with pytest.raises(ValueError, match="^its line: ") as raised:
         reward_of(value, "its line")
     assert says in str(raised.value)
@@ -823,3 +825,21 @@ def test_a_task_past_what_an_environment_variable_holds_comes_in_its_file(tmp_pa
     failed = run(assumes, 200_000)
     assert "exit code 1" in failed.failure and "read the file AGILERL_TASK_FILE names" in failed.failure
     assert "KeyError" in failed.stderr_tail
+
+
+def test_fields_that_shape_sampling_are_named_once_in_a_warning_and_the_run_samples(chatml_tokenizer):
+    endpoint = AgentEndpoint(chatml_tokenizer)
+    try:
+        episode = endpoint.open_episode("e1", VersionedPolicy(ScriptedPolicy(chatml_tokenizer, "ok")), SamplingParams())
+        url = endpoint.base_url + "/chat/completions"
+        body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0.2, "response_format": {"type": "json_object"},
+                "top_p": 1.0}  # top_p as the run's own: nothing to say
+        with pytest.warns(AgileRLWarning) as said:
+            assert _post(url, body, episode.key)[0] == 200
+        (warning,) = [w for w in said if "agent programs sent" in str(w.message)]
+        assert "sent temperature, response_format:" in str(warning.message) and "top_p," not in str(warning.message)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: a program sends them on every call
+            assert _post(url, body, episode.key)[0] == 200
+    finally:
+        endpoint.close()

@@ -43,8 +43,9 @@ __all__ = ["AgentEndpoint", "ChatRequest", "CompletionRequest"]
 log = logging.getLogger(__name__)
 
 _OVERRIDDEN = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "presence_penalty",
-               "frequency_penalty", "repetition_penalty", "logit_bias", "reasoning_effort")
-"""Sampling fields a request may send that the run's own settings decide."""
+               "frequency_penalty", "repetition_penalty", "logit_bias", "reasoning_effort", "response_format")
+"""Fields a request may send that shape what is sampled, which the run's own settings decide
+(``response_format``: no constrained decoding, the policy samples freely)."""
 
 _UNREADABLE = ("invalid_json", "unclosed", "missing_name")
 """Call statuses with no name or arguments to hand a program: the completion is answered as text

@@ -60,7 +60,7 @@ class AgentRunner:
 
 def reward_of(value: Any, where: str) -> tuple[float, dict[str, float]] | None:
     """A reward as an agent reports it: a number or ``{"reward": r, "components": {...}}``; None
-    for None. ``ValueError`` naming ``where`` for anything else."""
+    for None or ``{"reward": null}``. ``ValueError`` naming ``where`` for anything else."""
     if value is None:
         return None
     if isinstance(value, dict):
@@ -68,6 +68,8 @@ def reward_of(value: Any, where: str) -> tuple[float, dict[str, float]] | None:
         if not isinstance(components, dict) or not all(_finite(v) for v in components.values()):
             raise ValueError(f"{where}: 'components' must map names to finite numbers, got {components!r:.200}")
         value, parts = value.get("reward"), {str(k): float(v) for k, v in components.items()}
+        if value is None:  # {"reward": null}: no reward, as printing none (the rubrics score it)
+            return None
     else:
         parts = {}
     if not _finite(value):
