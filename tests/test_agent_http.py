@@ -174,31 +174,31 @@ def test_close_ends_open_connections_and_a_handler_still_running_finishes():
     server.close()  # idempotent
 
 
-@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_connection_closed_before_its_thread_runs_leaves_that_thread_nothing_to_trip_on():
     """close() only shuts connections and each thread closes its own, so a thread that starts
     after close() (CI saw one) finds its descriptor still there, never gone nor reused."""
-    server, gate, ended = HTTPServer(_echo, name="test-http", max_body_bytes=1024), threading.Event(), []
-    serve = server._serve
+    server, gate = HTTPServer(_echo, name="test-http", max_body_bytes=1024), threading.Event()
+    started, ended, raised = threading.Semaphore(0), threading.Semaphore(0), []
+    serve = server._serve  # the one hook there is: each connection's thread runs after close()
 
-    def after_close(connection: socket.socket) -> None:  # each connection's thread runs after close()
+    def after_close(connection: socket.socket) -> None:
+        started.release()  # accepted, its thread started, not yet run
         gate.wait(10)
         try:
             serve(connection)
+        except BaseException as exc:  # noqa: BLE001 - what the thread would die of
+            raised.append(exc)
         finally:
-            ended.append(connection)
+            ended.release()
 
     server._serve = after_close
     clients = [_connect(server) for _ in range(3)]
-    deadline = time.monotonic() + 10
-    while len(server._connections) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert all(started.acquire(timeout=10) for _ in clients)
     server.close()
     gate.set()
     assert all(_closed(client, 5) for client in clients)
-    while len(ended) < 3 and time.monotonic() < deadline + 10:  # an exception on one fails the test (the mark)
-        time.sleep(0.01)
-    assert len(ended) == 3
+    assert all(ended.acquire(timeout=10) for _ in clients)
+    assert raised == []
 
 
 def test_the_endpoint_names_its_routes_and_methods(chatml_tokenizer):
