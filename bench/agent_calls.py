@@ -23,6 +23,7 @@ generation time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -144,14 +145,21 @@ def through_raw_socket(policy: VersionedPolicy, params: SamplingParams, prompts:
         connection, _ = listener.accept()
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buffer = b""
-        with connection:
+
+        def more() -> bytes:
+            data = connection.recv(65536)
+            if not data:  # the program has gone (it failed: its report says so)
+                raise ConnectionError("the program closed its connection")
+            return data
+
+        with connection, contextlib.suppress(ConnectionError):
             for prompt in prompts:
                 while b"\r\n\r\n" not in buffer:
-                    buffer += connection.recv(65536)
+                    buffer += more()
                 head, _, buffer = buffer.partition(b"\r\n\r\n")
                 length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
                 while len(buffer) < length:
-                    buffer += connection.recv(65536)
+                    buffer += more()
                 buffer = buffer[length:]
                 timed.generate([prompt], params)
                 connection.sendall(_CANNED_RESPONSE)

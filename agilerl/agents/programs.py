@@ -109,7 +109,8 @@ class CommandAgent(AgentRunner):
                 "AGILERL_TASK_FILE": task_file.name,
                 "AGILERL_EPISODE": episode_id,
             }
-            in_env = len(task_json.encode()) <= TASK_ENV_BYTES
+            size = len(task_json.encode())
+            in_env = size <= TASK_ENV_BYTES
             if in_env:
                 env["AGILERL_TASK"] = task_json
             else:
@@ -141,7 +142,7 @@ class CommandAgent(AgentRunner):
             if failure is None and proc.returncode != 0:
                 failure = f"exit code {proc.returncode}"
                 if not in_env:
-                    failure += (f" (its task's JSON, {len(task_json.encode()):,} bytes, is past the {TASK_ENV_BYTES:,} "
+                    failure += (f" (its task's JSON, {size:,} bytes, is past the {TASK_ENV_BYTES:,} "
                                 "that AGILERL_TASK holds: read the file AGILERL_TASK_FILE names)")
             if failure is not None:
                 return AgentOutcome(failure=failure, stderr_tail=tail)
