@@ -298,11 +298,12 @@ class AgentEndpoint:
         calls_end = self.tool_parser.calls_end if self.tool_parser is not None else None
         return route.episode.plan_chat(body.messages, body.tools, calls_end)
 
-    def _toolset(self, tools: list[dict[str, Any]] | None) -> ToolSet:
+    def _toolset(self, tools: list[dict[str, Any]] | None, key: str | None = None) -> ToolSet:
         """A request's tools, checked: a malformed one is the request's 400 at planning, never an
-        error after generating (which would stop the run). Memoised: a program sends the same
-        tools on every call (called under the endpoint's lock)."""
-        key = json.dumps(tools, sort_keys=True) if tools else ""
+        error after generating (which would stop the run). Memoised by their JSON (``key``, as
+        the plan keeps it): a program sends the same tools on every call (under the endpoint's lock)."""
+        if key is None:
+            key = json.dumps(tools, sort_keys=True) if tools else ""
         toolset = self._toolsets.get(key)
         if toolset is None:
             try:
@@ -319,7 +320,7 @@ class AgentEndpoint:
         tool_calls: list[dict[str, Any]] = []
         parsed = None
         if self.tool_parser is not None and body.tools and body.tool_choice != "none":
-            parsed = self.tool_parser.parse(ids, self._toolset(body.tools))
+            parsed = self.tool_parser.parse(ids, self._toolset(body.tools, plan.tools))
         if parsed is not None and all(call.name is not None and call.status not in _UNREADABLE for call in parsed.calls):
             content = parsed.content
             tool_calls = [
